@@ -1,0 +1,3 @@
+module github.com/tollgate-dev/tollgate
+
+go 1.26.8

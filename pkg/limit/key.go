@@ -1,0 +1,129 @@
+package limit
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"time"
+)
+
+// Input caps. Envoy builds descriptors from headers, so a client controls
+// their size; past these caps a request is invalid rather than expensive.
+const (
+	MaxDescriptors   = 64
+	MaxEntries       = 32
+	MaxEntryKeyBytes = 256
+	MaxValueBytes    = 1024
+	MaxDomainBytes   = 256
+)
+
+// ErrInvalid marks a request that is malformed or too large. Adapters map
+// it to InvalidArgument.
+var ErrInvalid = errors.New("invalid request")
+
+func invalidf(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+}
+
+// Entry is one descriptor entry.
+type Entry struct {
+	Key   string
+	Value string
+}
+
+// checkDescriptor enforces the caps on one descriptor.
+func checkDescriptor(i int, entries []Entry) error {
+	if len(entries) == 0 {
+		return invalidf("descriptors[%d]: no entries", i)
+	}
+	if len(entries) > MaxEntries {
+		return invalidf("descriptors[%d]: %d entries, at most %d", i, len(entries), MaxEntries)
+	}
+	for j, e := range entries {
+		if e.Key == "" {
+			return invalidf("descriptors[%d].entries[%d]: empty key", i, j)
+		}
+		if len(e.Key) > MaxEntryKeyBytes {
+			return invalidf("descriptors[%d].entries[%d]: key is %d bytes, at most %d", i, j, len(e.Key), MaxEntryKeyBytes)
+		}
+		if len(e.Value) > MaxValueBytes {
+			return invalidf("descriptors[%d].entries[%d]: value is %d bytes, at most %d", i, j, len(e.Value), MaxValueBytes)
+		}
+	}
+	return nil
+}
+
+// Key encodes a counter's identity: what it counts (kind, algorithm,
+// window), the domain and every descriptor entry. Each string is written
+// with its length in front, so the encoding is injective whatever bytes
+// the values hold (separators, braces, newlines). The result starts with
+// a Redis Cluster hash tag derived from the domain and the first entry, so
+// all counters of one descriptor family share a slot; the tag is a hash,
+// never the raw value, so a '}' in a value cannot move it.
+func Key(kind Kind, alg Algorithm, window time.Duration, domain string, entries []Entry) string {
+	n := 48 + len(domain)
+	for _, e := range entries {
+		n += len(e.Key) + len(e.Value) + 12
+	}
+	b := make([]byte, 0, n)
+	b = append(b, "tg:{"...)
+	b = appendTag(b, domain, entries)
+	b = append(b, "}:"...)
+	if kind == Tokens {
+		b = append(b, 't')
+	} else {
+		b = append(b, 'r')
+	}
+	b = append(b, "sft"[alg%3])
+	b = strconv.AppendInt(b, window.Milliseconds(), 10)
+	b = append(b, ':')
+	b = appendString(b, domain)
+	for _, e := range entries {
+		b = appendString(b, e.Key)
+		b = appendString(b, e.Value)
+	}
+	return string(b)
+}
+
+func appendString(b []byte, s string) []byte {
+	b = strconv.AppendInt(b, int64(len(s)), 10)
+	b = append(b, ':')
+	return append(b, s...)
+}
+
+func appendTag(b []byte, domain string, entries []Entry) []byte {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(domain))
+	if len(entries) > 0 {
+		_, _ = h.Write([]byte{0})
+		_, _ = h.Write([]byte(entries[0].Key))
+		_, _ = h.Write([]byte{0})
+		_, _ = h.Write([]byte(entries[0].Value))
+	}
+	const hex = "0123456789abcdef"
+	v := h.Sum64()
+	for i := 60; i >= 0; i -= 4 {
+		b = append(b, hex[(v>>uint(i))&0xf])
+	}
+	return b
+}
+
+// HashTag returns the hash tag inside key (the text between the first
+// '{' and the next '}'), as Redis Cluster computes the slot from it.
+func HashTag(key string) string {
+	for i := 0; i < len(key); i++ {
+		if key[i] == '{' {
+			for j := i + 1; j < len(key); j++ {
+				if key[j] == '}' {
+					if j == i+1 {
+						return key
+					}
+					return key[i+1 : j]
+				}
+			}
+			return key
+		}
+	}
+	return key
+}

@@ -1,0 +1,180 @@
+package limit
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Rule is one node of a domain's descriptor tree, as in
+// envoyproxy/ratelimit: it matches one descriptor entry by key and value.
+type Rule struct {
+	// Key is the descriptor entry key this node matches (Required).
+	Key string
+	// Value is the entry value: exact, a prefix when it ends in '*', or
+	// empty to match any value (each value then counts on its own).
+	Value string
+	// RateLimit counts requests; TokenLimit counts cost. Either may be nil.
+	RateLimit  *Limit
+	TokenLimit *Limit
+	// Unlimited answers OK without counting.
+	Unlimited bool
+	// Shadow reports over-limit in metrics but never denies.
+	Shadow bool
+	// DetailedMetric lets metrics carry the descriptor's values.
+	DetailedMetric bool
+	// Replaces names limits (rate_limit.name) that this rule displaces when
+	// both match in one request.
+	Replaces []string
+	Children []*Rule
+	// ID is a stable, human-readable path used as a metric label and in
+	// /debug/config: "tenant.model_gpt-4o".
+	ID string
+
+	exact    map[string]*Rule // "key\x00value" -> child
+	wildcard []*Rule          // children whose Value ends in '*', longest prefix first
+	keyOnly  map[string]*Rule // key -> child with empty Value
+}
+
+// HasLimit reports whether the rule counts anything or is unlimited.
+func (r *Rule) HasLimit() bool { return r.RateLimit != nil || r.TokenLimit != nil || r.Unlimited }
+
+// Domain is the rule tree of one domain, usually one file.
+type Domain struct {
+	Name        string
+	Descriptors []*Rule
+	// Source is where the domain was loaded from, for errors and /debug.
+	Source string
+
+	root Rule
+}
+
+// RuleSet is an immutable, indexed set of domains. Build it with
+// NewRuleSet and swap it whole on reload.
+type RuleSet struct {
+	domains map[string]*Domain
+	names   []string
+}
+
+// NewRuleSet indexes domains for matching. Domain names must be unique and
+// non-empty; sibling rules must not repeat a key and value.
+func NewRuleSet(domains ...*Domain) (*RuleSet, error) {
+	rs := &RuleSet{domains: make(map[string]*Domain, len(domains))}
+	for _, d := range domains {
+		if d.Name == "" {
+			return nil, fmt.Errorf("domain from %q has an empty name", d.Source)
+		}
+		if prev, ok := rs.domains[d.Name]; ok {
+			return nil, fmt.Errorf("domain %q is defined twice (%s and %s)", d.Name, prev.Source, d.Source)
+		}
+		d.root = Rule{Children: d.Descriptors}
+		if err := index(&d.root, ""); err != nil {
+			return nil, fmt.Errorf("domain %q: %w", d.Name, err)
+		}
+		rs.domains[d.Name] = d
+		rs.names = append(rs.names, d.Name)
+	}
+	sort.Strings(rs.names)
+	return rs, nil
+}
+
+func index(r *Rule, prefix string) error {
+	for _, c := range r.Children {
+		if c.Key == "" {
+			return fmt.Errorf("%s: a rule has an empty key", prefix)
+		}
+		id := c.Key
+		if c.Value != "" {
+			id += "_" + c.Value
+		}
+		if prefix != "" {
+			id = prefix + "." + id
+		}
+		if c.ID == "" {
+			c.ID = id
+		}
+		switch {
+		case c.Value == "":
+			if r.keyOnly == nil {
+				r.keyOnly = map[string]*Rule{}
+			}
+			if _, dup := r.keyOnly[c.Key]; dup {
+				return fmt.Errorf("%s: duplicate rule for key %q", id, c.Key)
+			}
+			r.keyOnly[c.Key] = c
+		case strings.HasSuffix(c.Value, "*"):
+			for _, w := range r.wildcard {
+				if w.Key == c.Key && w.Value == c.Value {
+					return fmt.Errorf("%s: duplicate rule for %s=%s", id, c.Key, c.Value)
+				}
+			}
+			r.wildcard = append(r.wildcard, c)
+		default:
+			if r.exact == nil {
+				r.exact = map[string]*Rule{}
+			}
+			k := c.Key + "\x00" + c.Value
+			if _, dup := r.exact[k]; dup {
+				return fmt.Errorf("%s: duplicate rule for %s=%s", id, c.Key, c.Value)
+			}
+			r.exact[k] = c
+		}
+		if err := index(c, id); err != nil {
+			return err
+		}
+	}
+	// The longest prefix is the most specific, so it is tried first.
+	sort.SliceStable(r.wildcard, func(i, j int) bool { return len(r.wildcard[i].Value) > len(r.wildcard[j].Value) })
+	return nil
+}
+
+// Domain returns the named domain, or nil.
+func (rs *RuleSet) Domain(name string) *Domain {
+	if rs == nil {
+		return nil
+	}
+	return rs.domains[name]
+}
+
+// Domains lists the domains in name order.
+func (rs *RuleSet) Domains() []*Domain {
+	if rs == nil {
+		return nil
+	}
+	out := make([]*Domain, len(rs.names))
+	for i, n := range rs.names {
+		out[i] = rs.domains[n]
+	}
+	return out
+}
+
+// Match finds the rule for a descriptor's entries as envoyproxy/ratelimit
+// does: at each level an exact key and value first, then the longest
+// matching wildcard prefix, then the key alone. The descriptor matches
+// only when its last entry lands on a rule with a limit (or unlimited).
+func (d *Domain) Match(entries []Entry) *Rule {
+	node := &d.root
+	var found *Rule
+	for i, e := range entries {
+		next := node.exact[e.Key+"\x00"+e.Value]
+		if next == nil {
+			for _, w := range node.wildcard {
+				if w.Key == e.Key && strings.HasPrefix(e.Value, w.Value[:len(w.Value)-1]) {
+					next = w
+					break
+				}
+			}
+		}
+		if next == nil {
+			next = node.keyOnly[e.Key]
+		}
+		if next == nil {
+			return nil
+		}
+		if i == len(entries)-1 && next.HasLimit() {
+			found = next
+		}
+		node = next
+	}
+	return found
+}

@@ -1,0 +1,99 @@
+package limit
+
+import (
+	"context"
+	"time"
+)
+
+// Charge is one limit applied to one counter in a decision.
+//
+// The semantics below are the contract every Store keeps; the shared
+// conformance suite in storetest checks them. All arithmetic is in integer
+// milliseconds except the token bucket, whose state is a float64 of
+// milliseconds so Go and Redis Lua (whose numbers are doubles) agree.
+//
+// Cost > 0 charges, Cost == 0 checks without charging, Cost < 0 refunds.
+//
+// Sliding window (Buckets = N, Window = W ms): bucket width w = ceil(W/N),
+// M = ceil(W/w), cur = floor(now/w). usage = the sum of bucket counts with
+// index in [cur-M, cur]. Counting M+1 buckets makes the promise hold for
+// every interval of length W, wherever it starts: an interval of length W
+// touches at most M+1 buckets. A charge fits when usage+Cost <= Amount and
+// then adds Cost to bucket cur; a check fits when usage < Amount. A refund
+// subtracts from the newest buckets first, each floored at zero. State
+// older than cur-M is dropped. Remaining = Amount-usage (after the charge),
+// floored at 0. ResetAfter = the time until the newest nonzero counted
+// bucket b leaves the count: (b+M+1)*w - now, 0 with no usage. RetryAfter
+// (only when the charge does not fit) = the earliest time at which, with
+// the oldest buckets dropping out one by one at (b+M+1)*w, the charge
+// would fit; when Cost > Amount it never fits and RetryAfter = ResetAfter.
+// TTL = (M+1)*w.
+//
+// Fixed window (Window = W ms): the sliding window with one bucket of
+// width W and M = 0, so usage is the count of window floor(now/W) aligned
+// to the Unix epoch, as envoyproxy/ratelimit counts. ResetAfter and
+// RetryAfter are both the time to the end of the current window, even
+// with no usage. TTL = the time to the end of the window.
+//
+// Token bucket (GCRA): T = W/Amount ms as float64, B = Burst (0 means
+// Amount), state tat (float64 ms, absent = now). t = max(tat, now).
+// A charge: n = t + Cost*T fits when n - now <= B*T, then tat = n.
+// A check fits when t + T - now <= B*T. A refund: tat = max(now, t - |Cost|*T).
+// Remaining = floor((B*T - (tat' - now)) / T) with tat' the state after
+// the decision, floored at 0. ResetAfter = tat' - now (the time until the
+// bucket is full again). RetryAfter = n - now - B*T, rounded up to a whole
+// millisecond (for a check, t + T - now - B*T); when Cost > B it never fits
+// and RetryAfter = ResetAfter. TTL = ceil(tat' - now), at least 1 ms.
+//
+// Durations are reported rounded up to whole milliseconds.
+type Charge struct {
+	// Key is the counter's store key from Key; it carries a Redis hash tag.
+	Key       string
+	Algorithm Algorithm
+	// Amount is the limit per Window.
+	Amount uint64
+	Window time.Duration
+	// Burst is the token bucket capacity (0 means Amount).
+	Burst uint64
+	// Buckets is the sliding window precision (0 means DefaultBuckets).
+	Buckets uint16
+	Cost    int64
+	// Shadow charges report over-limit without blocking the decision.
+	Shadow bool
+}
+
+// Result is what a Store says about one Charge. Remaining and ResetAfter
+// describe the counter after Apply: a charge that was not kept is not in
+// them.
+type Result struct {
+	// Fits reports whether this charge alone was within its limit. For a
+	// refund it is always true.
+	Fits       bool
+	Remaining  uint64
+	ResetAfter time.Duration
+	// RetryAfter is set when Fits is false.
+	RetryAfter time.Duration
+}
+
+// Store applies a decision's charges at one instant, all or nothing.
+//
+// Charges are evaluated in order, each seeing the ones before it on the
+// same key. When any charge with Cost >= 0 that is not Shadow does not
+// fit, no positive charge is kept (refunds still apply) and Apply returns
+// admitted == false. Otherwise every positive charge that fits is kept;
+// a Shadow charge that does not fit is reported and not kept.
+// res must have len(charges) elements; Apply fills it.
+type Store interface {
+	Apply(ctx context.Context, now time.Time, charges []Charge, res []Result) (admitted bool, err error)
+}
+
+// Clock is the time source; tests inject a fake one.
+type Clock interface {
+	Now() time.Time
+}
+
+// SystemClock is the wall clock.
+type SystemClock struct{}
+
+// Now returns time.Now().
+func (SystemClock) Now() time.Time { return time.Now() }
