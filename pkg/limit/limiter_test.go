@@ -1,0 +1,329 @@
+package limit
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+// recordStore records the charges it is given and denies the keys in deny.
+type recordStore struct {
+	charges []Charge
+	deny    map[string]bool
+	err     error
+}
+
+func (s *recordStore) Apply(_ context.Context, _ time.Time, cs []Charge, res []Result) (bool, error) {
+	if s.err != nil {
+		return false, s.err
+	}
+	s.charges = append(s.charges, cs...)
+	ok := true
+	for i, c := range cs {
+		fits := !s.deny[c.Key]
+		res[i] = Result{Fits: fits, Remaining: c.Amount / 2, ResetAfter: time.Second}
+		if !fits {
+			res[i].Remaining, res[i].RetryAfter = 0, 2*time.Second
+			if !c.Shadow {
+				ok = false
+			}
+		}
+	}
+	return ok, nil
+}
+
+func perMinute(n uint64) *Limit { return &Limit{Amount: n, Unit: Minute} }
+
+func testRules(t testing.TB) *RuleSet {
+	t.Helper()
+	rs, err := NewRuleSet(&Domain{Name: "d", Descriptors: []*Rule{
+		{Key: "tenant", RateLimit: perMinute(100), Children: []*Rule{
+			{Key: "model", Value: "gpt-4o", RateLimit: perMinute(10), TokenLimit: &Limit{Kind: Tokens, Amount: 1000, Unit: Hour}},
+			{Key: "model", Value: "gpt-*", RateLimit: perMinute(20)},
+			{Key: "model", Value: "gpt-4*", RateLimit: perMinute(30)},
+			{Key: "model", RateLimit: perMinute(40)},
+		}},
+		{Key: "tenant", Value: "vip", Unlimited: true},
+		{Key: "path", Value: "/a", Children: []*Rule{{Key: "method", Value: "GET", RateLimit: perMinute(5)}}},
+		{Key: "shadow", RateLimit: perMinute(1), Shadow: true},
+		{Key: "old", RateLimit: &Limit{Name: "old-limit", Amount: 1, Unit: Second}},
+		{Key: "new", RateLimit: perMinute(50), Replaces: []string{"old-limit"}},
+		{Key: "budget", TokenLimit: &Limit{Kind: Tokens, Amount: 500, Unit: Day}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs
+}
+
+func entries(kv ...string) []Entry {
+	var e []Entry
+	for i := 0; i+1 < len(kv); i += 2 {
+		e = append(e, Entry{kv[i], kv[i+1]})
+	}
+	return e
+}
+
+func TestMatch(t *testing.T) {
+	t.Parallel()
+	dom := testRules(t).Domain("d")
+	tests := []struct {
+		name string
+		give []Entry
+		want string // rule ID, "" for no match
+	}{
+		{"key only", entries("tenant", "acme"), "tenant"},
+		{"exact beats wildcard", entries("tenant", "a", "model", "gpt-4o"), "tenant.model_gpt-4o"},
+		{"longest wildcard", entries("tenant", "a", "model", "gpt-4-turbo"), "tenant.model_gpt-4*"},
+		{"shorter wildcard", entries("tenant", "a", "model", "gpt-3.5"), "tenant.model_gpt-*"},
+		{"key only child", entries("tenant", "a", "model", "llama"), "tenant.model"},
+		{"exact unlimited", entries("tenant", "vip"), "tenant_vip"},
+		{"no limit on the last entry", entries("path", "/a"), ""},
+		{"nested", entries("path", "/a", "method", "GET"), "path_/a.method_GET"},
+		{"too deep", entries("path", "/a", "method", "GET", "x", "y"), ""},
+		{"unknown key", entries("nope", "x"), ""},
+		{"unknown second entry", entries("tenant", "a", "region", "eu"), ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got := ""
+			if r := dom.Match(tt.give); r != nil {
+				got = r.ID
+			}
+			if got != tt.want {
+				t.Errorf("Match(%v) = %q, want %q", tt.give, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestNewRuleSetRejects(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		give []*Domain
+		want string
+	}{
+		{"empty name", []*Domain{{Source: "a.yaml"}}, "empty name"},
+		{"twice", []*Domain{{Name: "x", Source: "a"}, {Name: "x", Source: "b"}}, "defined twice"},
+		{"dup exact", []*Domain{{Name: "x", Descriptors: []*Rule{{Key: "k", Value: "v"}, {Key: "k", Value: "v"}}}}, "duplicate"},
+		{"dup key", []*Domain{{Name: "x", Descriptors: []*Rule{{Key: "k"}, {Key: "k"}}}}, "duplicate"},
+		{"dup wildcard", []*Domain{{Name: "x", Descriptors: []*Rule{{Key: "k", Value: "a*"}, {Key: "k", Value: "a*"}}}}, "duplicate"},
+		{"empty key", []*Domain{{Name: "x", Descriptors: []*Rule{{Value: "v"}}}}, "empty key"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := NewRuleSet(tt.give...)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestDecideCosts(t *testing.T) {
+	t.Parallel()
+	tokenKey := Key(Tokens, SlidingWindow, time.Hour, "d", entries("tenant", "a", "model", "gpt-4o"))
+	rateKey := Key(Requests, SlidingWindow, time.Minute, "d", entries("tenant", "a", "model", "gpt-4o"))
+	type charge struct {
+		key  string
+		cost int64
+	}
+	tests := []struct {
+		name string
+		give Request
+		want []charge
+	}{
+		{
+			name: "request limit charges hits_addend",
+			give: Request{Domain: "d", Hits: 7, Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}},
+			want: []charge{{Key(Requests, SlidingWindow, time.Minute, "d", entries("tenant", "a")), 7}},
+		},
+		{
+			name: "unset hits is one",
+			give: Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}},
+			want: []charge{{Key(Requests, SlidingWindow, time.Minute, "d", entries("tenant", "a")), 1}},
+		},
+		{
+			name: "per-descriptor zero checks",
+			give: Request{Domain: "d", Hits: 5, Descriptors: []Descriptor{{Entries: entries("tenant", "a"), HitsSet: true}}},
+			want: []charge{{Key(Requests, SlidingWindow, time.Minute, "d", entries("tenant", "a")), 0}},
+		},
+		{
+			name: "negative refunds",
+			give: Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("tenant", "a"), Hits: 3, HitsSet: true, Negative: true}}},
+			want: []charge{{Key(Requests, SlidingWindow, time.Minute, "d", entries("tenant", "a")), -3}},
+		},
+		{
+			name: "token rule at request time: one request, budget checked",
+			give: Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("tenant", "a", "model", "gpt-4o")}}},
+			want: []charge{{rateKey, 1}, {tokenKey, 0}},
+		},
+		{
+			name: "token rule with request-level cost",
+			give: Request{Domain: "d", Hits: 250, Descriptors: []Descriptor{{Entries: entries("tenant", "a", "model", "gpt-4o")}}},
+			want: []charge{{rateKey, 1}, {tokenKey, 250}},
+		},
+		{
+			name: "token rule cost report charges tokens only",
+			give: Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("tenant", "a", "model", "gpt-4o"), Hits: 900, HitsSet: true}}},
+			want: []charge{{tokenKey, 900}},
+		},
+		{
+			name: "token-only rule",
+			give: Request{Domain: "d", Hits: 40, Descriptors: []Descriptor{{Entries: entries("budget", "x")}}},
+			want: []charge{{Key(Tokens, SlidingWindow, 24*time.Hour, "d", entries("budget", "x")), 40}},
+		},
+		{
+			name: "unlimited and unmatched charge nothing",
+			give: Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("tenant", "vip")}, {Entries: entries("nope", "x")}}},
+			want: nil,
+		},
+		{
+			name: "replaces drops the named limit",
+			give: Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("old", "x")}, {Entries: entries("new", "y")}}},
+			want: []charge{{Key(Requests, SlidingWindow, time.Minute, "d", entries("new", "y")), 1}},
+		},
+		{
+			name: "override without a rule",
+			give: Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("nope", "x"), Override: &Override{Amount: 3, Unit: Second, Multiplier: 30}}}},
+			want: []charge{{Key(Requests, SlidingWindow, 30*time.Second, "d", entries("nope", "x")), 1}},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			st := &recordStore{}
+			l := NewLimiter(st, nil, testRules(t))
+			dec, err := l.Decide(context.Background(), &tt.give)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if dec.Code != CodeOK || len(dec.Statuses) != len(tt.give.Descriptors) {
+				t.Fatalf("decision %+v", dec)
+			}
+			var got []charge
+			for _, c := range st.charges {
+				got = append(got, charge{c.Key, c.Cost})
+			}
+			if len(got) != len(tt.want) {
+				t.Fatalf("charges %v, want %v", got, tt.want)
+			}
+			for i := range got {
+				if got[i] != tt.want[i] {
+					t.Errorf("charge %d = %v, want %v", i, got[i], tt.want[i])
+				}
+			}
+		})
+	}
+}
+
+func TestDecideStatuses(t *testing.T) {
+	t.Parallel()
+	rules := testRules(t)
+	tenantKey := Key(Requests, SlidingWindow, time.Minute, "d", entries("tenant", "a"))
+	shadowKey := Key(Requests, SlidingWindow, time.Minute, "d", entries("shadow", "s"))
+
+	st := &recordStore{deny: map[string]bool{tenantKey: true, shadowKey: true}}
+	dec, err := NewLimiter(st, nil, rules).Decide(context.Background(), &Request{Domain: "d", Descriptors: []Descriptor{
+		{Entries: entries("tenant", "a")},
+		{Entries: entries("shadow", "s")},
+		{Entries: entries("tenant", "vip")},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dec.Code != CodeOverLimit {
+		t.Errorf("overall = %v, want over_limit", dec.Code)
+	}
+	s0, s1, s2 := dec.Statuses[0], dec.Statuses[1], dec.Statuses[2]
+	if s0.Code != CodeOverLimit || s0.Limit == nil || s0.Limit.Amount != 100 || s0.RetryAfter != 2*time.Second || s0.Remaining != 0 {
+		t.Errorf("tenant status %+v", s0)
+	}
+	if s1.Code != CodeOK || !s1.ShadowOver {
+		t.Errorf("shadow status %+v, want OK with ShadowOver", s1)
+	}
+	if s2.Code != CodeOK || s2.Limit != nil || s2.Rule == nil || !s2.Rule.Unlimited {
+		t.Errorf("unlimited status %+v", s2)
+	}
+
+	// Only the shadow rule denies: the request is admitted.
+	st = &recordStore{deny: map[string]bool{shadowKey: true}}
+	dec, err = NewLimiter(st, nil, rules).Decide(context.Background(), &Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("shadow", "s")}}})
+	if err != nil || dec.Code != CodeOK {
+		t.Fatalf("shadow-only denial: %+v, %v", dec, err)
+	}
+}
+
+func TestDecideReportsTighterLimit(t *testing.T) {
+	t.Parallel()
+	// recordStore reports Remaining = Amount/2 for both limits; the token
+	// limit (1000/hour) and the request limit (10/minute) are both half
+	// full, so the tie goes to the first, the request limit. With the token
+	// limit denying, it is the one reported.
+	tokenKey := Key(Tokens, SlidingWindow, time.Hour, "d", entries("tenant", "a", "model", "gpt-4o"))
+	req := &Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("tenant", "a", "model", "gpt-4o")}}}
+	dec, err := NewLimiter(&recordStore{}, nil, testRules(t)).Decide(context.Background(), req)
+	if err != nil || dec.Statuses[0].Limit.Kind != Requests {
+		t.Fatalf("got %+v, %v; want the request limit reported", dec.Statuses[0].Limit, err)
+	}
+	dec, err = NewLimiter(&recordStore{deny: map[string]bool{tokenKey: true}}, nil, testRules(t)).Decide(context.Background(), req)
+	if err != nil || dec.Statuses[0].Limit.Kind != Tokens || dec.Statuses[0].Code != CodeOverLimit {
+		t.Fatalf("got %+v, %v; want the denying token limit", dec.Statuses[0], err)
+	}
+}
+
+func TestDecideInvalid(t *testing.T) {
+	t.Parallel()
+	big := strings.Repeat("x", MaxValueBytes+1)
+	many := make([]Descriptor, MaxDescriptors+1)
+	for i := range many {
+		many[i].Entries = entries("tenant", "a")
+	}
+	tests := []struct {
+		name string
+		give Request
+		want string
+	}{
+		{"empty domain", Request{Descriptors: []Descriptor{{Entries: entries("a", "b")}}}, "domain is empty"},
+		{"no descriptors", Request{Domain: "d"}, "no descriptors"},
+		{"empty descriptor", Request{Domain: "d", Descriptors: []Descriptor{{}}}, "descriptors[0]: no entries"},
+		{"empty key", Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("", "b")}}}, "empty key"},
+		{"huge value", Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("a", big)}}}, "at most 1024"},
+		{"too many", Request{Domain: "d", Descriptors: many}, "65 descriptors"},
+		{"bad override unit", Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("tenant", "a"), Override: &Override{Amount: 1, Unit: 99}}}}, "unit 99"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := NewLimiter(&recordStore{}, nil, testRules(t)).Decide(context.Background(), &tt.give)
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want ErrInvalid with %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestDecideUnknownDomainAndStoreError(t *testing.T) {
+	t.Parallel()
+	req := &Request{Domain: "other", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}}
+	dec, err := NewLimiter(&recordStore{}, nil, testRules(t)).Decide(context.Background(), req)
+	if err != nil || dec.Code != CodeOK || dec.Statuses[0].Limit != nil {
+		t.Fatalf("unknown domain: %+v, %v", dec, err)
+	}
+	boom := errors.New("boom")
+	req.Domain = "d"
+	_, err = NewLimiter(&recordStore{err: boom}, nil, testRules(t)).Decide(context.Background(), req)
+	if !errors.Is(err, boom) || errors.Is(err, ErrInvalid) {
+		t.Fatalf("store error: %v", err)
+	}
+	// No rules loaded yet: everything is unknown.
+	dec, err = NewLimiter(&recordStore{}, nil, nil).Decide(context.Background(), req)
+	if err != nil || dec.Code != CodeOK {
+		t.Fatalf("no rules: %+v, %v", dec, err)
+	}
+}
