@@ -1,0 +1,683 @@
+// Package config loads rule files into pkg/limit's domain types.
+//
+// The format is a strict superset of envoyproxy/ratelimit's YAML, so its
+// users bring their files unchanged. Strict means that a typo is an error
+// and never a silently missing limit: unknown keys, wrong types, repeated
+// keys and impossible combinations are rejected, and every problem names
+// the file, the line and the path of the node (see Problem).
+//
+// One file holds one domain:
+//
+//	domain: inference                  # (Required) the RLS request's domain; unique across files
+//	algorithm: sliding_window          # (Optional) default for every limit in this file; default sliding_window
+//	descriptors:                       # (Optional) the rule tree
+//	  - key: tenant                    # (Required) the descriptor entry key this rule matches
+//	    value: acme                    # (Optional) exact value; "pre*" matches a prefix; absent matches any value
+//	    rate_limit:                    # (Optional) counts requests
+//	      unit: minute                 #   (Required unless unlimited) second|minute|hour|day|week|month|year, any case
+//	      requests_per_unit: 600       #   (Required unless unlimited) 0 denies every request
+//	      unlimited: false             #   (Optional) true answers OK without counting; default false
+//	      name: tenant_minute          #   (Optional) reported in statuses; what replaces refers to
+//	      replaces: [{name: other}]    #   (Optional) limits (by name) this one displaces when both match
+//	      algorithm: sliding_window    #   (Optional) sliding_window|fixed_window|token_bucket; default the file's
+//	      burst: 50                    #   (Optional, token_bucket only) bucket capacity; default requests_per_unit
+//	      unit_multiplier: 1           #   (Optional) the window is this many units; default 1
+//	      buckets: 20                  #   (Optional, sliding_window only) precision, 1..600; default 20
+//	    token_limit:                   # (Optional) counts cost (hits_addend or an estimate): the keys of
+//	      unit: hour                   #   rate_limit with tokens_per_unit for requests_per_unit, and
+//	      tokens_per_unit: 500000      #   without unlimited and replaces
+//	    shadow_mode: false             # (Optional) report over-limit in metrics, never deny; default false
+//	    detailed_metric: false         # (Optional) let metrics carry the descriptor's values; default false
+//	    descriptors: []                # (Optional) child rules, matched by the next descriptor entry
+//
+// Three more descriptor keys of envoyproxy/ratelimit load so its files do,
+// but change nothing yet: quota_mode (the rule is enforced as an ordinary
+// limit), value_to_metric (metric names), and share_threshold (allowed only
+// on a wildcard value, as there; each matching value still counts on its
+// own rather than sharing one counter).
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+)
+
+const (
+	// maxFileBytes caps one rule file: rules are written by people, and a
+	// reload must never be able to exhaust memory.
+	maxFileBytes = 4 << 20
+	// maxProblems is how many problems one file reports; past that, the
+	// rest are most likely echoes of the first ones.
+	maxProblems = 50
+	// extraVisits is the slack of a walk's budget of node visits, which is
+	// the file's length plus this. Without aliases a walk makes under one
+	// visit per two bytes (TestVisitsPerByte), so only aliases that expand
+	// a small file into a huge tree (a "billion laughs") exhaust it.
+	extraVisits = 1 << 16
+	// maxAmount keeps amounts exact where the Redis store counts: Lua
+	// numbers are doubles.
+	maxAmount = 1 << 53
+)
+
+// The keys each mapping accepts, in the order error messages list them.
+var (
+	fileKeys       = []string{"domain", "algorithm", "descriptors"}
+	descriptorKeys = []string{
+		"key", "value", "rate_limit", "token_limit", "shadow_mode", "detailed_metric", "descriptors",
+		"quota_mode", "value_to_metric", "share_threshold",
+	}
+	rateLimitKeys = []string{
+		"unit", "requests_per_unit", "unlimited", "name", "replaces",
+		"algorithm", "burst", "unit_multiplier", "buckets",
+	}
+	tokenLimitKeys = []string{"unit", "tokens_per_unit", "name", "algorithm", "burst", "unit_multiplier", "buckets"}
+	replacesKeys   = []string{"name"}
+)
+
+// Parse compiles one file's bytes into a domain; name is used in errors
+// and as Domain.Source. The error, when there is one, is an Errors with
+// every problem found, up to 50.
+func Parse(name string, data []byte) (*limit.Domain, error) {
+	d, _, err := parse(name, data)
+	return d, err
+}
+
+// parse is Parse that also returns the line of the domain key, so Load
+// can point at the second file that repeats a domain.
+func parse(name string, data []byte) (*limit.Domain, int, error) {
+	if len(data) > maxFileBytes {
+		return nil, 0, Errors{{File: name, Msg: fmt.Sprintf("file is larger than %d MiB, the most a rule file may hold", maxFileBytes>>20)}}
+	}
+	w := &walker{file: name, budget: len(data) + extraVisits}
+	var d *limit.Domain
+	var line int
+	if root := w.document(data); root != nil {
+		d, line = w.domain(root)
+	}
+	if err := w.err(); err != nil {
+		return nil, 0, err
+	}
+	return d, line, nil
+}
+
+// walker walks a parsed file and collects problems as it goes, so one
+// pass reports them all.
+type walker struct {
+	file      string
+	problems  Errors
+	truncated bool
+	budget    int // node visits left
+	visits    int
+	stopped   bool
+	// alg is the file's default algorithm.
+	alg limit.Algorithm
+}
+
+func (w *walker) addf(n *yaml.Node, path, format string, args ...any) {
+	if w.stopped {
+		return
+	}
+	if len(w.problems) == maxProblems {
+		w.truncated, w.stopped = true, true
+		return
+	}
+	line := 0
+	if n != nil {
+		line = n.Line
+	}
+	w.problems = append(w.problems, Problem{File: w.file, Line: line, Path: path, Msg: fmt.Sprintf(format, args...)})
+}
+
+func (w *walker) err() error {
+	if len(w.problems) == 0 {
+		return nil
+	}
+	// Aliases make the walk jump around the file; people read top down.
+	sort.SliceStable(w.problems, func(i, j int) bool { return w.problems[i].Line < w.problems[j].Line })
+	if w.truncated {
+		w.problems = append(w.problems, Problem{File: w.file, Msg: fmt.Sprintf("stopped after the first %d problems", maxProblems)})
+	}
+	return w.problems
+}
+
+// document parses data as exactly one YAML document and returns its
+// top-level node, or nil after reporting why there is none.
+func (w *walker) document(data []byte) *yaml.Node {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			w.addf(&yaml.Node{Line: 1}, "", "file is empty; a rule file needs at least a domain")
+		} else {
+			w.syntax(err)
+		}
+		return nil
+	}
+	for {
+		// Empty documents, as after a trailing ---, are harmless.
+		var extra yaml.Node
+		err := dec.Decode(&extra)
+		if err == nil && (len(extra.Content) == 0 || isNull(extra.Content[0])) {
+			continue
+		}
+		if err == nil {
+			w.addf(&extra, "", "a second YAML document; a rule file holds one document (one domain)")
+		} else if !errors.Is(err, io.EOF) {
+			w.syntax(err)
+		}
+		break
+	}
+	if len(doc.Content) == 0 || isNull(doc.Content[0]) {
+		w.addf(&yaml.Node{Line: 1}, "", "file is empty; a rule file needs at least a domain")
+		return nil
+	}
+	return doc.Content[0]
+}
+
+// syntax reports a YAML parser error, moving yaml.v3's "yaml: line N:"
+// prefix into the Problem's line.
+func (w *walker) syntax(err error) {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	line := 0
+	if rest, ok := strings.CutPrefix(msg, "line "); ok {
+		if i := strings.Index(rest, ": "); i > 0 {
+			if n, err := strconv.Atoi(rest[:i]); err == nil {
+				line, msg = n, rest[i+2:]
+			}
+		}
+	}
+	w.addf(&yaml.Node{Line: line}, "", "invalid YAML: %s", msg)
+}
+
+// resolve follows aliases and charges the node to the walk's budget.
+func (w *walker) resolve(n *yaml.Node) *yaml.Node {
+	for i := 0; n.Kind == yaml.AliasNode && n.Alias != nil && i < 100; i++ {
+		n = n.Alias
+	}
+	w.budget--
+	if w.budget == 0 {
+		w.addf(n, "", "aliases expand the file too far; stopped after %d YAML nodes", w.visits)
+		w.stopped = true
+	}
+	w.visits++
+	return n
+}
+
+// mapping checks that n is a mapping whose keys are all in allowed and
+// appear once, and returns the value of each key. Keys whose value is
+// null are left out: envoyproxy/ratelimit's yaml.v2 reads "key:" with
+// nothing after it as the key's zero value.
+func (w *walker) mapping(n *yaml.Node, path string, allowed []string) (map[string]*yaml.Node, bool) {
+	n = w.resolve(n)
+	if n.Kind != yaml.MappingNode {
+		w.addf(n, path, "want a mapping with keys %s, got %s", strings.Join(allowed, "|"), describe(n))
+		return nil, false
+	}
+	out := make(map[string]*yaml.Node, len(n.Content)/2)
+	lines := make(map[string]int, len(n.Content)/2)
+	ok := true
+	for i := 0; i+1 < len(n.Content) && !w.stopped; i += 2 {
+		k, v := w.resolve(n.Content[i]), n.Content[i+1]
+		if k.Kind != yaml.ScalarNode {
+			w.addf(k, path, "a key must be a string, got %s", describe(k))
+			ok = false
+			continue
+		}
+		p := join(path, k.Value)
+		if !slices.Contains(allowed, k.Value) {
+			switch guess := closest(k.Value, allowed); {
+			case k.Value == "replaces":
+				w.addf(k, p, "unknown key here; replaces goes inside rate_limit, as in envoyproxy/ratelimit")
+			case guess != "":
+				w.addf(k, p, "unknown key; did you mean %s?", guess)
+			default:
+				w.addf(k, p, "unknown key (want one of %s)", strings.Join(allowed, "|"))
+			}
+			ok = false
+			continue
+		}
+		if first, dup := lines[k.Value]; dup {
+			w.addf(k, p, "key repeated (first at line %d)", first)
+			ok = false
+			continue
+		}
+		lines[k.Value] = k.Line
+		if !isNull(w.resolve(v)) {
+			out[k.Value] = v
+		}
+	}
+	return out, ok
+}
+
+func (w *walker) domain(root *yaml.Node) (*limit.Domain, int) {
+	f, ok := w.mapping(root, "", fileKeys)
+	if f == nil {
+		return nil, 0
+	}
+	d := &limit.Domain{Source: w.file}
+	line := 0
+	if n, has := f["domain"]; !has {
+		w.addf(root, "", "domain is required")
+	} else if name, ok := w.str(n, "domain"); ok {
+		line = w.resolve(n).Line
+		switch {
+		case name == "":
+			w.addf(n, "domain", "is empty")
+		case len(name) > limit.MaxDomainBytes:
+			w.addf(n, "domain", "is %d bytes, more than %d", len(name), limit.MaxDomainBytes)
+		default:
+			d.Name = name
+		}
+	}
+	if n, has := f["algorithm"]; has {
+		if a, ok := w.algorithm(n, "algorithm"); ok {
+			w.alg = a
+		}
+	}
+	if n, has := f["descriptors"]; has {
+		d.Descriptors = w.rules(n, "descriptors", 1)
+	}
+	if !ok {
+		return nil, 0
+	}
+	return d, line
+}
+
+// rules reads a descriptor list whose rules match entry number depth.
+func (w *walker) rules(n *yaml.Node, path string, depth int) []*limit.Rule {
+	n = w.resolve(n)
+	if n.Kind != yaml.SequenceNode {
+		w.addf(n, path, "want a list of descriptors, got %s", describe(n))
+		return nil
+	}
+	if depth > limit.MaxEntries {
+		w.addf(n, path, "nested deeper than %d levels; a request descriptor has at most %d entries, so these rules could never match",
+			limit.MaxEntries, limit.MaxEntries)
+		return nil
+	}
+	seen := map[string]int{} // key NUL value -> line of the first rule
+	out := make([]*limit.Rule, 0, len(n.Content))
+	for i, c := range n.Content {
+		if w.stopped {
+			break
+		}
+		if r := w.rule(c, fmt.Sprintf("%s[%d]", path, i), depth, seen); r != nil {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func (w *walker) rule(n *yaml.Node, path string, depth int, seen map[string]int) *limit.Rule {
+	f, _ := w.mapping(n, path, descriptorKeys)
+	if f == nil {
+		return nil
+	}
+	at := n // where a repeated alias is used, rather than where it points
+	n = w.resolve(n)
+	r := &limit.Rule{}
+	keyOK, valueOK := false, true
+	if kn, has := f["key"]; !has {
+		w.addf(n, path, "key is required")
+	} else if k, ok := w.str(kn, path+".key"); ok {
+		switch {
+		case k == "":
+			w.addf(kn, path+".key", "is empty")
+		case len(k) > limit.MaxEntryKeyBytes:
+			w.addf(kn, path+".key", "is %d bytes, more than %d", len(k), limit.MaxEntryKeyBytes)
+		default:
+			r.Key, keyOK = k, true
+		}
+	}
+	if vn, has := f["value"]; has {
+		valueOK = false
+		if v, ok := w.str(vn, path+".value"); ok {
+			switch {
+			case len(v) > limit.MaxValueBytes:
+				w.addf(vn, path+".value", "is %d bytes, more than %d", len(v), limit.MaxValueBytes)
+			case strings.IndexByte(v, '*') >= 0 && strings.IndexByte(v, '*') < len(v)-1:
+				w.addf(vn, path+".value", "%q has a * before its end; only a trailing * (a prefix match) is supported", v)
+			default:
+				r.Value, valueOK = v, true
+			}
+		}
+	}
+	if keyOK && valueOK {
+		id := r.Key + "\x00" + r.Value
+		if first, dup := seen[id]; dup {
+			what := fmt.Sprintf("key %q with value %q", r.Key, r.Value)
+			if r.Value == "" {
+				what = fmt.Sprintf("key %q with no value", r.Key)
+			}
+			w.addf(at, path, "a rule for %s is already defined at line %d", what, first)
+			return nil // and its subtree: a repeated alias must not multiply work
+		}
+		seen[id] = at.Line
+	}
+
+	if ln, has := f["rate_limit"]; has {
+		r.RateLimit, r.Unlimited, r.Replaces = w.limit(ln, path+".rate_limit", limit.Requests)
+	}
+	if ln, has := f["token_limit"]; has {
+		if r.Unlimited {
+			w.addf(ln, path+".token_limit", "the rule is unlimited (rate_limit.unlimited: true) and counts nothing, so a token_limit would be ignored")
+		} else {
+			r.TokenLimit, _, _ = w.limit(ln, path+".token_limit", limit.Tokens)
+		}
+	}
+	r.Shadow = w.flag(f, "shadow_mode", path)
+	r.DetailedMetric = w.flag(f, "detailed_metric", path)
+	w.flag(f, "quota_mode", path)
+	w.flag(f, "value_to_metric", path)
+	if w.flag(f, "share_threshold", path) && !strings.HasSuffix(r.Value, "*") {
+		w.addf(f["share_threshold"], path+".share_threshold", "applies only to a wildcard value (one ending in *)")
+	}
+	if cn, has := f["descriptors"]; has {
+		r.Children = w.rules(cn, path+".descriptors", depth+1)
+	}
+	return r
+}
+
+// limit reads a rate_limit (kind Requests) or token_limit (kind Tokens).
+// It returns unlimited and replaces for rate_limit, where
+// envoyproxy/ratelimit puts them.
+func (w *walker) limit(n *yaml.Node, path string, kind limit.Kind) (l *limit.Limit, unlimited bool, replaces []string) {
+	keys, amountKey := rateLimitKeys, "requests_per_unit"
+	if kind == limit.Tokens {
+		keys, amountKey = tokenLimitKeys, "tokens_per_unit"
+	}
+	before := len(w.problems)
+	f, _ := w.mapping(n, path, keys)
+	if f == nil {
+		return nil, false, nil
+	}
+	n = w.resolve(n)
+	var name string
+	if v, has := f["name"]; has {
+		name, _ = w.str(v, path+".name")
+	}
+	if v, has := f["replaces"]; has {
+		replaces = w.replaces(v, path+".replaces", name)
+	}
+	if unlimited = w.flag(f, "unlimited", path); unlimited {
+		// envoyproxy/ratelimit rejects a unit beside unlimited too: the
+		// file says two contradictory things.
+		for _, k := range []string{"unit", amountKey, "algorithm", "burst", "unit_multiplier", "buckets"} {
+			if v, has := f[k]; has {
+				w.addf(v, path+"."+k, "must not be set when unlimited is true")
+			}
+		}
+		return nil, true, replaces
+	}
+
+	l = &limit.Limit{Name: name, Kind: kind, Algorithm: w.alg, Multiplier: 1}
+	if v, has := f["unit"]; !has {
+		w.addf(n, path, "unit is required (or unlimited: true)")
+	} else if s, ok := w.str(v, path+".unit"); ok {
+		if u, ok := limit.ParseUnit(s); ok {
+			l.Unit = u
+		} else {
+			w.addf(v, path+".unit", "%q is not one of %s", s, limit.UnitNames())
+		}
+	}
+	amount, amountOK := f[amountKey]
+	if !amountOK {
+		w.addf(n, path, "%s is required", amountKey)
+	} else {
+		l.Amount, amountOK = w.uint(amount, path+"."+amountKey, 0, maxAmount)
+	}
+	if v, has := f["algorithm"]; has {
+		l.Algorithm, _ = w.algorithm(v, path+".algorithm")
+	}
+	if v, has := f["unit_multiplier"]; has {
+		m, ok := w.uint(v, path+".unit_multiplier", 1, math.MaxUint32)
+		if u := int64(l.Unit.Duration()); ok && u > 0 && m > uint64(math.MaxInt64/u) {
+			// A window is a time.Duration: int64 nanoseconds.
+			w.addf(v, path+".unit_multiplier", "%d %ss is longer than the longest window, %d %ss", m, l.Unit, math.MaxInt64/u, l.Unit)
+		}
+		l.Multiplier = uint32(m)
+	}
+	if v, has := f["burst"]; has {
+		if l.Algorithm != limit.TokenBucket {
+			w.addf(v, path+".burst", "applies only to algorithm token_bucket, and this limit is %s", l.Algorithm)
+		} else {
+			l.Burst, _ = w.uint(v, path+".burst", 1, maxAmount)
+		}
+	}
+	if v, has := f["buckets"]; has {
+		if l.Algorithm != limit.SlidingWindow {
+			w.addf(v, path+".buckets", "applies only to algorithm sliding_window, and this limit is %s", l.Algorithm)
+		} else {
+			b, _ := w.uint(v, path+".buckets", 1, limit.MaxBuckets)
+			l.Buckets = uint16(b)
+		}
+	}
+	switch l.Algorithm {
+	case limit.TokenBucket:
+		if amountOK && l.Amount == 0 {
+			// A bucket that never refills has no rate to pace by.
+			w.addf(amount, path+"."+amountKey, "a token_bucket needs at least 1")
+		}
+		if l.Burst == 0 {
+			l.Burst = l.Amount
+		}
+	case limit.SlidingWindow:
+		if l.Buckets == 0 {
+			l.Buckets = limit.DefaultBuckets
+		}
+	}
+	if len(w.problems) != before {
+		return nil, false, replaces
+	}
+	return l, false, replaces
+}
+
+func (w *walker) replaces(n *yaml.Node, path, own string) []string {
+	n = w.resolve(n)
+	if n.Kind != yaml.SequenceNode {
+		w.addf(n, path, "want a list of {name: ...}, got %s", describe(n))
+		return nil
+	}
+	var out []string
+	for i, e := range n.Content {
+		p := fmt.Sprintf("%s[%d]", path, i)
+		f, _ := w.mapping(e, p, replacesKeys)
+		if f == nil {
+			continue
+		}
+		v, has := f["name"]
+		if !has {
+			w.addf(w.resolve(e), p, "name is required")
+			continue
+		}
+		name, ok := w.str(v, p+".name")
+		switch {
+		case !ok:
+		case name == "":
+			w.addf(v, p+".name", "is empty")
+		case name == own:
+			w.addf(v, p+".name", "%q is this limit's own name; a limit cannot replace itself", name)
+		default:
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+func (w *walker) algorithm(n *yaml.Node, path string) (limit.Algorithm, bool) {
+	s, ok := w.str(n, path)
+	if !ok {
+		return w.alg, false
+	}
+	// Case-insensitive like units, which envoyproxy/ratelimit files write
+	// in upper case.
+	a, ok := limit.ParseAlgorithm(strings.ToLower(s))
+	if !ok {
+		w.addf(n, path, "%q is not one of %s", s, limit.AlgorithmNames())
+		return w.alg, false
+	}
+	return a, true
+}
+
+// str reads any scalar as the text written, as envoyproxy/ratelimit's
+// yaml.v2 does for string fields: value: 200 is "200".
+func (w *walker) str(n *yaml.Node, path string) (string, bool) {
+	n = w.resolve(n)
+	if n.Kind != yaml.ScalarNode {
+		w.addf(n, path, "want a string, got %s", describe(n))
+		return "", false
+	}
+	if n.ShortTag() == "!!null" {
+		return "", true
+	}
+	return n.Value, true
+}
+
+// flag reads an optional boolean key of f; absent is false.
+func (w *walker) flag(f map[string]*yaml.Node, key, path string) bool {
+	v, has := f[key]
+	if !has {
+		return false
+	}
+	n := w.resolve(v)
+	if n.Kind == yaml.ScalarNode {
+		switch n.ShortTag() {
+		case "!!bool":
+			var b bool
+			if n.Decode(&b) == nil {
+				return b
+			}
+		case "!!str":
+			// yaml.v2, which envoyproxy/ratelimit uses, reads YAML 1.1's
+			// words as booleans, so its files may say yes and off.
+			if n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle) == 0 {
+				switch n.Value {
+				case "y", "Y", "yes", "Yes", "YES", "on", "On", "ON":
+					return true
+				case "n", "N", "no", "No", "NO", "off", "Off", "OFF":
+					return false
+				}
+			}
+		}
+	}
+	w.addf(n, join(path, key), "want true or false, got %s", describe(n))
+	return false
+}
+
+// uint reads a whole number in [lo, hi].
+func (w *walker) uint(n *yaml.Node, path string, lo, hi uint64) (uint64, bool) {
+	n = w.resolve(n)
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" {
+		if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!float" && isDigits(n.Value) {
+			w.addf(n, path, "%s is more than %d", n.Value, hi)
+		} else {
+			w.addf(n, path, "want a whole number, got %s", describe(n))
+		}
+		return 0, false
+	}
+	if strings.HasPrefix(n.Value, "-") {
+		var i int64
+		if n.Decode(&i) != nil || i != 0 {
+			w.addf(n, path, "%s is negative", n.Value)
+			return 0, false
+		}
+	}
+	var u uint64
+	if err := n.Decode(&u); err != nil || u > hi {
+		w.addf(n, path, "%s is more than %d", n.Value, hi)
+		return 0, false
+	}
+	if u < lo {
+		w.addf(n, path, "%s is less than %d", n.Value, lo)
+		return 0, false
+	}
+	return u, true
+}
+
+// closest returns the word in words nearest to s, if it is near enough
+// to be the likely intent (a typo, a missing or extra letter).
+func closest(s string, words []string) string {
+	best, bestD := "", 3
+	for _, w := range words {
+		if d := distance(s, w); d < bestD {
+			best, bestD = w, d
+		}
+	}
+	return best
+}
+
+// distance is the Levenshtein distance between a and b.
+func distance(a, b string) int {
+	if len(a) > 64 || len(b) > 64 {
+		return math.MaxInt
+	}
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
+func isNull(n *yaml.Node) bool {
+	return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null"
+}
+
+func isDigits(s string) bool {
+	s = strings.TrimPrefix(s, "+")
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// describe names a node for "want X, got Y" messages.
+func describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		switch n.ShortTag() {
+		case "!!str":
+			return fmt.Sprintf("the string %q", n.Value)
+		case "!!null":
+			return "nothing (null)"
+		default:
+			return n.Value
+		}
+	}
+	return "an alias to nothing"
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}

@@ -1,0 +1,626 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+)
+
+// TestLoadBad loads one fixture per failure mode and checks the whole
+// error text: file, line, path and message.
+func TestLoadBad(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		give string // under testdata/bad
+		want string
+	}{
+		{
+			name: "unknown key in a descriptor",
+			give: "unknown_key.yaml",
+			want: `testdata/bad/unknown_key.yaml:4: descriptors[0].rate_limt: unknown key; did you mean rate_limit?`,
+		},
+		{
+			name: "unknown key in a rate_limit",
+			give: "unknown_limit_key.yaml",
+			want: `testdata/bad/unknown_limit_key.yaml:5: descriptors[0].rate_limit: requests_per_unit is required
+testdata/bad/unknown_limit_key.yaml:6: descriptors[0].rate_limit.request_per_unit: unknown key; did you mean requests_per_unit?`,
+		},
+		{
+			name: "unknown top-level key",
+			give: "unknown_top_key.yaml",
+			want: `testdata/bad/unknown_top_key.yaml:1: domian: unknown key; did you mean domain?
+testdata/bad/unknown_top_key.yaml:1: domain is required`,
+		},
+		{
+			name: "replaces beside rate_limit instead of inside it",
+			give: "replaces_misplaced.yaml",
+			want: `testdata/bad/replaces_misplaced.yaml:5: descriptors[0].replaces: unknown key here; replaces goes inside rate_limit, as in envoyproxy/ratelimit`,
+		},
+		{
+			name: "string for a number",
+			give: "string_amount.yaml",
+			want: `testdata/bad/string_amount.yaml:6: descriptors[0].rate_limit.requests_per_unit: want a whole number, got the string "100"`,
+		},
+		{
+			name: "negative number",
+			give: "negative_amount.yaml",
+			want: `testdata/bad/negative_amount.yaml:6: descriptors[0].rate_limit.requests_per_unit: -5 is negative`,
+		},
+		{
+			name: "fraction",
+			give: "fraction_amount.yaml",
+			want: `testdata/bad/fraction_amount.yaml:6: descriptors[0].token_limit.tokens_per_unit: want a whole number, got 1.5`,
+		},
+		{
+			name: "unknown unit",
+			give: "bad_unit.yaml",
+			want: `testdata/bad/bad_unit.yaml:12: descriptors[1].rate_limit.unit: "dya" is not one of second|minute|hour|day|week|month|year`,
+		},
+		{
+			name: "unknown algorithm, in the file and in a limit",
+			give: "bad_algorithm.yaml",
+			want: `testdata/bad/bad_algorithm.yaml:2: algorithm: "leaky_bucket" is not one of sliding_window|fixed_window|token_bucket
+testdata/bad/bad_algorithm.yaml:8: descriptors[0].rate_limit.algorithm: "gcra" is not one of sliding_window|fixed_window|token_bucket`,
+		},
+		{
+			name: "burst without token_bucket",
+			give: "burst_without_token_bucket.yaml",
+			want: `testdata/bad/burst_without_token_bucket.yaml:7: descriptors[0].rate_limit.burst: applies only to algorithm token_bucket, and this limit is sliding_window`,
+		},
+		{
+			name: "buckets out of range or without sliding_window",
+			give: "buckets_out_of_range.yaml",
+			want: `testdata/bad/buckets_out_of_range.yaml:7: descriptors[0].rate_limit.buckets: 601 is more than 600
+testdata/bad/buckets_out_of_range.yaml:13: descriptors[1].rate_limit.buckets: applies only to algorithm sliding_window, and this limit is fixed_window`,
+		},
+		{
+			name: "rate_limit with neither unit nor unlimited",
+			give: "no_unit.yaml",
+			want: `testdata/bad/no_unit.yaml:5: descriptors[0].rate_limit: unit is required (or unlimited: true)`,
+		},
+		{
+			name: "rate_limit without an amount",
+			give: "no_amount.yaml",
+			want: `testdata/bad/no_amount.yaml:5: descriptors[0].rate_limit: requests_per_unit is required`,
+		},
+		{
+			name: "unlimited with a unit and an amount",
+			give: "unlimited_with_unit.yaml",
+			want: `testdata/bad/unlimited_with_unit.yaml:6: descriptors[0].rate_limit.unit: must not be set when unlimited is true
+testdata/bad/unlimited_with_unit.yaml:7: descriptors[0].rate_limit.requests_per_unit: must not be set when unlimited is true`,
+		},
+		{
+			name: "unlimited with a token_limit",
+			give: "unlimited_with_token_limit.yaml",
+			want: `testdata/bad/unlimited_with_token_limit.yaml:7: descriptors[0].token_limit: the rule is unlimited (rate_limit.unlimited: true) and counts nothing, so a token_limit would be ignored`,
+		},
+		{
+			name: "token_bucket with nothing to refill",
+			give: "token_bucket_zero.yaml",
+			want: `testdata/bad/token_bucket_zero.yaml:6: descriptors[0].rate_limit.requests_per_unit: a token_bucket needs at least 1`,
+		},
+		{
+			name: "window longer than a time.Duration",
+			give: "window_too_long.yaml",
+			want: `testdata/bad/window_too_long.yaml:6: descriptors[0].rate_limit.unit_multiplier: 300 years is longer than the longest window, 292 years`,
+		},
+		{
+			name: "duplicate sibling key and value",
+			give: "duplicate_rule.yaml",
+			want: `testdata/bad/duplicate_rule.yaml:8: descriptors[2]: a rule for key "user" with value "alice" is already defined at line 3
+testdata/bad/duplicate_rule.yaml:11: descriptors[3]: a rule for key "user" with no value is already defined at line 6`,
+		},
+		{
+			name: "wildcard in the middle",
+			give: "wildcard_not_at_end.yaml",
+			want: `testdata/bad/wildcard_not_at_end.yaml:4: descriptors[0].value: "/api/*/users" has a * before its end; only a trailing * (a prefix match) is supported`,
+		},
+		{
+			name: "empty and missing key",
+			give: "empty_key.yaml",
+			want: `testdata/bad/empty_key.yaml:3: descriptors[0].key: is empty
+testdata/bad/empty_key.yaml:5: descriptors[1]: key is required`,
+		},
+		{
+			name: "repeated YAML mapping key",
+			give: "repeated_yaml_key.yaml",
+			want: `testdata/bad/repeated_yaml_key.yaml:7: descriptors[0].rate_limit.unit: key repeated (first at line 5)`,
+		},
+		{
+			name: "replaces naming itself, empty or without a name",
+			give: "replaces_bad.yaml",
+			want: `testdata/bad/replaces_bad.yaml:9: descriptors[0].rate_limit.replaces[0].name: "per_user" is this limit's own name; a limit cannot replace itself
+testdata/bad/replaces_bad.yaml:10: descriptors[0].rate_limit.replaces[1].name: is empty
+testdata/bad/replaces_bad.yaml:11: descriptors[0].rate_limit.replaces[2]: name is required`,
+		},
+		{
+			name: "share_threshold without a wildcard",
+			give: "share_threshold_without_wildcard.yaml",
+			want: `testdata/bad/share_threshold_without_wildcard.yaml:5: descriptors[0].share_threshold: applies only to a wildcard value (one ending in *)`,
+		},
+		{
+			name: "not a boolean",
+			give: "bad_bool.yaml",
+			want: `testdata/bad/bad_bool.yaml:4: descriptors[0].shadow_mode: want true or false, got the string "maybe"`,
+		},
+		{
+			name: "descriptors not a list",
+			give: "descriptors_not_list.yaml",
+			want: `testdata/bad/descriptors_not_list.yaml:3: descriptors: want a list of descriptors, got a mapping`,
+		},
+		{
+			name: "empty file",
+			give: "empty.yaml",
+			want: `testdata/bad/empty.yaml:1: file is empty; a rule file needs at least a domain`,
+		},
+		{
+			name: "only comments",
+			give: "only_comments.yaml",
+			want: `testdata/bad/only_comments.yaml:1: file is empty; a rule file needs at least a domain`,
+		},
+		{
+			name: "no domain",
+			give: "no_domain.yaml",
+			want: `testdata/bad/no_domain.yaml:1: domain is required`,
+		},
+		{
+			name: "invalid YAML",
+			give: "invalid_yaml.yaml",
+			want: `testdata/bad/invalid_yaml.yaml:3: invalid YAML: did not find expected ',' or '}'`,
+		},
+		{
+			name: "two documents",
+			give: "two_documents.yaml",
+			want: `testdata/bad/two_documents.yaml:2: a second YAML document; a rule file holds one document (one domain)`,
+		},
+		{
+			name: "top level is a list",
+			give: "top_level_list.yaml",
+			want: `testdata/bad/top_level_list.yaml:1: want a mapping with keys domain|algorithm|descriptors, got a list`,
+		},
+		{
+			name: "the same domain in two files",
+			give: "dupdomain",
+			want: `testdata/bad/dupdomain/b.yaml:2: domain: "edge" is already the domain of testdata/bad/dupdomain/a.yaml; a domain lives in one file`,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			rs, err := Load(filepath.Join("testdata", "bad", tt.give))
+			if rs != nil {
+				t.Errorf("Load returned rules with the error")
+			}
+			var probs Errors
+			if !errors.As(err, &probs) {
+				t.Fatalf("Load error = %v (%T), want Errors", err, err)
+			}
+			if got := err.Error(); got != tt.want {
+				t.Errorf("Load error:\n%s\nwant:\n%s", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestLoadBadFixturesCovered keeps the table above in step with the
+// fixtures on disk.
+func TestLoadBadFixturesCovered(t *testing.T) {
+	t.Parallel()
+	entries, err := os.ReadDir(filepath.Join("testdata", "bad"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) < 30 {
+		t.Errorf("%d fixtures in testdata/bad, want one per failure mode (30 or more)", len(entries))
+	}
+}
+
+// TestParseGenerated covers failure modes whose fixtures are too large or
+// too regular to keep as files.
+func TestParseGenerated(t *testing.T) {
+	t.Parallel()
+	deepPath := "descriptors" + strings.Repeat("[0].descriptors", limit.MaxEntries)
+	tests := []struct {
+		name string
+		give []byte
+		want string
+	}{
+		{
+			name: "file over 4 MiB",
+			give: append([]byte("domain: big\n#"), make([]byte, maxFileBytes)...),
+			want: "big.yaml: file is larger than 4 MiB, the most a rule file may hold",
+		},
+		{
+			name: "nested deeper than a descriptor can be",
+			give: []byte("domain: deep\ndescriptors:" + strings.Repeat(" [{key: k, descriptors:", limit.MaxEntries+1) +
+				" []" + strings.Repeat("}]", limit.MaxEntries+1) + "\n"),
+			want: "big.yaml:2: " + deepPath + ": nested deeper than 32 levels; a request descriptor has at most 32 entries, so these rules could never match",
+		},
+		{
+			name: "too many problems",
+			give: func() []byte {
+				b := []byte("domain: many\ndescriptors:\n")
+				for i := range 60 {
+					b = fmt.Appendf(b, "  - {key: k%d, rate_limit: {unit: dya, requests_per_unit: 1}}\n", i)
+				}
+				return b
+			}(),
+			want: strings.Join(func() []string {
+				var lines []string
+				for i := range maxProblems {
+					lines = append(lines, fmt.Sprintf("big.yaml:%d: descriptors[%d].rate_limit.unit: \"dya\" is not one of second|minute|hour|day|week|month|year", i+3, i))
+				}
+				return append(lines, "big.yaml: stopped after the first 50 problems")
+			}(), "\n"),
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			d, err := Parse("big.yaml", tt.give)
+			if d != nil {
+				t.Errorf("Parse returned a domain with the error")
+			}
+			if err == nil || err.Error() != tt.want {
+				t.Errorf("Parse error:\n%v\nwant:\n%s", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestParseAliasBomb parses a small file whose aliases expand to 2^22
+// rules: each level lists two distinct rules that both hold the level
+// below. The walk must stop early rather than build them.
+func TestParseAliasBomb(t *testing.T) {
+	t.Parallel()
+	var b strings.Builder
+	b.WriteString("domain: bomb\ndescriptors:\n")
+	b.WriteString("  - {key: d0, descriptors: &l0 [{key: k, value: a}, {key: k, value: b}]}\n")
+	for i := 1; i <= 20; i++ {
+		fmt.Fprintf(&b, "  - {key: d%d, descriptors: &l%d [{key: k, value: a, descriptors: *l%d}, {key: k, value: b, descriptors: *l%d}]}\n", i, i, i-1, i-1)
+	}
+	_, err := Parse("bomb.yaml", []byte(b.String()))
+	var probs Errors
+	if !errors.As(err, &probs) || len(probs) != 1 {
+		t.Fatalf("Parse error = %v, want one problem", err)
+	}
+	want := fmt.Sprintf("aliases expand the file too far; stopped after %d YAML nodes", b.Len()+extraVisits-1)
+	if p := probs[0]; p.Msg != want || p.Line == 0 || p.File != "bomb.yaml" {
+		t.Errorf("problem = %+v, want %q with a line", p, want)
+	}
+}
+
+// TestVisitsPerByte checks the assumption behind the walk's budget: a
+// file without aliases, however dense, visits fewer nodes than half its
+// bytes, so it never runs out.
+func TestVisitsPerByte(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		give func(i int) string // the i'th line of a descriptors list
+	}{
+		{name: "flow key only", give: func(i int) string { return fmt.Sprintf("- {key: %x}\n", i) }},
+		{name: "block key only", give: func(i int) string { return fmt.Sprintf("- key: %x\n", i) }},
+		{name: "key and value", give: func(i int) string { return fmt.Sprintf("- {key: k, value: %x}\n", i) }},
+		{name: "limits", give: func(i int) string {
+			return fmt.Sprintf("- {key: %x, rate_limit: {unit: second, requests_per_unit: 1}, token_limit: {unit: second, tokens_per_unit: 1}}\n", i)
+		}},
+		{name: "long replaces", give: func(i int) string {
+			if i == 0 {
+				return "- key: k\n  rate_limit:\n    unit: second\n    requests_per_unit: 1\n    replaces:\n"
+			}
+			return fmt.Sprintf("    - {name: %x}\n", i)
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var b strings.Builder
+			b.WriteString("domain: d\ndescriptors:\n")
+			for i := 0; b.Len() < 64<<10; i++ {
+				b.WriteString(tt.give(i))
+			}
+			w := &walker{file: "t.yaml", budget: 1 << 30}
+			if root := w.document([]byte(b.String())); root != nil {
+				w.domain(root)
+			}
+			if len(w.problems) > 0 {
+				t.Fatalf("walk found problems: %v", w.problems[0])
+			}
+			t.Logf("%d visits for %d bytes", w.visits, b.Len())
+			if ratio := float64(w.visits) / float64(b.Len()); ratio >= 0.5 {
+				t.Errorf("%d visits for %d bytes (%.2f per byte), want under 0.5", w.visits, b.Len(), ratio)
+			}
+		})
+	}
+}
+
+// TestParseLimits checks how each rule file key maps onto limit.Rule.
+func TestParseLimits(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		give string
+		want *limit.Rule // the first top-level rule, children left out
+	}{
+		{
+			name: "defaults",
+			give: "{key: k, rate_limit: {unit: minute, requests_per_unit: 10}}",
+			want: &limit.Rule{Key: "k", RateLimit: &limit.Limit{Kind: limit.Requests, Algorithm: limit.SlidingWindow,
+				Amount: 10, Unit: limit.Minute, Multiplier: 1, Buckets: limit.DefaultBuckets}},
+		},
+		{
+			name: "zero denies everything, as in envoyproxy/ratelimit",
+			give: "{key: k, value: v, rate_limit: {unit: second, requests_per_unit: 0}}",
+			want: &limit.Rule{Key: "k", Value: "v", RateLimit: &limit.Limit{Kind: limit.Requests, Algorithm: limit.SlidingWindow,
+				Unit: limit.Second, Multiplier: 1, Buckets: limit.DefaultBuckets}},
+		},
+		{
+			name: "upper-case unit and algorithm",
+			give: "{key: k, rate_limit: {unit: HOUR, requests_per_unit: 10, algorithm: FIXED_WINDOW}}",
+			want: &limit.Rule{Key: "k", RateLimit: &limit.Limit{Kind: limit.Requests, Algorithm: limit.FixedWindow,
+				Amount: 10, Unit: limit.Hour, Multiplier: 1}},
+		},
+		{
+			name: "token bucket burst defaults to the amount",
+			give: "{key: k, rate_limit: {unit: second, requests_per_unit: 7, algorithm: token_bucket}}",
+			want: &limit.Rule{Key: "k", RateLimit: &limit.Limit{Kind: limit.Requests, Algorithm: limit.TokenBucket,
+				Amount: 7, Unit: limit.Second, Multiplier: 1, Burst: 7}},
+		},
+		{
+			name: "token limit with every extension",
+			give: "{key: k, token_limit: {name: t, unit: week, unit_multiplier: 2, tokens_per_unit: 1000, algorithm: token_bucket, burst: 50}}",
+			want: &limit.Rule{Key: "k", TokenLimit: &limit.Limit{Name: "t", Kind: limit.Tokens, Algorithm: limit.TokenBucket,
+				Amount: 1000, Unit: limit.Week, Multiplier: 2, Burst: 50}},
+		},
+		{
+			name: "sliding window precision",
+			give: "{key: k, rate_limit: {unit: day, requests_per_unit: 1, buckets: 600}}",
+			want: &limit.Rule{Key: "k", RateLimit: &limit.Limit{Kind: limit.Requests, Algorithm: limit.SlidingWindow,
+				Amount: 1, Unit: limit.Day, Multiplier: 1, Buckets: 600}},
+		},
+		{
+			name: "unlimited",
+			give: "{key: k, rate_limit: {unlimited: true, name: ignored}}",
+			want: &limit.Rule{Key: "k", Unlimited: true},
+		},
+		{
+			name: "replaces, shadow and detailed metrics",
+			give: "{key: k, shadow_mode: yes, detailed_metric: on, rate_limit: {name: a, unit: month, requests_per_unit: 3, replaces: [{name: b}, {name: c}]}}",
+			want: &limit.Rule{Key: "k", Shadow: true, DetailedMetric: true, Replaces: []string{"b", "c"},
+				RateLimit: &limit.Limit{Name: "a", Kind: limit.Requests, Algorithm: limit.SlidingWindow,
+					Amount: 3, Unit: limit.Month, Multiplier: 1, Buckets: limit.DefaultBuckets}},
+		},
+		{
+			name: "empty documents after the first",
+			give: "{key: k}\n---\n# nothing\n---\n",
+			want: &limit.Rule{Key: "k"},
+		},
+		{
+			name: "envoyproxy/ratelimit keys that change nothing yet",
+			give: "{key: k, value: p*, quota_mode: true, value_to_metric: true, share_threshold: true}",
+			want: &limit.Rule{Key: "k", Value: "p*"},
+		},
+		{
+			name: "scalars read as written, nulls as absent",
+			give: "{key: 404, value: 1.50, shadow_mode: ~, descriptors: ~, rate_limit: {unit: year, requests_per_unit: 0x10, name: ~}}",
+			want: &limit.Rule{Key: "404", Value: "1.50", RateLimit: &limit.Limit{Kind: limit.Requests, Algorithm: limit.SlidingWindow,
+				Amount: 16, Unit: limit.Year, Multiplier: 1, Buckets: limit.DefaultBuckets}},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			d, err := Parse("t.yaml", []byte("domain: d\ndescriptors:\n  - "+tt.give+"\n"))
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			got := d.Descriptors[0]
+			got.Children = nil
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("rule = %s\nwant   %s", ruleString(got), ruleString(tt.want))
+			}
+		})
+	}
+}
+
+func TestParseAliases(t *testing.T) {
+	t.Parallel()
+	give := `domain: d
+descriptors:
+  - key: a
+    rate_limit: &std {unit: minute, requests_per_unit: 5}
+  - key: b
+    rate_limit: *std
+`
+	d, err := Parse("t.yaml", []byte(give))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	if a, b := d.Descriptors[0].RateLimit, d.Descriptors[1].RateLimit; !reflect.DeepEqual(a, b) || a == b {
+		t.Errorf("aliased limits = %+v and %+v, want equal values in distinct Limits", a, b)
+	}
+}
+
+func TestParseFileAlgorithm(t *testing.T) {
+	t.Parallel()
+	rs, err := Load(filepath.Join("testdata", "good", "extended.yaml"))
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	d := rs.Domain("inference")
+	tests := []struct {
+		name string
+		give []limit.Entry
+		want string
+	}{
+		{
+			name: "a limit's algorithm beats the file's",
+			give: []limit.Entry{{Key: "tenant", Value: "acme"}},
+			want: "requests 600/1m0s sliding_window buckets=60",
+		},
+		{
+			name: "the file's algorithm is the default",
+			give: []limit.Entry{{Key: "tenant", Value: "acme"}, {Key: "model", Value: "gpt-4o"}},
+			want: "requests 100/1m0s fixed_window; tokens 500000/1h0m0s fixed_window name=tenant_tokens",
+		},
+		{
+			name: "token bucket with a burst",
+			give: []limit.Entry{{Key: "model", Value: "gpt-4o"}},
+			want: "requests 10000/1m0s token_bucket burst=500",
+		},
+		{
+			name: "unit multiplier",
+			give: []limit.Entry{{Key: "batch", Value: "nightly"}},
+			want: "tokens 9000000/168h0m0s token_bucket burst=9000000",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if got := ruleString(d.Match(tt.give)); got != tt.want {
+				t.Errorf("Match = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestLoadEnvoyStyle loads a file in envoyproxy/ratelimit's format and
+// checks that it matches as it does there.
+func TestLoadEnvoyStyle(t *testing.T) {
+	t.Parallel()
+	rs, err := Load(filepath.Join("testdata", "good", "envoy-style.yaml"))
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	d := rs.Domain("messaging")
+	if d == nil || d.Source != filepath.Join("testdata", "good", "envoy-style.yaml") {
+		t.Fatalf("domain messaging = %+v, want it with its Source", d)
+	}
+	e := func(kv ...string) []limit.Entry {
+		var out []limit.Entry
+		for i := 0; i+1 < len(kv); i += 2 {
+			out = append(out, limit.Entry{Key: kv[i], Value: kv[i+1]})
+		}
+		return out
+	}
+	tests := []struct {
+		name string
+		give []limit.Entry
+		want string
+	}{
+		{name: "nested, upper-case unit", give: e("message_type", "marketing", "to_number", "1"), want: "requests 5/24h0m0s sliding_window buckets=20"},
+		{name: "a level with no limit", give: e("message_type", "marketing"), want: "none"},
+		{name: "deeper than the rules", give: e("message_type", "marketing", "to_number", "1", "x", "y"), want: "none"},
+		{name: "key only, mixed-case unit", give: e("to_number", "1"), want: "requests 100/24h0m0s sliding_window buckets=20 name=per_number"},
+		{name: "exact value before key only", give: e("to_number", "2065550100"), want: "unlimited"},
+		{name: "numeric value", give: e("status", "429"), want: "requests 1/1s sliding_window buckets=20"},
+		{name: "wildcard", give: e("path", "/v1/users"), want: "requests 20/1m0s sliding_window buckets=20"},
+		{name: "longest wildcard first", give: e("path", "/v1/admin/keys"), want: "requests 2/1m0s sliding_window buckets=20"},
+		{name: "no wildcard matches", give: e("path", "/v2/users"), want: "none"},
+		{name: "shadow mode", give: e("service", "s", "user", "tester"), want: "requests 10/1s sliding_window buckets=20 shadow"},
+		{name: "detailed metric", give: e("service", "s", "user", "bob"), want: "requests 20/1h0m0s sliding_window buckets=20 detailed"},
+		{name: "replaces", give: e("vip", "true", "to_number", "1"), want: "requests 1000/24h0m0s sliding_window buckets=20 replaces=per_number"},
+		{name: "placeholder without limit", give: e("placeholder", "x"), want: "none"},
+		{name: "null children", give: e("all_commented_out", "x"), want: "none"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if got := ruleString(d.Match(tt.give)); got != tt.want {
+				t.Errorf("Match = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestLoadExamples loads every example rule file shipped in config/.
+func TestLoadExamples(t *testing.T) {
+	t.Parallel()
+	files, err := filepath.Glob(filepath.Join("..", "..", "config", "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("glob config/*.yaml = %v, %v; want the example files", files, err)
+	}
+	// make run and make validate load the directory whole.
+	if _, err := Load(filepath.Join("..", "..", "config")); err != nil {
+		t.Errorf("Load(config):\n%v", err)
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			t.Parallel()
+			rs, err := Load(f)
+			if err != nil {
+				t.Fatalf("Load:\n%v", err)
+			}
+			if len(rs.Domains()) != 1 {
+				t.Errorf("Load = %d domains, want 1", len(rs.Domains()))
+			}
+		})
+	}
+}
+
+func TestProblemString(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		give Problem
+		want string
+	}{
+		{name: "everything", give: Problem{File: "r.yaml", Line: 3, Path: "domain", Msg: "is empty"}, want: "r.yaml:3: domain: is empty"},
+		{name: "no path", give: Problem{File: "r.yaml", Line: 1, Msg: "domain is required"}, want: "r.yaml:1: domain is required"},
+		{name: "no line", give: Problem{File: "r.yaml", Msg: "too big"}, want: "r.yaml: too big"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if got := tt.give.String(); got != tt.want {
+				t.Errorf("String() = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// ruleString summarizes what a matched rule does, for comparisons.
+func ruleString(r *limit.Rule) string {
+	if r == nil {
+		return "none"
+	}
+	if r.Unlimited {
+		return "unlimited"
+	}
+	var parts []string
+	for _, l := range []*limit.Limit{r.RateLimit, r.TokenLimit} {
+		if l == nil {
+			continue
+		}
+		s := fmt.Sprintf("%s %d/%s %s", l.Kind, l.Amount, l.Window(), l.Algorithm)
+		if l.Burst != 0 {
+			s += fmt.Sprintf(" burst=%d", l.Burst)
+		}
+		if l.Buckets != 0 {
+			s += fmt.Sprintf(" buckets=%d", l.Buckets)
+		}
+		if l.Name != "" {
+			s += " name=" + l.Name
+		}
+		parts = append(parts, s)
+	}
+	s := strings.Join(parts, "; ")
+	if r.Shadow {
+		s += " shadow"
+	}
+	if r.DetailedMetric {
+		s += " detailed"
+	}
+	if len(r.Replaces) > 0 {
+		s += " replaces=" + strings.Join(r.Replaces, ",")
+	}
+	return s
+}
