@@ -168,8 +168,10 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 			ov := &Limit{Kind: Requests, Amount: d.Override.Amount, Unit: d.Override.Unit, Multiplier: d.Override.Multiplier}
 			if rate != nil {
 				ov.Name, ov.Algorithm, ov.Buckets = rate.Name, rate.Algorithm, rate.Buckets
-				if rate.Algorithm == TokenBucket {
-					ov.Burst = d.Override.Amount
+				// A token bucket of 0 has no emission interval; a sliding
+				// window of 0 denies everything, which is what 0 asks for.
+				if rate.Algorithm == TokenBucket && d.Override.Amount == 0 {
+					ov.Algorithm = SlidingWindow
 				}
 			}
 			if ov.Window() <= 0 {
@@ -195,7 +197,12 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 			plans = append(plans, plan{desc: i, limit: rate})
 		}
 		if tokens != nil {
-			charges = append(charges, charge(req.Domain, d.Entries, tokens, tokenCost, shadow))
+			c := charge(req.Domain, d.Entries, tokens, tokenCost, shadow)
+			// A cost report is usage already spent: Envoy ignores the
+			// answer to it, so refusing it would lose the usage and let a
+			// tenant whose responses outgrow its remaining budget run on.
+			c.Force = d.HitsSet && tokenCost > 0
+			charges = append(charges, c)
 			plans = append(plans, plan{desc: i, limit: tokens})
 		}
 	}
@@ -216,6 +223,9 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 		if !rs.Fits && charges[k].Shadow {
 			st.ShadowOver = true
 			rs.Fits = true
+		}
+		if !rs.Fits && charges[k].Force {
+			rs.Fits = true // kept and not blocking: the budget now shows 0 left
 		}
 		if report(st, p.limit, rs) {
 			st.Limit = p.limit

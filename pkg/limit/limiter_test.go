@@ -26,7 +26,7 @@ func (s *recordStore) Apply(_ context.Context, _ time.Time, cs []Charge, res []R
 		res[i] = Result{Fits: fits, Remaining: c.Amount / 2, ResetAfter: time.Second}
 		if !fits {
 			res[i].Remaining, res[i].RetryAfter = 0, 2*time.Second
-			if !c.Shadow {
+			if !c.Shadow && !c.Force {
 				ok = false
 			}
 		}
@@ -130,8 +130,9 @@ func TestDecideCosts(t *testing.T) {
 	tokenKey := Key(Tokens, SlidingWindow, time.Hour, "d", entries("tenant", "a", "model", "gpt-4o"))
 	rateKey := Key(Requests, SlidingWindow, time.Minute, "d", entries("tenant", "a", "model", "gpt-4o"))
 	type charge struct {
-		key  string
-		cost int64
+		key   string
+		cost  int64
+		force bool
 	}
 	tests := []struct {
 		name string
@@ -141,42 +142,42 @@ func TestDecideCosts(t *testing.T) {
 		{
 			name: "request limit charges hits_addend",
 			give: Request{Domain: "d", Hits: 7, Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}},
-			want: []charge{{Key(Requests, SlidingWindow, time.Minute, "d", entries("tenant", "a")), 7}},
+			want: []charge{{Key(Requests, SlidingWindow, time.Minute, "d", entries("tenant", "a")), 7, false}},
 		},
 		{
 			name: "unset hits is one",
 			give: Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}},
-			want: []charge{{Key(Requests, SlidingWindow, time.Minute, "d", entries("tenant", "a")), 1}},
+			want: []charge{{Key(Requests, SlidingWindow, time.Minute, "d", entries("tenant", "a")), 1, false}},
 		},
 		{
 			name: "per-descriptor zero checks",
 			give: Request{Domain: "d", Hits: 5, Descriptors: []Descriptor{{Entries: entries("tenant", "a"), HitsSet: true}}},
-			want: []charge{{Key(Requests, SlidingWindow, time.Minute, "d", entries("tenant", "a")), 0}},
+			want: []charge{{Key(Requests, SlidingWindow, time.Minute, "d", entries("tenant", "a")), 0, false}},
 		},
 		{
 			name: "negative refunds",
 			give: Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("tenant", "a"), Hits: 3, HitsSet: true, Negative: true}}},
-			want: []charge{{Key(Requests, SlidingWindow, time.Minute, "d", entries("tenant", "a")), -3}},
+			want: []charge{{Key(Requests, SlidingWindow, time.Minute, "d", entries("tenant", "a")), -3, false}},
 		},
 		{
 			name: "token rule at request time: one request, budget checked",
 			give: Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("tenant", "a", "model", "gpt-4o")}}},
-			want: []charge{{rateKey, 1}, {tokenKey, 0}},
+			want: []charge{{rateKey, 1, false}, {tokenKey, 0, false}},
 		},
 		{
 			name: "token rule with request-level cost",
 			give: Request{Domain: "d", Hits: 250, Descriptors: []Descriptor{{Entries: entries("tenant", "a", "model", "gpt-4o")}}},
-			want: []charge{{rateKey, 1}, {tokenKey, 250}},
+			want: []charge{{rateKey, 1, false}, {tokenKey, 250, false}},
 		},
 		{
 			name: "token rule cost report charges tokens only",
 			give: Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("tenant", "a", "model", "gpt-4o"), Hits: 900, HitsSet: true}}},
-			want: []charge{{tokenKey, 900}},
+			want: []charge{{tokenKey, 900, true}},
 		},
 		{
 			name: "token-only rule",
 			give: Request{Domain: "d", Hits: 40, Descriptors: []Descriptor{{Entries: entries("budget", "x")}}},
-			want: []charge{{Key(Tokens, SlidingWindow, 24*time.Hour, "d", entries("budget", "x")), 40}},
+			want: []charge{{Key(Tokens, SlidingWindow, 24*time.Hour, "d", entries("budget", "x")), 40, false}},
 		},
 		{
 			name: "unlimited and unmatched charge nothing",
@@ -186,12 +187,12 @@ func TestDecideCosts(t *testing.T) {
 		{
 			name: "replaces drops the named limit",
 			give: Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("old", "x")}, {Entries: entries("new", "y")}}},
-			want: []charge{{Key(Requests, SlidingWindow, time.Minute, "d", entries("new", "y")), 1}},
+			want: []charge{{Key(Requests, SlidingWindow, time.Minute, "d", entries("new", "y")), 1, false}},
 		},
 		{
 			name: "override without a rule",
 			give: Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("nope", "x"), Override: &Override{Amount: 3, Unit: Second, Multiplier: 30}}}},
-			want: []charge{{Key(Requests, SlidingWindow, 30*time.Second, "d", entries("nope", "x")), 1}},
+			want: []charge{{Key(Requests, SlidingWindow, 30*time.Second, "d", entries("nope", "x")), 1, false}},
 		},
 	}
 	for _, tt := range tests {
@@ -208,7 +209,7 @@ func TestDecideCosts(t *testing.T) {
 			}
 			var got []charge
 			for _, c := range st.charges {
-				got = append(got, charge{c.Key, c.Cost})
+				got = append(got, charge{c.Key, c.Cost, c.Force})
 			}
 			if len(got) != len(tt.want) {
 				t.Fatalf("charges %v, want %v", got, tt.want)

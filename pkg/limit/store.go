@@ -14,8 +14,17 @@ import (
 //
 // Cost > 0 charges, Cost == 0 checks without charging, Cost < 0 refunds.
 //
+// Time never goes backwards for a key. Replicas' clocks differ by a few
+// milliseconds, and a decision can reach the store after a later one; a
+// caller whose now is behind must neither miss the bucket a caller ahead
+// of it filled, nor have the oldest bucket it still counts deleted under
+// it. So each window key keeps a high-water bucket index hw (the largest
+// cur any caller has used on it, kept with the counts and written on every
+// Apply that touches the key, checks included), and cur below is
+// max(floor(now/w), hw).
+//
 // Sliding window (Buckets = N, Window = W ms): bucket width w = ceil(W/N),
-// M = ceil(W/w), cur = floor(now/w). usage = the sum of bucket counts with
+// M = ceil(W/w), cur = max(floor(now/w), hw). usage = the sum of bucket counts with
 // index in [cur-M, cur]. Counting M+1 buckets makes the promise hold for
 // every interval of length W, wherever it starts: an interval of length W
 // touches at most M+1 buckets. A charge fits when usage+Cost <= Amount and
@@ -27,13 +36,13 @@ import (
 // (only when the charge does not fit) = the earliest time at which, with
 // the oldest buckets dropping out one by one at (b+M+1)*w, the charge
 // would fit; when Cost > Amount it never fits and RetryAfter = ResetAfter.
-// TTL = (M+1)*w.
+// TTL = (cur+M+1)*w - now: until the newest bucket leaves the count.
 //
 // Fixed window (Window = W ms): the sliding window with one bucket of
-// width W and M = 0, so usage is the count of window floor(now/W) aligned
-// to the Unix epoch, as envoyproxy/ratelimit counts. ResetAfter and
-// RetryAfter are both the time to the end of the current window, even
-// with no usage. TTL = the time to the end of the window.
+// width W and M = 0, so usage is the count of window cur (aligned to the
+// Unix epoch, as envoyproxy/ratelimit counts, and never behind hw).
+// ResetAfter and RetryAfter are both the time to the end of window cur,
+// (cur+1)*W - now, even with no usage. TTL = the same.
 //
 // Token bucket (GCRA): T = W/Amount ms as float64, B = Burst (0 means
 // Amount), state tat (float64 ms, absent = now). t = max(tat, now).
@@ -60,6 +69,11 @@ type Charge struct {
 	Cost    int64
 	// Shadow charges report over-limit without blocking the decision.
 	Shadow bool
+	// Force charges record cost already spent (a usage report sent after
+	// the response): a positive Force charge is kept whatever the usage,
+	// even past the limit and even when the decision is denied, and it
+	// never blocks the decision. Its Result says whether it fit.
+	Force bool
 }
 
 // Result is what a Store says about one Charge. Remaining and ResetAfter
@@ -78,10 +92,11 @@ type Result struct {
 // Store applies a decision's charges at one instant, all or nothing.
 //
 // Charges are evaluated in order, each seeing the ones before it on the
-// same key. When any charge with Cost >= 0 that is not Shadow does not
-// fit, no positive charge is kept (refunds still apply) and Apply returns
-// admitted == false. Otherwise every positive charge that fits is kept;
-// a Shadow charge that does not fit is reported and not kept.
+// same key. When any charge with Cost >= 0 that is neither Shadow nor
+// Force does not fit, no positive charge is kept (refunds and Force
+// charges still apply) and Apply returns admitted == false. Otherwise
+// every positive charge that fits is kept; a Shadow charge that does not
+// fit is reported and not kept.
 // res must have len(charges) elements; Apply fills it.
 type Store interface {
 	Apply(ctx context.Context, now time.Time, charges []Charge, res []Result) (admitted bool, err error)

@@ -1,0 +1,373 @@
+package limit
+
+import "math"
+
+// Counter is the state a Store keeps for one key, and the three algorithms
+// as pure functions of it. The zero Counter is a fresh counter.
+//
+// A Store runs a decision with it so: Step each charge in order on working
+// copies of the counters (so a charge sees the earlier ones on its key);
+// when a charge that is not Shadow and has Cost >= 0 does not fit, start
+// again from the stored counters and, in order, Step the refunds and
+// Touch the other charges (a denied decision still moves the windows'
+// high-water marks); store the result (Expiry says when it may be
+// dropped); then fill every Result's Remaining and ResetAfter with Report
+// on its counter as it now stands. So Results describe the counters after
+// the whole Apply: two charges on one key report the same Remaining.
+//
+// The arithmetic is the one documented on Charge, with these readings
+// (the storetest suite checks them, and the Redis scripts do the same):
+//
+//   - All times are integer Unix milliseconds; a Window under 1 ms counts
+//     as 1 ms, and Buckets above MaxBuckets as MaxBuckets.
+//   - A window counter keeps the contract's high-water mark hw (High) and
+//     every Step or Touch writes it, so cur = max(floor(now/w), hw) never
+//     goes back and every bucket is at or below cur. Buckets older than
+//     cur-M are dropped then too, which can no longer change any answer.
+//   - A window counter's buckets are counted in one width. State made with
+//     another width (the rule's Buckets changed) is a fresh counter, and
+//     the first Step or Touch in the new width replaces it.
+//   - State of another algorithm is a fresh counter too.
+//   - A check (Cost 0) needs room for 1: it fits when usage < Amount (for
+//     the token bucket, when t + T - now is within the burst), and its
+//     RetryAfter is that of a charge of 1. Against Amount 0 it never fits.
+//   - RetryAfter for a charge that never fits is ResetAfter as the charge
+//     saw it, which is 0 for an empty sliding window.
+//   - The token bucket keeps tat as At + Debt: At is the integer ms of the
+//     last write and Debt the float64 ms the bucket was then short of
+//     full (tat - At). A single float64 tat near 1.7e12 ms keeps only
+//     2^-12 ms, which with a T like 1000/6 ms rejects the first request
+//     of a fresh bucket with burst 1 and loses the last token of many
+//     bursts; Debt keeps 52 bits of the part that matters. Comparisons
+//     allow eps = B*T / 2^32: B charges of 1 then fill a burst of B
+//     exactly, and a bucket kept at its limit for a million decisions in
+//     a row does not drift past it; eps is less than a token below 2^32
+//     tokens. See tokenStep.
+//   - Amount 0 in a token bucket admits nothing (T would be infinite):
+//     nothing with Cost >= 0 fits, refunds change nothing, and Remaining,
+//     ResetAfter and RetryAfter are 0.
+type Counter struct {
+	// Width is the bucket width in ms the Buckets and High were counted
+	// in; 0 when the counter holds no window state.
+	Width int64
+	// High is the window's high-water bucket index hw: the largest cur any
+	// decision on the counter has used.
+	High int64
+	// Buckets are the window's nonzero counts, in ascending Index order,
+	// none above High.
+	Buckets []Bucket
+	// At (Unix ms) and Debt (ms) are the token bucket's state: tat =
+	// At + Debt. Debt <= 0 means a full bucket.
+	At   int64
+	Debt float64
+}
+
+// Bucket is one window bucket: Index is floor(time/width).
+type Bucket struct {
+	Index int64
+	Count uint64
+}
+
+// tbEps sets the token bucket's tolerance: eps = B*T / 2^32 (a power of
+// two, so B*T*tbEps is exact).
+const tbEps = 1.0 / (1 << 32)
+
+// geometry returns a window charge's bucket width w and M, in ms.
+func geometry(ch *Charge) (w, m int64) {
+	W := windowMillis(ch)
+	if ch.Algorithm == FixedWindow {
+		return W, 0
+	}
+	n := int64(ch.Buckets)
+	if n == 0 {
+		n = DefaultBuckets
+	}
+	if n > MaxBuckets {
+		n = MaxBuckets
+	}
+	w = (W + n - 1) / n
+	m = (W + w - 1) / w
+	return w, m
+}
+
+func windowMillis(ch *Charge) int64 {
+	if W := ch.Window.Milliseconds(); W >= 1 {
+		return W
+	}
+	return 1
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) != (b < 0) {
+		q--
+	}
+	return q
+}
+
+// Step applies ch to c at now (Unix ms) and reports whether it fits and,
+// when it does not, the RetryAfter in ms. A positive charge counts only
+// when it fits, a check never does, and a refund always applies (and
+// fits). Whatever the charge, a window counter records now as Touch does.
+func (c *Counter) Step(ch *Charge, now int64) (fits bool, retryAfter int64) {
+	if ch.Algorithm == TokenBucket {
+		return c.tokenStep(ch, now)
+	}
+	return c.windowStep(ch, now)
+}
+
+// Touch records that a decision at now involved ch without counting it:
+// a window counter's high-water mark moves up to now's bucket and the
+// buckets that left the count are dropped. A token bucket needs nothing.
+func (c *Counter) Touch(ch *Charge, now int64) {
+	if ch.Algorithm != TokenBucket {
+		w, m := geometry(ch)
+		c.touch(w, m, now)
+	}
+}
+
+// Report returns Remaining and ResetAfter (ms) for ch as c stands at now.
+func (c *Counter) Report(ch *Charge, now int64) (remaining uint64, resetAfter int64) {
+	if ch.Algorithm == TokenBucket {
+		return c.tokenReport(ch, now)
+	}
+	w, m := geometry(ch)
+	v := c.view(w, m, now)
+	u := v.usage()
+	if u < ch.Amount {
+		remaining = ch.Amount - u
+	}
+	return remaining, v.resetAfter(ch.Algorithm == FixedWindow, now)
+}
+
+// Expiry returns the Unix ms from which c, charged as ch describes, is
+// equivalent to a fresh counter, so a Store may drop it; ok is false when
+// c is fresh already.
+func (c *Counter) Expiry(ch *Charge) (at int64, ok bool) {
+	if ch.Algorithm == TokenBucket {
+		if c.Width != 0 || c.Debt <= 0 {
+			return 0, false
+		}
+		return c.At + int64(math.Ceil(c.Debt)), true
+	}
+	w, m := geometry(ch)
+	if c.Width != w {
+		return 0, false
+	}
+	// Until then the newest bucket may count, or hw still moves cur.
+	return (c.High + m + 1) * w, true
+}
+
+// window is a counter's buckets as seen by one charge at one instant.
+type window struct {
+	w, m, cur int64
+	b         []Bucket // all stored buckets in the charge's width
+	lo, hi    int      // b[lo:hi] are the counted ones, [cur-M, cur]
+}
+
+func (c *Counter) view(w, m, now int64) window {
+	v := window{w: w, m: m, cur: floorDiv(now, w)}
+	if c.Width != w {
+		return v
+	}
+	v.cur = max(v.cur, c.High)
+	v.b = c.Buckets
+	for v.lo < len(v.b) && v.b[v.lo].Index < v.cur-m {
+		v.lo++
+	}
+	v.hi = v.lo
+	for v.hi < len(v.b) && v.b[v.hi].Index <= v.cur {
+		v.hi++
+	}
+	return v
+}
+
+func (v *window) usage() uint64 {
+	var u uint64
+	for _, b := range v.b[v.lo:v.hi] {
+		u += b.Count
+	}
+	return u
+}
+
+// resetAfter is the time until the newest nonzero counted bucket leaves
+// the count; for a fixed window, the time to the end of the window.
+func (v *window) resetAfter(fixed bool, now int64) int64 {
+	if fixed {
+		return (v.cur+1)*v.w - now
+	}
+	if v.hi == v.lo {
+		return 0
+	}
+	return (v.b[v.hi-1].Index+v.m+1)*v.w - now
+}
+
+// retryAfter is the earliest time at which a charge of need (> 0) fits as
+// the oldest counted buckets leave one by one.
+func (v *window) retryAfter(fixed bool, need, amount uint64, now int64) int64 {
+	if need > amount {
+		return v.resetAfter(fixed, now)
+	}
+	u := v.usage()
+	for _, b := range v.b[v.lo:v.hi] {
+		u -= b.Count
+		if u <= amount-need {
+			return (b.Index+v.m+1)*v.w - now
+		}
+	}
+	return v.resetAfter(fixed, now)
+}
+
+func (c *Counter) windowStep(ch *Charge, now int64) (bool, int64) {
+	w, m := geometry(ch)
+	c.touch(w, m, now)
+	v := c.view(w, m, now)
+	fixed := ch.Algorithm == FixedWindow
+	switch {
+	case ch.Cost < 0:
+		r := uint64(-ch.Cost) // two's complement: right for MinInt64 too
+		for i := v.hi - 1; i >= v.lo && r > 0; i-- {
+			take := min(r, v.b[i].Count)
+			v.b[i].Count -= take
+			r -= take
+		}
+		c.compact()
+		return true, 0
+	case ch.Cost == 0:
+		if u := v.usage(); u < ch.Amount {
+			return true, 0
+		}
+		return false, v.retryAfter(fixed, 1, ch.Amount, now)
+	}
+	cost := uint64(ch.Cost)
+	if cost > ch.Amount || v.usage() > ch.Amount-cost {
+		return false, v.retryAfter(fixed, cost, ch.Amount, now)
+	}
+	// touch left every bucket at or below cur = High.
+	if n := len(c.Buckets); n > 0 && c.Buckets[n-1].Index == v.cur {
+		c.Buckets[n-1].Count += cost
+	} else {
+		c.Buckets = append(c.Buckets, Bucket{Index: v.cur, Count: cost})
+	}
+	return true, 0
+}
+
+// touch makes c a window counter of width w whose high-water mark is at
+// least now's bucket, and drops the buckets older than High-M.
+func (c *Counter) touch(w, m, now int64) {
+	cur := floorDiv(now, w)
+	if c.Width != w {
+		// Fresh, or state of another width or algorithm: start over.
+		c.Width, c.High, c.Buckets, c.At, c.Debt = w, cur, c.Buckets[:0], 0, 0
+	}
+	c.High = max(c.High, cur)
+	i := 0
+	for i < len(c.Buckets) && c.Buckets[i].Index < c.High-m {
+		i++
+	}
+	if i > 0 {
+		n := copy(c.Buckets, c.Buckets[i:])
+		c.Buckets = c.Buckets[:n]
+	}
+}
+
+// compact drops the buckets a refund emptied.
+func (c *Counter) compact() {
+	out := c.Buckets[:0]
+	for _, b := range c.Buckets {
+		if b.Count > 0 {
+			out = append(out, b)
+		}
+	}
+	c.Buckets = out
+}
+
+// bucketParams returns the GCRA's T, B*T and the fit limit B*T + eps, in
+// float64 ms, computed in this order so that every Store agrees to the bit.
+func bucketParams(ch *Charge) (T, BT, lim float64, burst uint64) {
+	burst = ch.Burst
+	if burst == 0 {
+		burst = ch.Amount
+	}
+	T = float64(windowMillis(ch)) / float64(ch.Amount)
+	BT = float64(burst) * T
+	lim = BT + BT*tbEps
+	return T, BT, lim, burst
+}
+
+// debt is how far (ms) the bucket is from full at now: max(tat, now) - now.
+func (c *Counter) debt(now int64) float64 {
+	if c.Width != 0 || c.Debt <= 0 {
+		return 0
+	}
+	d := c.Debt - float64(now-c.At)
+	if d < 0 {
+		return 0
+	}
+	return d
+}
+
+func (c *Counter) setDebt(now int64, d float64) {
+	c.Width, c.High, c.Buckets = 0, 0, c.Buckets[:0]
+	c.At, c.Debt = now, d
+	if d <= 0 {
+		c.At, c.Debt = 0, 0
+	}
+}
+
+// tokenStep is GCRA with tat = now + d:
+//
+//	d    = max(0, Debt - (now - At))        the debt at now, ms
+//	n    = d + Cost*T                        a charge fits when n <= lim
+//	x    = d + T                             a check fits when x <= lim
+//	d'   = max(0, d - |Cost|*T)              a refund
+//	lim  = B*T + eps, eps = B*T/2^32
+//	RetryAfter = max(1, ceil(n - lim))       (x for a check)
+//
+// A charge with Cost > B never fits; its RetryAfter is max(0, ceil(d - eps)).
+func (c *Counter) tokenStep(ch *Charge, now int64) (bool, int64) {
+	if ch.Amount == 0 {
+		return ch.Cost < 0, 0
+	}
+	T, BT, lim, burst := bucketParams(ch)
+	d := c.debt(now)
+	switch {
+	case ch.Cost < 0:
+		nd := d - float64(uint64(-ch.Cost))*T
+		c.setDebt(now, nd)
+		return true, 0
+	case ch.Cost == 0:
+		x := d + T
+		if x <= lim {
+			return true, 0
+		}
+		return false, max(1, int64(math.Ceil(x-lim)))
+	case uint64(ch.Cost) > burst:
+		return false, max(0, int64(math.Ceil(d-BT*tbEps)))
+	}
+	n := d + float64(ch.Cost)*T
+	if n <= lim {
+		c.setDebt(now, n)
+		return true, 0
+	}
+	return false, max(1, int64(math.Ceil(n-lim)))
+}
+
+// tokenReport: Remaining = floor((lim - d) / T) within [0, B], and
+// ResetAfter = max(0, ceil(d - eps)), with d the debt at now.
+func (c *Counter) tokenReport(ch *Charge, now int64) (uint64, int64) {
+	if ch.Amount == 0 {
+		return 0, 0
+	}
+	T, BT, lim, burst := bucketParams(ch)
+	d := c.debt(now)
+	r := math.Floor((lim - d) / T)
+	var remaining uint64
+	switch {
+	case r >= float64(burst):
+		remaining = burst
+	case r > 0:
+		remaining = uint64(r)
+	}
+	return remaining, max(0, int64(math.Ceil(d-BT*tbEps)))
+}

@@ -1,0 +1,280 @@
+// Package memstore is the in-process limit.Store: the default when no
+// Redis is configured, a sidecar's local limits, and the reference the
+// Redis store is tested against (both pass storetest).
+//
+// The key space is split into shards, each with its own lock; a decision
+// locks the shards its keys fall in, in ascending order, so decisions on
+// different keys run in parallel and never deadlock. Idle counters are
+// dropped once they are equivalent to fresh ones, by a small sweep on each
+// insert (no goroutine), so memory follows the live keys.
+//
+// Expiry follows the times callers pass to Apply, as the algorithms do: a
+// sweep at one time drops counters that have expired by then. Callers
+// whose clocks differ by more than a counter's lifetime (tests with a
+// fake clock each) should not share a Store.
+package memstore
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"math/bits"
+	"sync"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+)
+
+const (
+	numShards = 256
+	// sweepSample is how many entries of a shard an insert looks at for
+	// expired ones. Looking at more than one per insert makes the share of
+	// expired entries shrink whenever it grows, so a store holds a small
+	// multiple of its live keys (TestEvictionBoundsMemory: under 2x).
+	sweepSample = 4
+)
+
+// Store is an in-memory limit.Store. The zero value is not usable; call New.
+type Store struct {
+	seed    maphash.Seed
+	shards  [numShards]shard
+	scratch sync.Pool
+}
+
+var _ limit.Store = (*Store)(nil)
+
+type shard struct {
+	mu sync.Mutex
+	m  map[string]*entry
+	_  [48]byte // keep each shard's lock on its own cache line
+}
+
+type entry struct {
+	c limit.Counter
+	// expires is the Unix ms from which c is equivalent to a fresh counter.
+	expires int64
+}
+
+// New returns an empty Store.
+func New() *Store {
+	s := &Store{seed: maphash.MakeSeed()}
+	for i := range s.shards {
+		s.shards[i].m = make(map[string]*entry)
+	}
+	s.scratch.New = func() any { return new(scratch) }
+	return s
+}
+
+// scratch is one Apply's working state, pooled so a decision allocates
+// nothing once its keys exist.
+type scratch struct {
+	slots []slot
+	slot  []int // charge index -> slot index
+}
+
+// slot is one distinct key of a decision.
+type slot struct {
+	key   string
+	shard int
+	e     *entry // the stored entry, nil when absent
+	live  bool   // e holds state that has not expired
+	c     limit.Counter
+	last  int // the last charge on this key, for Expiry
+}
+
+func (s *Store) shardOf(key string) int {
+	return int(maphash.String(s.seed, key) % numShards)
+}
+
+// Apply implements limit.Store as limit.Counter describes: it evaluates
+// the charges in order against working copies of their counters, then
+// keeps them all or, when one that is not Shadow does not fit, only the
+// refunds (and the windows' high-water marks).
+func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge, res []limit.Result) (bool, error) {
+	if len(res) != len(charges) {
+		return false, fmt.Errorf("memstore: %d results for %d charges", len(res), len(charges))
+	}
+	if len(charges) == 0 {
+		return true, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	for i := range charges {
+		if a := charges[i].Algorithm; a > limit.TokenBucket {
+			return false, fmt.Errorf("memstore: charges[%d]: unknown algorithm %v", i, a)
+		}
+	}
+	ms := now.UnixMilli()
+	sc := s.scratch.Get().(*scratch)
+	defer s.release(sc)
+
+	var locked [numShards / 64]uint64
+	sc.slot = sc.slot[:0]
+	for i := range charges {
+		key := charges[i].Key
+		sh := s.shardOf(key)
+		j := 0
+		for ; j < len(sc.slots); j++ {
+			if sc.slots[j].shard == sh && sc.slots[j].key == key {
+				break
+			}
+		}
+		if j == len(sc.slots) {
+			// Reuse the pooled slot and its bucket buffer when there is one.
+			if j < cap(sc.slots) {
+				sc.slots = sc.slots[:j+1]
+			} else {
+				sc.slots = append(sc.slots, slot{})
+			}
+			sl := &sc.slots[j]
+			sl.key, sl.shard = key, sh
+			locked[sh/64] |= 1 << (sh % 64)
+		}
+		sc.slots[j].last = i
+		sc.slot = append(sc.slot, j)
+	}
+
+	for w, word := range locked {
+		for word != 0 {
+			b := bits.TrailingZeros64(word)
+			word &^= 1 << b
+			s.shards[w*64+b].mu.Lock()
+		}
+	}
+	for j := range sc.slots {
+		sl := &sc.slots[j]
+		sl.e = s.shards[sl.shard].m[sl.key]
+		sl.live = sl.e != nil && sl.e.expires > ms
+		sl.load()
+	}
+
+	admitted := true
+	for i := range charges {
+		ch := &charges[i]
+		fits, retry := sc.slots[sc.slot[i]].c.Step(ch, ms)
+		res[i] = limit.Result{Fits: fits, RetryAfter: time.Duration(retry) * time.Millisecond}
+		if ch.Cost >= 0 && !fits && !ch.Shadow {
+			admitted = false
+		}
+	}
+	if !admitted {
+		// Start over from the stored state: keep the refunds, and the
+		// time the other charges saw.
+		for j := range sc.slots {
+			sc.slots[j].load()
+		}
+		for i := range charges {
+			ch, c := &charges[i], &sc.slots[sc.slot[i]].c
+			if ch.Cost < 0 {
+				c.Step(ch, ms)
+			} else {
+				c.Touch(ch, ms)
+			}
+		}
+	}
+	var grown [numShards / 64]uint64
+	for j := range sc.slots {
+		if sl := &sc.slots[j]; s.commit(sl, &charges[sl.last], ms) {
+			grown[sl.shard/64] |= 1 << (sl.shard % 64)
+		}
+	}
+	// Sweep after every commit: a sweep may drop an expired entry that a
+	// later slot of this decision would otherwise write into.
+	for w, word := range grown {
+		for word != 0 {
+			b := bits.TrailingZeros64(word)
+			word &^= 1 << b
+			sweep(&s.shards[w*64+b], ms)
+		}
+	}
+	for w, word := range locked {
+		for word != 0 {
+			b := bits.TrailingZeros64(word)
+			word &^= 1 << b
+			s.shards[w*64+b].mu.Unlock()
+		}
+	}
+
+	for i := range charges {
+		rem, reset := sc.slots[sc.slot[i]].c.Report(&charges[i], ms)
+		res[i].Remaining = rem
+		res[i].ResetAfter = time.Duration(reset) * time.Millisecond
+	}
+	return admitted, nil
+}
+
+// load sets the working counter to the stored state (fresh when absent or
+// expired).
+func (sl *slot) load() {
+	b := sl.c.Buckets[:0]
+	if sl.live {
+		sl.c = sl.e.c
+		sl.c.Buckets = append(b, sl.e.c.Buckets...)
+	} else {
+		sl.c = limit.Counter{Buckets: b}
+	}
+}
+
+// commit stores a slot's working counter, with its shard locked, and
+// reports whether it added a key. Every decision writes (a window's
+// high-water mark moves even on a check), so there is nothing to gain
+// from tracking what changed.
+func (s *Store) commit(sl *slot, ch *limit.Charge, now int64) (added bool) {
+	sh := &s.shards[sl.shard]
+	exp, ok := sl.c.Expiry(ch)
+	if !ok || exp <= now {
+		if sl.e != nil {
+			delete(sh.m, sl.key)
+		}
+		return false
+	}
+	e := sl.e
+	if e == nil {
+		e = &entry{}
+		sh.m[sl.key] = e
+	}
+	b := e.c.Buckets[:0]
+	e.c = sl.c
+	e.c.Buckets = append(b, sl.c.Buckets...)
+	e.expires = exp
+	return sl.e == nil
+}
+
+// sweep drops expired entries among a few of the shard's, starting where
+// the map's randomised iteration does.
+func sweep(sh *shard, now int64) {
+	n := 0
+	for k, e := range sh.m {
+		if e.expires <= now {
+			delete(sh.m, k)
+		}
+		if n++; n == sweepSample {
+			return
+		}
+	}
+}
+
+func (s *Store) release(sc *scratch) {
+	for j := range sc.slots {
+		sl := &sc.slots[j]
+		sl.key, sl.e, sl.live = "", nil, false
+	}
+	sc.slots = sc.slots[:0]
+	s.scratch.Put(sc)
+}
+
+// Len returns the number of keys held, expired ones not yet swept included.
+func (s *Store) Len() int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += len(sh.m)
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// Ping reports whether the store can serve; memory always can.
+func (s *Store) Ping(ctx context.Context) error { return nil }
