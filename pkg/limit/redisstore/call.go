@@ -1,0 +1,243 @@
+package redisstore
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+)
+
+// call is one run of apply.lua: its KEYS and ARGV, and what decoding its
+// reply needs.
+type call struct {
+	mode    string // "apply", "try" or "undo"
+	keys    []string
+	args    []any
+	now     int64
+	charges int
+	// admitted is the reply's verdict, once decoded.
+	admitted bool
+}
+
+const (
+	argsHead      = 3
+	argsPerCharge = 7
+	repPerCharge  = 4
+)
+
+func newCall(mode string, now int64, charges []limit.Charge) (*call, error) {
+	c := &call{
+		mode:    mode,
+		now:     now,
+		charges: len(charges),
+		keys:    make([]string, 0, len(charges)),
+		args:    make([]any, argsHead, argsHead+argsPerCharge*len(charges)),
+	}
+	c.args[0], c.args[1], c.args[2] = mode, now, len(charges)
+	for i := range charges {
+		ch := &charges[i]
+		kind, p1, p2, err := params(ch)
+		if err != nil {
+			return nil, fmt.Errorf("charges[%d]: %w", i, err)
+		}
+		ki := -1
+		for j, k := range c.keys {
+			if k == ch.Key {
+				ki = j
+				break
+			}
+		}
+		if ki < 0 {
+			ki = len(c.keys)
+			c.keys = append(c.keys, ch.Key)
+		}
+		c.args = append(c.args, ki+1, kind, ch.Amount, p1, p2, ch.Cost, flags(ch))
+	}
+	return c, nil
+}
+
+// flags are the script's spelling of Shadow and Force.
+func flags(ch *limit.Charge) string {
+	switch {
+	case ch.Shadow && ch.Force:
+		return "sf"
+	case ch.Shadow:
+		return "s"
+	case ch.Force:
+		return "f"
+	}
+	return ""
+}
+
+// params maps a charge to the script's kind and parameters (see
+// apply.lua), with limit.Counter's readings: a window under 1ms is 1ms,
+// Buckets above limit.MaxBuckets is limit.MaxBuckets.
+func params(ch *limit.Charge) (kind string, p1, p2 uint64, err error) {
+	W := uint64(max(ch.Window.Milliseconds(), 1))
+	switch ch.Algorithm {
+	case limit.SlidingWindow:
+		w, m := geometry(ch)
+		return "s", uint64(w), uint64(m), nil
+	case limit.FixedWindow:
+		return "f", W, 0, nil
+	case limit.TokenBucket:
+		b := ch.Burst
+		if b == 0 {
+			b = ch.Amount
+		}
+		return "t", W, b, nil
+	}
+	return "", 0, 0, fmt.Errorf("unknown algorithm %v", ch.Algorithm)
+}
+
+// geometry is a window charge's bucket width and M in ms, as limit.Counter
+// computes them (a fixed window is one bucket of W with M = 0).
+func geometry(ch *limit.Charge) (w, m int64) {
+	W := max(ch.Window.Milliseconds(), 1)
+	if ch.Algorithm == limit.FixedWindow {
+		return W, 0
+	}
+	n := int64(ch.Buckets)
+	if n == 0 {
+		n = limit.DefaultBuckets
+	}
+	n = min(n, limit.MaxBuckets)
+	w = (W + n - 1) / n
+	return w, (W + w - 1) / w
+}
+
+var errReply = errors.New("malformed reply from the apply script")
+
+func malformed(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", errReply, fmt.Sprintf(format, args...))
+}
+
+// decode reads an apply reply into res.
+func (c *call) decode(rep []any, charges []limit.Charge, res []limit.Result) (bool, error) {
+	if len(rep) < 1 {
+		return false, malformed("empty")
+	}
+	admitted, err := flag(rep[0])
+	if err != nil {
+		return false, malformed("admitted: %v", err)
+	}
+	c.admitted = admitted
+	want := 1 + repPerCharge*len(charges)
+	if admitted && c.mode == "try" {
+		want += 2 * len(c.keys)
+	}
+	if len(rep) != want {
+		return false, malformed("%d values for %d charges on %d keys", len(rep), len(charges), len(c.keys))
+	}
+	for i := range charges {
+		v := rep[1+repPerCharge*i : 1+repPerCharge*(i+1)]
+		fits, err := flag(v[0])
+		if err != nil {
+			return false, malformed("charges[%d]: fits: %v", i, err)
+		}
+		retry, err := integer(v[1])
+		if err != nil || retry < 0 {
+			return false, malformed("charges[%d]: retry after %d: %v", i, retry, err)
+		}
+		r := &res[i]
+		r.Fits, r.RetryAfter = fits, time.Duration(retry)*time.Millisecond
+		if err := c.report(&charges[i], v[2:], r); err != nil {
+			return false, malformed("charges[%d]: %v", i, err)
+		}
+	}
+	return admitted, nil
+}
+
+// report fills Remaining and ResetAfter from what the script says of the
+// charge's counter after the Apply. A window's usage and reset are the
+// script's; a token bucket's debt goes through limit.Counter's own
+// Report, so its float arithmetic lives in one place.
+func (c *call) report(ch *limit.Charge, v []any, r *limit.Result) error {
+	if ch.Algorithm == limit.TokenBucket {
+		s, ok := v[0].(string)
+		if !ok {
+			return fmt.Errorf("debt: got %T, want a number as a string", v[0])
+		}
+		d, err := strconv.ParseFloat(s, 64)
+		if err != nil || !(d >= 0) {
+			return fmt.Errorf("debt %q is not a number >= 0", s)
+		}
+		counter := limit.Counter{At: c.now, Debt: d}
+		rem, reset := counter.Report(ch, c.now)
+		r.Remaining, r.ResetAfter = rem, time.Duration(reset)*time.Millisecond
+		return nil
+	}
+	used, err := integer(v[0])
+	if err != nil || used < 0 {
+		return fmt.Errorf("usage %d: %v", used, err)
+	}
+	reset, err := integer(v[1])
+	if err != nil || reset < 0 {
+		return fmt.Errorf("reset after %d: %v", reset, err)
+	}
+	r.Remaining = ch.Amount - min(uint64(used), ch.Amount)
+	r.ResetAfter = time.Duration(reset) * time.Millisecond
+	return nil
+}
+
+// undoCall builds the call that takes back what an admitted try kept,
+// from the 2 values per key that follow the charges in its reply; ok is
+// false when it kept nothing.
+func (c *call) undoCall(rep []any) (u *call, ok bool, err error) {
+	tail := rep[1+repPerCharge*c.charges:]
+	if len(tail) != 2*len(c.keys) {
+		return nil, false, malformed("%d undo values for %d keys", len(tail), len(c.keys))
+	}
+	u = &call{mode: "undo", now: c.now, charges: c.charges, keys: c.keys, args: make([]any, len(c.args), len(c.args)+len(tail))}
+	copy(u.args, c.args)
+	u.args[0] = "undo"
+	for i, v := range tail {
+		s, isString := v.(string)
+		if !isString {
+			return nil, false, malformed("undo value %d: got %T, want a string", i, v)
+		}
+		ok = ok || s != ""
+		u.args = append(u.args, s)
+	}
+	return u, ok, nil
+}
+
+// decodeUndo reads an undo reply: the counters after the undo replace
+// Remaining and ResetAfter in res; Fits and RetryAfter stay as the try
+// found them.
+func (c *call) decodeUndo(rep []any, charges []limit.Charge, res []limit.Result) error {
+	if len(rep) != 1+repPerCharge*len(charges) {
+		return malformed("%d values for %d charges", len(rep), len(charges))
+	}
+	for i := range charges {
+		v := rep[1+repPerCharge*i : 1+repPerCharge*(i+1)]
+		if err := c.report(&charges[i], v[2:], &res[i]); err != nil {
+			return malformed("charges[%d]: %v", i, err)
+		}
+	}
+	return nil
+}
+
+func flag(v any) (bool, error) {
+	i, err := integer(v)
+	if err != nil {
+		return false, err
+	}
+	switch i {
+	case 0:
+		return false, nil
+	case 1:
+		return true, nil
+	}
+	return false, fmt.Errorf("flag %d is neither 0 nor 1", i)
+}
+
+func integer(v any) (int64, error) {
+	i, ok := v.(int64)
+	if !ok {
+		return 0, fmt.Errorf("got %T, want an integer", v)
+	}
+	return i, nil
+}

@@ -1,0 +1,338 @@
+package redisstore
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Client defaults: a rate limit decision has a deadline of tens of
+// milliseconds, so a slow Redis must fail fast and let store_failure
+// answer rather than hold the request.
+const (
+	DefaultDialTimeout  = time.Second
+	DefaultReadTimeout  = 250 * time.Millisecond
+	DefaultWriteTimeout = 250 * time.Millisecond
+)
+
+// NewClient builds a go-redis client from a URL:
+//
+//	redis://[user:pass@]host[:port][/db]                            one node
+//	rediss://[user:pass@]host[:port][/db]                           one node, TLS
+//	unix://[user:pass@]/path/to/redis.sock[?db=N]                   one node, unix socket
+//	redis+sentinel://[user:pass@]h1[:port],h2[:port]/master[?db=N]  Sentinel (port 26379 by default)
+//	redis+cluster://[user:pass@]h1[:port],h2[:port]                 Cluster
+//
+// rediss+sentinel:// and rediss+cluster:// use TLS. The credentials
+// authenticate to the data nodes; Sentinel itself is reached without
+// them. Special characters in the password must be percent-encoded.
+//
+// Query parameters (Optional): dial_timeout (default 1s), read_timeout and
+// write_timeout (default 250ms), as Go durations; pool_size (connections
+// per node, default go-redis's 10 per CPU). Others are rejected.
+//
+// Commands are not retried on a single node or Sentinel: a script that
+// ran but whose reply timed out would charge twice. The caller's context
+// deadline bounds every call. NewClient connects to nothing; Store.Ping
+// does. Its errors never contain the password.
+func NewClient(rawURL string) (redis.UniversalClient, error) {
+	spec, err := parseURL(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	return spec.client(), nil
+}
+
+// Topologies of a clientSpec.
+const (
+	single   = "single"
+	sentinel = "sentinel"
+	cluster  = "cluster"
+)
+
+// clientSpec is what a URL asks for, before any client is made.
+type clientSpec struct {
+	topology     string
+	network      string   // "tcp" or "unix", for a single node
+	addrs        []string // the node, the sentinels or the cluster seeds
+	master       string   // the Sentinel master name
+	user, pass   string
+	db           int
+	tls          bool
+	dialTimeout  time.Duration
+	readTimeout  time.Duration
+	writeTimeout time.Duration
+	poolSize     int // 0: go-redis's default
+}
+
+func (s *clientSpec) client() redis.UniversalClient {
+	var tc *tls.Config
+	if s.tls {
+		// No ServerName: crypto/tls takes it from each node's address,
+		// which a cluster or Sentinel setup needs.
+		tc = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	switch s.topology {
+	case sentinel:
+		return redis.NewFailoverClient(&redis.FailoverOptions{
+			MasterName:            s.master,
+			SentinelAddrs:         s.addrs,
+			Username:              s.user,
+			Password:              s.pass,
+			DB:                    s.db,
+			DialTimeout:           s.dialTimeout,
+			DialerRetries:         1,
+			ReadTimeout:           s.readTimeout,
+			WriteTimeout:          s.writeTimeout,
+			ContextTimeoutEnabled: true,
+			MaxRetries:            -1,
+			PoolSize:              s.poolSize,
+			TLSConfig:             tc,
+		})
+	case cluster:
+		// MaxRedirects stays at go-redis's default: it also counts the
+		// retries that follow MOVED and ASK while slots migrate. So a
+		// call whose reply timed out may run twice on a cluster: charged
+		// twice, it under-admits, never over-admits.
+		return redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs:                 s.addrs,
+			Username:              s.user,
+			Password:              s.pass,
+			DialTimeout:           s.dialTimeout,
+			DialerRetries:         1,
+			ReadTimeout:           s.readTimeout,
+			WriteTimeout:          s.writeTimeout,
+			ContextTimeoutEnabled: true,
+			PoolSize:              s.poolSize,
+			TLSConfig:             tc,
+		})
+	}
+	return redis.NewClient(&redis.Options{
+		Network:               s.network,
+		Addr:                  s.addrs[0],
+		Username:              s.user,
+		Password:              s.pass,
+		DB:                    s.db,
+		DialTimeout:           s.dialTimeout,
+		DialerRetries:         1,
+		ReadTimeout:           s.readTimeout,
+		WriteTimeout:          s.writeTimeout,
+		ContextTimeoutEnabled: true,
+		MaxRetries:            -1,
+		PoolSize:              s.poolSize,
+		TLSConfig:             tc,
+	})
+}
+
+const schemes = "redis://, rediss://, unix://, redis+sentinel:// or redis+cluster://"
+
+// parseURL reads a NewClient URL. The userinfo is cut off before anything
+// else is parsed, and errors quote the URL with the password replaced, so
+// no error can echo the password.
+func parseURL(raw string) (*clientSpec, error) {
+	i := strings.Index(raw, "://")
+	if i <= 0 || strings.IndexFunc(raw[:i], notSchemeRune) >= 0 {
+		// Not quoted: what stands before "://" may be a password.
+		return nil, fmt.Errorf("redis URL has no scheme, want %s", schemes)
+	}
+	scheme, rest := strings.ToLower(raw[:i]), raw[i+len("://"):]
+	spec := &clientSpec{
+		dialTimeout:  DefaultDialTimeout,
+		readTimeout:  DefaultReadTimeout,
+		writeTimeout: DefaultWriteTimeout,
+	}
+	userinfo := ""
+	// The userinfo ends at the last '@', wherever it is: a password whose
+	// '/', '?' or '#' was not escaped must still never reach an error.
+	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+		var name, pass string
+		var hasPass bool
+		name, pass, hasPass = strings.Cut(rest[:at], ":")
+		rest = rest[at+1:]
+		userinfo = name + "@"
+		if hasPass {
+			userinfo = name + ":xxxxx@"
+		}
+		var err error
+		if spec.user, err = url.PathUnescape(name); err != nil {
+			return nil, fmt.Errorf("redis URL %q: the user name has an invalid %%-escape", scheme+"://"+userinfo+rest)
+		}
+		if spec.pass, err = url.PathUnescape(pass); err != nil {
+			// The escape error would quote part of the password.
+			return nil, fmt.Errorf("redis URL %q: the password has an invalid %%-escape", scheme+"://"+userinfo+rest)
+		}
+	}
+	redacted := scheme + "://" + userinfo + rest
+	if err := spec.parse(scheme, rest); err != nil {
+		return nil, fmt.Errorf("redis URL %q: %w", redacted, err)
+	}
+	return spec, nil
+}
+
+func notSchemeRune(r rune) bool {
+	return !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '+' || r == '.' || r == '-')
+}
+
+// parse reads the scheme and what follows the userinfo.
+func (s *clientSpec) parse(scheme, rest string) error {
+	switch scheme {
+	case "redis", "unix", "redis+sentinel", "redis+cluster":
+	case "rediss", "rediss+sentinel", "rediss+cluster":
+		s.tls = true
+		scheme = "redis" + strings.TrimPrefix(scheme, "rediss")
+	default:
+		return fmt.Errorf("unknown scheme %q, want %s", scheme, schemes)
+	}
+	end := strings.IndexAny(rest, "/?#")
+	if end < 0 {
+		end = len(rest)
+	}
+	hosts, tail := rest[:end], rest[end:]
+	if strings.Contains(tail, "#") {
+		return errors.New("a fragment (#) is not allowed; percent-encode '#' as %23")
+	}
+	rawPath, rawQuery, _ := strings.Cut(tail, "?")
+	path, err := url.PathUnescape(rawPath)
+	if err != nil {
+		return fmt.Errorf("path: %w", err)
+	}
+	query, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		return fmt.Errorf("query: %w", err)
+	}
+	if err := s.options(query, scheme == "unix" || scheme == "redis+sentinel"); err != nil {
+		return err
+	}
+	path = strings.TrimPrefix(path, "/")
+
+	switch scheme {
+	case "redis":
+		s.topology, s.network = single, "tcp"
+		if s.addrs, err = hostPorts(hosts, 6379); err != nil {
+			return err
+		}
+		if len(s.addrs) != 1 {
+			return fmt.Errorf("%d hosts, want one (redis+cluster:// or redis+sentinel:// take several)", len(s.addrs))
+		}
+		if path != "" {
+			s.db, err = parseDB(path)
+		}
+		return err
+	case "unix":
+		s.topology, s.network = single, "unix"
+		if hosts != "" {
+			return errors.New("a unix URL has no host: unix:///path/to/redis.sock")
+		}
+		if path == "" {
+			return errors.New("a unix URL needs the socket path")
+		}
+		s.addrs = []string{"/" + path}
+		return nil
+	case "redis+sentinel":
+		s.topology = sentinel
+		if s.addrs, err = hostPorts(hosts, 26379); err != nil {
+			return err
+		}
+		if path == "" || strings.Contains(path, "/") {
+			return errors.New("a sentinel URL needs the master name as its path: redis+sentinel://host:26379/mymaster")
+		}
+		s.master = path
+		return nil
+	}
+	s.topology = cluster
+	if s.addrs, err = hostPorts(hosts, 6379); err != nil {
+		return err
+	}
+	if path != "" {
+		return errors.New("a cluster URL has no path: Redis Cluster has database 0 only")
+	}
+	return nil
+}
+
+// options reads the query parameters over the defaults.
+func (s *clientSpec) options(q url.Values, allowDB bool) error {
+	known := []string{"dial_timeout", "read_timeout", "write_timeout", "pool_size"}
+	if allowDB {
+		known = append(known, "db")
+	}
+	for _, name := range slices.Sorted(maps.Keys(q)) {
+		if !slices.Contains(known, name) {
+			return fmt.Errorf("unknown query parameter %q, want one of %s", name, strings.Join(known, ", "))
+		}
+		if len(q[name]) != 1 {
+			return fmt.Errorf("query parameter %q is given %d times", name, len(q[name]))
+		}
+		v := q[name][0]
+		var err error
+		switch name {
+		case "dial_timeout":
+			s.dialTimeout, err = parseTimeout(name, v)
+		case "read_timeout":
+			s.readTimeout, err = parseTimeout(name, v)
+		case "write_timeout":
+			s.writeTimeout, err = parseTimeout(name, v)
+		case "pool_size":
+			if s.poolSize, err = strconv.Atoi(v); err != nil || s.poolSize < 1 {
+				err = fmt.Errorf("pool_size %q is not a positive integer", v)
+			}
+		case "db":
+			s.db, err = parseDB(v)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func parseTimeout(name, v string) (time.Duration, error) {
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%s %q is not a positive duration such as 250ms", name, v)
+	}
+	return d, nil
+}
+
+func parseDB(v string) (int, error) {
+	db, err := strconv.Atoi(v)
+	if err != nil || db < 0 {
+		return 0, fmt.Errorf("database %q is not a number >= 0", v)
+	}
+	return db, nil
+}
+
+// hostPorts splits a comma-separated host[:port] list and adds the
+// default port where none is given.
+func hostPorts(hosts string, defaultPort int) ([]string, error) {
+	if hosts == "" {
+		return nil, errors.New("no host")
+	}
+	var out []string
+	for h := range strings.SplitSeq(hosts, ",") {
+		host, port, err := net.SplitHostPort(h)
+		if err != nil {
+			// No port: "name" or "[::1]".
+			host, port, err = net.SplitHostPort(h + ":" + strconv.Itoa(defaultPort))
+			if err != nil {
+				return nil, fmt.Errorf("host %q is not host[:port]", h)
+			}
+		}
+		if host == "" {
+			return nil, fmt.Errorf("host %q has no host name", h)
+		}
+		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+			return nil, fmt.Errorf("host %q has an invalid port", h)
+		}
+		out = append(out, net.JoinHostPort(host, port))
+	}
+	return out, nil
+}

@@ -1,0 +1,210 @@
+package redisstore
+
+import (
+	"context"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/test/redistest"
+)
+
+func TestParseURL(t *testing.T) {
+	t.Parallel()
+	def := func(s clientSpec) *clientSpec {
+		s.dialTimeout, s.readTimeout, s.writeTimeout = DefaultDialTimeout, DefaultReadTimeout, DefaultWriteTimeout
+		return &s
+	}
+	tests := []struct {
+		name string
+		give string
+		want *clientSpec
+	}{
+		{name: "host only", give: "redis://localhost",
+			want: def(clientSpec{topology: single, network: "tcp", addrs: []string{"localhost:6379"}})},
+		{name: "user, password and db", give: "redis://app:s3cr%40t@10.0.0.1:6380/3",
+			want: def(clientSpec{topology: single, network: "tcp", addrs: []string{"10.0.0.1:6380"}, user: "app", pass: "s3cr@t", db: 3})},
+		{name: "password only", give: "redis://:pw@h:1",
+			want: def(clientSpec{topology: single, network: "tcp", addrs: []string{"h:1"}, pass: "pw"})},
+		{name: "unescaped slash in the password", give: "redis://:p/w@h:1",
+			want: def(clientSpec{topology: single, network: "tcp", addrs: []string{"h:1"}, pass: "p/w"})},
+		{name: "ipv6", give: "redis://[::1]:7000/",
+			want: def(clientSpec{topology: single, network: "tcp", addrs: []string{"[::1]:7000"}})},
+		{name: "ipv6 without port", give: "redis://[::1]",
+			want: def(clientSpec{topology: single, network: "tcp", addrs: []string{"[::1]:6379"}})},
+		{name: "tls", give: "rediss://h",
+			want: def(clientSpec{topology: single, network: "tcp", addrs: []string{"h:6379"}, tls: true})},
+		{name: "scheme is case-insensitive", give: "REDIS://h:1",
+			want: def(clientSpec{topology: single, network: "tcp", addrs: []string{"h:1"}})},
+		{name: "timeouts and pool", give: "redis://h:1?dial_timeout=2s&read_timeout=100ms&write_timeout=50ms&pool_size=7",
+			want: &clientSpec{topology: single, network: "tcp", addrs: []string{"h:1"},
+				dialTimeout: 2 * time.Second, readTimeout: 100 * time.Millisecond, writeTimeout: 50 * time.Millisecond, poolSize: 7}},
+		{name: "unix socket", give: "unix:///run/redis/redis.sock?db=2",
+			want: def(clientSpec{topology: single, network: "unix", addrs: []string{"/run/redis/redis.sock"}, db: 2})},
+		{name: "unix socket with a password", give: "unix://:pw@/tmp/r.sock",
+			want: def(clientSpec{topology: single, network: "unix", addrs: []string{"/tmp/r.sock"}, pass: "pw"})},
+		{name: "sentinel", give: "redis+sentinel://u:p@s1,s2:5000/mymaster?db=1",
+			want: def(clientSpec{topology: sentinel, addrs: []string{"s1:26379", "s2:5000"}, master: "mymaster", user: "u", pass: "p", db: 1})},
+		{name: "sentinel over tls", give: "rediss+sentinel://s1/m",
+			want: def(clientSpec{topology: sentinel, addrs: []string{"s1:26379"}, master: "m", tls: true})},
+		{name: "cluster", give: "redis+cluster://:p@n1:7000,n2:7001,n3",
+			want: def(clientSpec{topology: cluster, addrs: []string{"n1:7000", "n2:7001", "n3:6379"}, pass: "p"})},
+		{name: "cluster over tls", give: "rediss+cluster://n1:7000/",
+			want: def(clientSpec{topology: cluster, addrs: []string{"n1:7000"}, tls: true})},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got, err := parseURL(tt.give)
+			if err != nil {
+				t.Fatalf("parseURL(%q): %v", tt.give, err)
+			}
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("parseURL(%q)\n got  %+v\n want %+v", tt.give, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseURLErrors(t *testing.T) {
+	t.Parallel()
+	const secret = "Sup3rS3cret"
+	tests := []struct {
+		name string
+		give string
+		want string
+	}{
+		{name: "no scheme", give: "localhost:6379", want: "no scheme"},
+		{name: "unknown scheme", give: "http://u:" + secret + "@h", want: `unknown scheme "http"`},
+		{name: "bad escape in the password", give: "redis://u:" + secret + "%zz@h", want: "password has an invalid %-escape"},
+		{name: "bad escape in the user", give: "redis://%zz:" + secret + "@h", want: "user name has an invalid %-escape"},
+		{name: "bad port", give: "redis://u:" + secret + "@h:99999", want: "invalid port"},
+		{name: "port not a number", give: "redis://u:" + secret + "@h:abc", want: "invalid port"},
+		{name: "no host", give: "redis://u:" + secret + "@", want: "no host"},
+		{name: "two hosts on one node", give: "redis://u:" + secret + "@a,b", want: "2 hosts, want one"},
+		{name: "bad db", give: "redis://u:" + secret + "@h/x", want: `database "x"`},
+		{name: "db in the query of a tcp URL", give: "redis://u:" + secret + "@h?db=1", want: `unknown query parameter "db"`},
+		{name: "unknown parameter", give: "redis://u:" + secret + "@h?max_retries=3", want: `unknown query parameter "max_retries"`},
+		{name: "parameter twice", give: "redis://u:" + secret + "@h?pool_size=1&pool_size=2", want: "given 2 times"},
+		{name: "bad timeout", give: "redis://u:" + secret + "@h?read_timeout=5", want: `read_timeout "5" is not a positive duration`},
+		{name: "negative timeout", give: "redis://u:" + secret + "@h?dial_timeout=-1s", want: "not a positive duration"},
+		{name: "bad pool", give: "redis://u:" + secret + "@h?pool_size=0", want: "pool_size"},
+		{name: "fragment", give: "redis://u:" + secret + "@h#frag", want: "fragment"},
+		{name: "unix with a host", give: "unix://u:" + secret + "@host/tmp/x.sock", want: "no host"},
+		{name: "unix without a path", give: "unix://u:" + secret + "@", want: "socket path"},
+		{name: "sentinel without master", give: "redis+sentinel://u:" + secret + "@s1", want: "master name"},
+		{name: "cluster with a db", give: "redis+cluster://u:" + secret + "@n1/2", want: "no path"},
+		{name: "empty host in a list", give: "redis+cluster://u:" + secret + "@n1,,n2", want: "no host name"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := NewClient(tt.give)
+			if err == nil {
+				t.Fatalf("NewClient(%q): no error", tt.give)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("NewClient(%q) error = %q, want it to contain %q", tt.give, err, tt.want)
+			}
+			if strings.Contains(err.Error(), secret) || strings.Contains(err.Error(), "S3cret") {
+				t.Errorf("NewClient(%q) error %q contains the password", tt.give, err)
+			}
+		})
+	}
+}
+
+func TestNewClientTypes(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		give string
+		want any
+	}{
+		{"redis://h", (*redis.Client)(nil)},
+		{"unix:///tmp/r.sock", (*redis.Client)(nil)},
+		{"redis+sentinel://s/m", (*redis.Client)(nil)},
+		{"redis+cluster://n1,n2", (*redis.ClusterClient)(nil)},
+	} {
+		c, err := NewClient(tt.give)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if reflect.TypeOf(c) != reflect.TypeOf(tt.want) {
+			t.Errorf("NewClient(%q) is a %T, want %T", tt.give, c, tt.want)
+		}
+		if o, ok := c.(*redis.Client); ok && !strings.HasPrefix(tt.give, "redis+sentinel") {
+			if o.Options().MaxRetries != 0 || o.Options().ReadTimeout != DefaultReadTimeout {
+				// go-redis stores MaxRetries -1 (none) as 0 once normalised.
+				t.Errorf("NewClient(%q): MaxRetries %d, ReadTimeout %v", tt.give, o.Options().MaxRetries, o.Options().ReadTimeout)
+			}
+		}
+		_ = c.Close()
+	}
+}
+
+func TestSentinel(t *testing.T) {
+	t.Parallel()
+	master := redistest.Start(t)
+	sen := redistest.StartSentinel(t, master, "tollgate")
+	c, err := NewClient("redis+sentinel://" + sen.Addr() + "/tollgate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &roundTrips{}
+	c.AddHook(h)
+	s := New(c)
+	t.Cleanup(func() { _ = s.Close() })
+	if err := s.Ping(context.Background()); err != nil {
+		t.Fatalf("Ping: %v", err)
+	}
+	ch := limit.Charge{Key: key(limit.SlidingWindow, time.Hour, "a"), Algorithm: limit.SlidingWindow, Amount: 3, Window: time.Hour, Cost: 1}
+	apply(t, s, t0, ch) // loads the script
+	h.n.Store(0)
+	before := commandCalls(t, master.Client(t), "evalsha")
+	for i, want := range []bool{true, false} {
+		if ok, res := apply(t, s, t0, ch, ch); ok != want {
+			t.Fatalf("decision %d: admitted %v, want %v (%+v)", i, ok, want, res)
+		}
+	}
+	if got := h.n.Load(); got != 2 {
+		t.Errorf("%d round trips for 2 decisions", got)
+	}
+	if got := commandCalls(t, master.Client(t), "evalsha") - before; got != 2 {
+		t.Errorf("the master counted %d EVALSHA for 2 decisions", got)
+	}
+}
+
+// FuzzParseURL: whatever surrounds a password, parseURL does not panic and
+// its error does not contain the password.
+func FuzzParseURL(f *testing.F) {
+	for _, seed := range [][2]string{
+		{"redis://", "h:6379/0"},
+		{"redis+cluster://", "a:1,b:2"},
+		{"redis+sentinel://", "s1,s2/m?db=1"},
+		{"unix://", "/tmp/x.sock"},
+		{"rediss://", "h?read_timeout=1s"},
+		{"", "redis://h"},
+		{"x", "@h%zz/%zz?%zz"},
+		{"redis://a@b:", "c@h:99999"},
+		{"redis://", "h#/?@"},
+	} {
+		f.Add(seed[0], seed[1])
+	}
+	const secret = "pw-5ecret"
+	f.Fuzz(func(t *testing.T, prefix, suffix string) {
+		raw := prefix + "user:" + secret + "@" + suffix
+		spec, err := parseURL(raw)
+		if err != nil {
+			if strings.Contains(err.Error(), secret) {
+				t.Fatalf("parseURL(%q) error %q contains the password", raw, err)
+			}
+			return
+		}
+		if len(spec.addrs) == 0 {
+			t.Fatalf("parseURL(%q) = %+v: no address", raw, spec)
+		}
+	})
+}
