@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -X github.com/tollgate-dev/tollgate/pkg/app.Version=$(VERSION)
+LDFLAGS := -X main.version=$(VERSION)
 BIN := bin
 FUZZTIME ?= 30s
 BENCHTIME ?= 2s

@@ -1,0 +1,272 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.uber.org/zap"
+
+	"github.com/tollgate-dev/tollgate/pkg/config"
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
+	"github.com/tollgate-dev/tollgate/pkg/limit/redisstore"
+	"github.com/tollgate-dev/tollgate/pkg/rls"
+	"github.com/tollgate-dev/tollgate/pkg/server"
+)
+
+// serveFlags are serve's settings; each flag can also come from its
+// TOLLGATE_* variable.
+type serveFlags struct {
+	config    string
+	grpcAddr  string
+	adminAddr string
+	redisURL  string
+	logLevel  string
+	logFormat string
+}
+
+func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
+	f := &serveFlags{}
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(a.Stderr)
+	fs.StringVar(&f.config, "config", "config", "rule file, or directory of *.yaml rule files, reloaded on change")
+	fs.StringVar(&f.grpcAddr, "grpc-addr", ":8081", "gRPC address for Envoy's APIs, health and reflection")
+	fs.StringVar(&f.adminAddr, "admin-addr", ":8080", "admin HTTP address: /metrics, /healthz, /readyz, /debug/config")
+	fs.StringVar(&f.redisURL, "redis-url", "", "Redis URL (redis://, rediss://, unix://, redis+sentinel://, redis+cluster://); empty keeps counters in memory")
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&f.logFormat, "log-format", "json", "json or console")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: tollgate serve [flags]\n\nEvery flag can also be set with TOLLGATE_<FLAG> (--grpc-addr: TOLLGATE_GRPC_ADDR); the flag wins.\n\n")
+		fs.PrintDefaults()
+	}
+	if err := a.parseFlags(fs, args); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+func (a *App) serve(ctx context.Context, args []string) int {
+	f, err := a.parseServeFlags(args)
+	if errors.Is(err, flag.ErrHelp) {
+		return ExitOK
+	}
+	if err != nil {
+		return ExitUsage
+	}
+	log, err := newLogger(a.Stderr, f.logLevel, f.logFormat)
+	if err != nil {
+		fmt.Fprintf(a.Stderr, "tollgate serve: %v\n", err)
+		return ExitUsage
+	}
+	defer func() { _ = log.Sync() }()
+	if err := a.runServe(ctx, f, log); err != nil {
+		log.Error("serve", zap.Error(err))
+		return ExitError
+	}
+	return ExitOK
+}
+
+// pingStore is a Store that can say whether it is reachable.
+type pingStore interface {
+	limit.Store
+	Ping(ctx context.Context) error
+}
+
+var (
+	_ pingStore = (*memstore.Store)(nil)
+	_ pingStore = (*redisstore.Store)(nil)
+)
+
+func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) error {
+	log.Info("starting", zap.String("version", a.versionString()))
+	rules, err := config.Load(f.config)
+	if err != nil {
+		logProblems(log, "rules", err)
+		return fmt.Errorf("load rules %q: the rules above must be fixed", f.config)
+	}
+	log.Info("rules loaded", zap.String("path", f.config), zap.Int("domains", len(rules.Domains())))
+
+	store, closeStore, err := openStore(f.redisURL)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	if a.wrapStore != nil {
+		store = a.wrapStore(store)
+	}
+	if f.redisURL == "" {
+		log.Info("store", zap.String("kind", "memory"))
+	} else {
+		log.Info("store", zap.String("kind", "redis"), zap.String("url", redactURL(f.redisURL)))
+	}
+
+	reg := prometheus.NewRegistry()
+	if err := registerProcessMetrics(reg, a.versionString()); err != nil {
+		return err
+	}
+	reloads, err := newReloadMetrics(reg)
+	if err != nil {
+		return err
+	}
+	reloads.loaded()
+
+	lim := limit.NewLimiter(store, limit.SystemClock{}, rules)
+	rlsSvc, err := rls.New(lim, log.Named("rls"), reg)
+	if err != nil {
+		return err
+	}
+	srv, err := server.New(server.Config{
+		Services: []server.Service{rlsSvc},
+		Logger:   log.Named("server"),
+		Gatherer: reg,
+		Ready: func(ctx context.Context) error {
+			if lim.Rules() == nil {
+				return errors.New("rules not loaded")
+			}
+			if err := store.Ping(ctx); err != nil {
+				return fmt.Errorf("store ping: %w", err)
+			}
+			return nil
+		},
+		DebugConfig: func() any {
+			return newConfigView(a.versionString(), f.config, f.redisURL, lim.Rules())
+		},
+	})
+	if err != nil {
+		return err
+	}
+
+	var lc net.ListenConfig
+	grpcLis, err := lc.Listen(ctx, "tcp", f.grpcAddr)
+	if err != nil {
+		return fmt.Errorf("listen --grpc-addr: %w", err)
+	}
+	adminLis, err := lc.Listen(ctx, "tcp", f.adminAddr)
+	if err != nil {
+		_ = grpcLis.Close()
+		return fmt.Errorf("listen --admin-addr: %w", err)
+	}
+	if a.Listening != nil {
+		a.Listening(Addrs{GRPC: grpcLis.Addr(), Admin: adminLis.Addr()})
+	}
+
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		onChange := func(rs *limit.RuleSet, err error) {
+			if err != nil {
+				reloads.failed()
+				logProblems(log, "rules reload rejected; the previous rules keep serving", err)
+				return
+			}
+			lim.SetRules(rs)
+			reloads.reloaded()
+			log.Info("rules reloaded", zap.String("path", f.config), zap.Int("domains", len(rs.Domains())))
+		}
+		if err := config.Watch(watchCtx, f.config, onChange); err != nil {
+			// Serving the rules loaded at start beats not serving.
+			log.Error("rules will not reload", zap.Error(err))
+		}
+	}()
+	defer func() {
+		stopWatch()
+		<-watchDone
+	}()
+
+	return srv.Serve(ctx, grpcLis, adminLis)
+}
+
+func (a *App) versionString() string {
+	if a.Version == "" {
+		return "dev"
+	}
+	return a.Version
+}
+
+// openStore returns the in-memory store for an empty URL, else a Redis
+// store; close releases it.
+func openStore(redisURL string) (store pingStore, close func(), err error) {
+	if redisURL == "" {
+		return memstore.New(), func() {}, nil
+	}
+	c, err := redisstore.NewClient(redisURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--redis-url: %w", err) // redisstore's errors never hold the password
+	}
+	s := redisstore.New(c)
+	return s, func() { _ = s.Close() }, nil
+}
+
+func storeKind(redisURL string) string {
+	if redisURL == "" {
+		return "memory"
+	}
+	return "redis"
+}
+
+func registerProcessMetrics(reg prometheus.Registerer, version string) error {
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "tollgate_build_info",
+		Help:        "Always 1; the version label says what runs.",
+		ConstLabels: prometheus.Labels{"version": version},
+	})
+	build.Set(1)
+	for _, c := range []prometheus.Collector{
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		build,
+	} {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("register process metrics: %w", err)
+		}
+	}
+	return nil
+}
+
+// reloadMetrics count rule reloads.
+type reloadMetrics struct {
+	reloads     *prometheus.CounterVec
+	lastSuccess prometheus.Gauge
+}
+
+func newReloadMetrics(reg prometheus.Registerer) (*reloadMetrics, error) {
+	m := &reloadMetrics{
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_config_reloads_total",
+			Help: "Rule reloads after a change on disk, by result (success, failure: the previous rules kept serving).",
+		}, []string{"result"}),
+		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tollgate_config_last_reload_success_timestamp_seconds",
+			Help: "Unix time the rules in force were loaded, at start or by a reload.",
+		}),
+	}
+	// Both series exist from the start, so rate() and alerts see a zero.
+	m.reloads.WithLabelValues("success")
+	m.reloads.WithLabelValues("failure")
+	for _, c := range []prometheus.Collector{m.reloads, m.lastSuccess} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register reload metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// loaded records the load at start: not a reload, but the rules' time.
+func (m *reloadMetrics) loaded() {
+	m.lastSuccess.SetToCurrentTime()
+}
+
+func (m *reloadMetrics) reloaded() {
+	m.reloads.WithLabelValues("success").Inc()
+	m.lastSuccess.SetToCurrentTime()
+}
+
+func (m *reloadMetrics) failed() {
+	m.reloads.WithLabelValues("failure").Inc()
+}

@@ -1,0 +1,139 @@
+package app
+
+import (
+	"strings"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+)
+
+// configView is what /debug/config shows. It is an allow-list: a field
+// appears only when it is copied here, so a secret added to the rules or
+// flags later (API keys, passwords) stays out until someone decides how
+// to show it, and credentials that are shown go through redactURL.
+type configView struct {
+	Version string       `json:"version"`
+	Rules   string       `json:"rules_path"`
+	Store   storeView    `json:"store"`
+	Domains []domainView `json:"domains"`
+}
+
+type storeView struct {
+	Kind string `json:"kind"`
+	URL  string `json:"url,omitempty"`
+}
+
+type domainView struct {
+	Name        string     `json:"domain"`
+	Source      string     `json:"source,omitempty"`
+	Descriptors []ruleView `json:"descriptors"`
+}
+
+type ruleView struct {
+	ID             string     `json:"id"`
+	Key            string     `json:"key"`
+	Value          string     `json:"value,omitempty"`
+	RateLimit      *limitView `json:"rate_limit,omitempty"`
+	TokenLimit     *limitView `json:"token_limit,omitempty"`
+	Unlimited      bool       `json:"unlimited,omitempty"`
+	Shadow         bool       `json:"shadow_mode,omitempty"`
+	DetailedMetric bool       `json:"detailed_metric,omitempty"`
+	Replaces       []string   `json:"replaces,omitempty"`
+	Descriptors    []ruleView `json:"descriptors,omitempty"`
+}
+
+type limitView struct {
+	Name string `json:"name,omitempty"`
+	// Exactly one of the two amounts is set, as in the rule file; 0 is a
+	// real limit, hence the pointers.
+	RequestsPerUnit *uint64 `json:"requests_per_unit,omitempty"`
+	TokensPerUnit   *uint64 `json:"tokens_per_unit,omitempty"`
+	Unit            string  `json:"unit"`
+	UnitMultiplier  uint32  `json:"unit_multiplier,omitempty"`
+	Algorithm       string  `json:"algorithm"`
+	Burst           uint64  `json:"burst,omitempty"`
+	Buckets         uint16  `json:"buckets,omitempty"`
+}
+
+func newConfigView(version, rulesPath, redisURL string, rs *limit.RuleSet) configView {
+	v := configView{
+		Version: version,
+		Rules:   rulesPath,
+		Store:   storeView{Kind: storeKind(redisURL), URL: redactURL(redisURL)},
+		Domains: []domainView{},
+	}
+	for _, d := range rs.Domains() {
+		v.Domains = append(v.Domains, domainView{Name: d.Name, Source: d.Source, Descriptors: ruleViews(d.Descriptors)})
+	}
+	return v
+}
+
+func ruleViews(rules []*limit.Rule) []ruleView {
+	out := make([]ruleView, 0, len(rules))
+	for _, r := range rules {
+		out = append(out, ruleView{
+			ID:             r.ID,
+			Key:            r.Key,
+			Value:          r.Value,
+			RateLimit:      newLimitView(r.RateLimit),
+			TokenLimit:     newLimitView(r.TokenLimit),
+			Unlimited:      r.Unlimited,
+			Shadow:         r.Shadow,
+			DetailedMetric: r.DetailedMetric,
+			Replaces:       r.Replaces,
+			Descriptors:    childViews(r.Children),
+		})
+	}
+	return out
+}
+
+func childViews(rules []*limit.Rule) []ruleView {
+	if len(rules) == 0 {
+		return nil
+	}
+	return ruleViews(rules)
+}
+
+func newLimitView(l *limit.Limit) *limitView {
+	if l == nil {
+		return nil
+	}
+	amount := l.Amount
+	v := &limitView{
+		Name:      l.Name,
+		Unit:      l.Unit.String(),
+		Algorithm: l.Algorithm.String(),
+		Burst:     l.Burst,
+		Buckets:   l.Buckets,
+	}
+	if l.Multiplier > 1 {
+		v.UnitMultiplier = l.Multiplier
+	}
+	if l.Kind == limit.Tokens {
+		v.TokensPerUnit = &amount
+	} else {
+		v.RequestsPerUnit = &amount
+	}
+	return v
+}
+
+// redactURL hides the password of a Redis URL the way redisstore's
+// errors do: the userinfo ends at the last '@', so a password with an
+// unescaped '/', '?' or '@' is still hidden whole.
+func redactURL(raw string) string {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		if strings.Contains(raw, "@") {
+			return "xxxxx"
+		}
+		return raw
+	}
+	at := strings.LastIndexByte(rest, '@')
+	if at < 0 {
+		return raw
+	}
+	user, _, hasPass := strings.Cut(rest[:at], ":")
+	if !hasPass {
+		return raw
+	}
+	return scheme + "://" + user + ":xxxxx@" + rest[at+1:]
+}

@@ -1,0 +1,118 @@
+package rls
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+)
+
+// Metric label values that are not a domain or rule name.
+const (
+	labelUnknown  = "unknown"  // domain not in the rules; result of a descriptor no rule matched
+	labelNone     = "none"     // rule label when no rule matched
+	labelOverride = "override" // rule label when only the descriptor's own limit applied
+
+	resultOK         = "ok"
+	resultOverLimit  = "over_limit"
+	resultShadowOver = "shadow_over"
+)
+
+// metrics are the service's per-instance collectors, registered on the
+// Registerer the caller passes in.
+type metrics struct {
+	decisions   *prometheus.CounterVec
+	detailed    *prometheus.CounterVec
+	duration    prometheus.Histogram
+	storeErrors prometheus.Counter
+	invalid     prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_rls_decisions_total",
+			Help: "Descriptor decisions answered over RLS, by domain (\"unknown\" for domains not in the rules), matched rule ID (\"none\", \"override\") and result (ok, over_limit, shadow_over, unknown when no rule matched).",
+		}, []string{"domain", "rule", "result"}),
+		detailed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_rls_detailed_decisions_total",
+			Help: "Descriptor decisions of rules with detailed_metric, labelled with the descriptor's key=value entries.",
+		}, []string{"domain", "rule", "descriptor", "result"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tollgate_rls_decision_duration_seconds",
+			Help:    "Time to answer one ShouldRateLimit call, store round trip included.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
+		}),
+		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tollgate_store_errors_total",
+			Help: "Decisions that failed because the counter store did not answer.",
+		}),
+		invalid: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tollgate_rls_invalid_requests_total",
+			Help: "ShouldRateLimit calls rejected as malformed (InvalidArgument).",
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.decisions, m.detailed, m.duration, m.storeErrors, m.invalid} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register rls metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// observe counts one decision. known says whether the domain is in the
+// rules; only then is its name a label value, so a client cannot grow the
+// series count by inventing domains.
+func (m *metrics) observe(domain string, known bool, req *limit.Request, dec *limit.Decision) {
+	if !known {
+		domain = labelUnknown
+	}
+	for i := range dec.Statuses {
+		st := &dec.Statuses[i]
+		rule, result := labels(st)
+		m.decisions.WithLabelValues(domain, rule, result).Inc()
+		if st.Rule != nil && st.Rule.DetailedMetric && i < len(req.Descriptors) {
+			m.detailed.WithLabelValues(domain, rule, descriptorLabel(req.Descriptors[i].Entries), result).Inc()
+		}
+	}
+}
+
+func labels(st *limit.Status) (rule, result string) {
+	switch {
+	case st.Rule != nil:
+		rule = st.Rule.ID
+	case st.Limit != nil:
+		rule = labelOverride
+	default:
+		rule = labelNone
+	}
+	switch {
+	case st.Code == limit.CodeOverLimit:
+		result = resultOverLimit
+	case st.ShadowOver:
+		result = resultShadowOver
+	case st.Rule == nil && st.Limit == nil:
+		result = labelUnknown
+	default:
+		result = resultOK
+	}
+	return rule, result
+}
+
+// descriptorLabel renders entries as "k1=v1,k2=v2". A rule opts in to this
+// cardinality with detailed_metric. Label values must be UTF-8 (the client
+// library panics otherwise), and entries come from the client.
+func descriptorLabel(entries []limit.Entry) string {
+	var b strings.Builder
+	for i, e := range entries {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(e.Key)
+		b.WriteByte('=')
+		b.WriteString(e.Value)
+	}
+	return strings.ToValidUTF8(b.String(), "\uFFFD")
+}

@@ -1,0 +1,124 @@
+// Package rls serves Envoy's RateLimitService v3 (ShouldRateLimit). It is
+// the only place where go-control-plane's rate limit protos meet the
+// limit domain: it converts a RateLimitRequest to a limit.Request, asks
+// the Limiter, and converts the Decision back, with the draft-03 headers.
+package rls
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+)
+
+// Decider answers admission questions; *limit.Limiter is one. Rules is
+// read only to tell known domains from unknown ones in metric labels.
+type Decider interface {
+	Decide(ctx context.Context, req *limit.Request) (*limit.Decision, error)
+	Rules() *limit.RuleSet
+}
+
+var _ Decider = (*limit.Limiter)(nil)
+
+// Service implements rlsv3.RateLimitServiceServer over a Decider.
+type Service struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+
+	decider Decider
+	log     *zap.Logger
+	metrics *metrics
+}
+
+var _ rlsv3.RateLimitServiceServer = (*Service)(nil)
+
+// New returns a Service over d that logs to log (nil: nowhere) and
+// registers its metrics on reg (Required). It fails when reg already
+// holds metrics of the same names.
+func New(d Decider, log *zap.Logger, reg prometheus.Registerer) (*Service, error) {
+	if d == nil || reg == nil {
+		return nil, errors.New("rls: a Decider and a Registerer are required")
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	return &Service{decider: d, log: log, metrics: m}, nil
+}
+
+// Register adds the service to a gRPC server.
+func (s *Service) Register(r grpc.ServiceRegistrar) {
+	rlsv3.RegisterRateLimitServiceServer(r, s)
+}
+
+// ShouldRateLimit answers one Envoy rate limit check.
+func (s *Service) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	start := time.Now()
+	defer func() { s.metrics.duration.Observe(time.Since(start).Seconds()) }()
+
+	if in.GetDomain() == "" {
+		// Checked here too so that a nil request never reaches the Limiter.
+		return nil, s.fail(ctx, "", limit.ErrInvalid, "domain is empty")
+	}
+	req := toRequest(in)
+	dec, err := s.decider.Decide(ctx, req)
+	if err != nil {
+		return nil, s.fail(ctx, req.Domain, err, "")
+	}
+	known := s.decider.Rules().Domain(req.Domain) != nil
+	s.metrics.observe(req.Domain, known, req, dec)
+	return toResponse(dec), nil
+}
+
+// fail logs and counts err once and returns its gRPC status.
+func (s *Service) fail(ctx context.Context, domain string, err error, msg string) error {
+	st := toGRPCStatus(ctx, err, msg)
+	switch st.Code() {
+	case codes.InvalidArgument:
+		s.metrics.invalid.Inc()
+		s.log.Debug("invalid rate limit request", zap.Error(err), zap.String("domain", safeDomain(domain)))
+	default:
+		// A call the client gave up on still counts: a store too slow for
+		// Envoy's timeout shows up only this way.
+		s.metrics.storeErrors.Inc()
+		s.log.Warn("rate limit decision failed", zap.Error(err), zap.String("domain", safeDomain(domain)), zap.Stringer("code", st.Code()))
+	}
+	return st.Err()
+}
+
+// toGRPCStatus is the one place that maps errors to gRPC codes. A client's
+// own input is described back to it (InvalidArgument); anything else is a
+// store failure and gets a fixed message, since internal error text may
+// carry addresses or keys. msg, when set, replaces err's text.
+func toGRPCStatus(ctx context.Context, err error, msg string) *status.Status {
+	switch {
+	case errors.Is(err, limit.ErrInvalid):
+		if msg == "" {
+			msg = err.Error()
+		}
+		return status.New(codes.InvalidArgument, msg)
+	case ctx.Err() != nil:
+		// The caller gave up (Envoy's timeout): say so, not "unavailable".
+		return status.FromContextError(ctx.Err())
+	default:
+		return status.New(codes.Unavailable, "rate limit store unavailable")
+	}
+}
+
+// safeDomain bounds what a client-chosen domain can put in a log line.
+func safeDomain(d string) string {
+	if len(d) > limit.MaxDomainBytes {
+		return d[:limit.MaxDomainBytes] + "..."
+	}
+	return d
+}

@@ -1,0 +1,55 @@
+package server
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+)
+
+func (s *Server) adminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Gatherer, promhttp.HandlerOpts{
+		ErrorLog: zap.NewStdLog(s.log.Named("metrics")),
+	}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeText(w, http.StatusOK, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if err := s.ready(r.Context()); err != nil {
+			writeText(w, http.StatusServiceUnavailable, "not ready: "+oneLine(err.Error()))
+			return
+		}
+		writeText(w, http.StatusOK, "ok")
+	})
+	mux.HandleFunc("GET /debug/config", func(w http.ResponseWriter, _ *http.Request) {
+		if s.cfg.DebugConfig == nil {
+			http.NotFound(w, nil)
+			return
+		}
+		b, err := json.MarshalIndent(s.cfg.DebugConfig(), "", "  ")
+		if err != nil {
+			s.log.Error("render /debug/config", zap.Error(err))
+			writeText(w, http.StatusInternalServerError, "cannot render the config")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		_, _ = w.Write(append(b, '\n'))
+	})
+	return mux
+}
+
+func writeText(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	_, _ = w.Write([]byte(msg + "\n"))
+}
+
+// oneLine keeps a reason on one line, as probes and humans read the first.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}

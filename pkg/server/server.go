@@ -1,0 +1,277 @@
+// Package server runs Tollgate's two listeners: one gRPC port that carries
+// every Envoy-facing API (rate limit now; ext_authz and access logs are
+// registered the same way), plus health and reflection, and an admin HTTP
+// port with /metrics, /healthz, /readyz and /debug/config. It knows
+// nothing of the APIs it carries: each one registers itself.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+)
+
+// Service is an API served on the gRPC port; it registers itself, so the
+// server needs no knowledge of its protos.
+type Service interface {
+	Register(grpc.ServiceRegistrar)
+}
+
+// Defaults for the zero values of Config.
+const (
+	DefaultDrainTimeout         = 10 * time.Second
+	DefaultReadyTimeout         = time.Second
+	DefaultHealthInterval       = 2 * time.Second
+	DefaultMaxRecvMsgSize       = 4 << 20
+	DefaultMaxConcurrentStreams = 1024
+	adminShutdownTimeout        = 5 * time.Second
+)
+
+// Config is what a Server is built from.
+type Config struct {
+	// Services are the APIs on the gRPC port (Required: at least one).
+	Services []Service
+	// Logger (Optional; default a no-op logger).
+	Logger *zap.Logger
+	// Gatherer serves /metrics (Required).
+	Gatherer prometheus.Gatherer
+	// Ready says whether this replica should take traffic: nil when it
+	// should, else why not. It drives /readyz and the gRPC health status.
+	// (Optional; default always ready.)
+	Ready func(ctx context.Context) error
+	// DebugConfig returns the value /debug/config renders as JSON. Its
+	// type decides what is shown, so it should be a view built for the
+	// purpose, with secrets left out or redacted. (Optional; without it
+	// /debug/config is 404.)
+	DebugConfig func() any
+	// DrainTimeout bounds how long in-flight calls may finish after
+	// shutdown starts before they are cut (Optional; default 10s).
+	DrainTimeout time.Duration
+	// ReadyTimeout bounds one Ready call (Optional; default 1s).
+	ReadyTimeout time.Duration
+	// HealthInterval is how often the gRPC health status is re-checked
+	// (Optional; default 2s).
+	HealthInterval time.Duration
+	// MaxRecvMsgSize is the largest request accepted (Optional; default
+	// 4 MiB, which holds the largest descriptor set the limiter accepts).
+	MaxRecvMsgSize int
+	// MaxConcurrentStreams caps calls in flight per connection; Envoy
+	// opens another connection when it reaches it (Optional; default 1024).
+	MaxConcurrentStreams uint32
+}
+
+// Server is the gRPC and admin HTTP servers of one process.
+type Server struct {
+	cfg      Config
+	log      *zap.Logger
+	grpc     *grpc.Server
+	health   *health.Server
+	services []string // gRPC service names whose health follows readiness
+	admin    *http.Server
+	draining atomic.Bool
+}
+
+// New builds a Server; Serve starts it.
+func New(cfg Config) (*Server, error) {
+	if len(cfg.Services) == 0 {
+		return nil, errors.New("server: no services")
+	}
+	if cfg.Gatherer == nil {
+		return nil, errors.New("server: no metrics gatherer")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.Ready == nil {
+		cfg.Ready = func(context.Context) error { return nil }
+	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = DefaultDrainTimeout
+	}
+	if cfg.ReadyTimeout <= 0 {
+		cfg.ReadyTimeout = DefaultReadyTimeout
+	}
+	if cfg.HealthInterval <= 0 {
+		cfg.HealthInterval = DefaultHealthInterval
+	}
+	if cfg.MaxRecvMsgSize <= 0 {
+		cfg.MaxRecvMsgSize = DefaultMaxRecvMsgSize
+	}
+	if cfg.MaxConcurrentStreams == 0 {
+		cfg.MaxConcurrentStreams = DefaultMaxConcurrentStreams
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger}
+	s.grpc = grpc.NewServer(
+		grpc.ChainUnaryInterceptor(recoverUnary(s.log)),
+		grpc.ChainStreamInterceptor(recoverStream(s.log)),
+		grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSize),
+		grpc.MaxConcurrentStreams(cfg.MaxConcurrentStreams),
+		// Envoy keeps its connections for a long time: ping idle ones so a
+		// peer that vanished (node gone, no FIN) is noticed, and tolerate
+		// Envoy's own keepalive pings down to 10s, with or without calls.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Minute, Timeout: 20 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	)
+	for _, svc := range cfg.Services {
+		svc.Register(s.grpc)
+	}
+	for name := range s.grpc.GetServiceInfo() {
+		s.services = append(s.services, name)
+	}
+	s.health = health.NewServer()
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	reflection.Register(s.grpc)
+	// health.NewServer reports "" as SERVING; nothing is until Ready says so.
+	s.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
+
+	s.admin = &http.Server{
+		Handler:           s.adminHandler(),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       time.Minute,
+		ErrorLog:          zap.NewStdLog(s.log.Named("admin")),
+	}
+	return s, nil
+}
+
+func (s *Server) setHealth(st healthpb.HealthCheckResponse_ServingStatus) {
+	s.health.SetServingStatus("", st)
+	for _, name := range s.services {
+		s.health.SetServingStatus(name, st)
+	}
+}
+
+// Serve serves gRPC on grpcLis and the admin API on adminLis until ctx is
+// done, then shuts down gracefully: it reports not ready (/readyz and
+// gRPC health), lets calls in flight finish for up to DrainTimeout, cuts
+// the rest, and stops the admin server. It returns once all of that is
+// done: nil after ctx ends, or the error that stopped a listener early.
+// Serve closes both listeners.
+func (s *Server) Serve(ctx context.Context, grpcLis, adminLis net.Listener) error {
+	errc := make(chan error, 2)
+	go func() {
+		if err := s.grpc.Serve(grpcLis); err != nil {
+			errc <- fmt.Errorf("serve grpc on %s: %w", grpcLis.Addr(), err)
+			return
+		}
+		errc <- nil
+	}()
+	go func() {
+		if err := s.admin.Serve(adminLis); !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("serve admin on %s: %w", adminLis.Addr(), err)
+			return
+		}
+		errc <- nil
+	}()
+	hctx, hcancel := context.WithCancel(ctx)
+	healthDone := make(chan struct{})
+	go func() {
+		defer close(healthDone)
+		s.followReadiness(hctx)
+	}()
+	s.log.Info("serving", zap.Stringer("grpc_addr", grpcLis.Addr()), zap.Stringer("admin_addr", adminLis.Addr()))
+
+	var err error
+	pending := 2
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+		pending--
+	}
+	s.shutdown(hcancel, healthDone)
+	for ; pending > 0; pending-- {
+		if e := <-errc; err == nil {
+			err = e
+		}
+	}
+	return err
+}
+
+// shutdown stops taking traffic, in the order that lets Envoy and
+// Kubernetes see it first: readiness, then gRPC drain, then admin.
+func (s *Server) shutdown(stopHealth context.CancelFunc, healthDone <-chan struct{}) {
+	s.log.Info("shutting down", zap.Duration("drain_timeout", s.cfg.DrainTimeout))
+	s.draining.Store(true)
+	stopHealth()
+	<-healthDone
+	s.health.Shutdown() // NOT_SERVING for every service, and stays so
+
+	drained := make(chan struct{})
+	go func() {
+		s.grpc.GracefulStop()
+		close(drained)
+	}()
+	t := time.NewTimer(s.cfg.DrainTimeout)
+	select {
+	case <-drained:
+		t.Stop()
+	case <-t.C:
+		s.log.Warn("drain timed out; closing calls still in flight")
+		s.grpc.Stop()
+		<-drained
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), adminShutdownTimeout)
+	defer cancel()
+	if err := s.admin.Shutdown(ctx); err != nil {
+		s.log.Warn("admin shutdown", zap.Error(err))
+		_ = s.admin.Close()
+	}
+	s.log.Info("stopped")
+}
+
+// followReadiness keeps the gRPC health status in step with Ready until
+// ctx is done, so Envoy's and Kubernetes' gRPC health checks see what
+// /readyz says.
+func (s *Server) followReadiness(ctx context.Context) {
+	t := time.NewTicker(s.cfg.HealthInterval)
+	defer t.Stop()
+	var last error
+	first := true
+	for {
+		err := s.ready(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if first || (err == nil) != (last == nil) {
+			if err == nil {
+				s.log.Info("ready")
+				s.setHealth(healthpb.HealthCheckResponse_SERVING)
+			} else {
+				s.log.Warn("not ready", zap.Error(err))
+				s.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
+			}
+		}
+		first, last = false, err
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// errDraining is the readiness answer once shutdown has begun.
+var errDraining = errors.New("shutting down")
+
+func (s *Server) ready(ctx context.Context) error {
+	if s.draining.Load() {
+		return errDraining
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ReadyTimeout)
+	defer cancel()
+	return s.cfg.Ready(ctx)
+}

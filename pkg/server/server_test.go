@@ -1,0 +1,398 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// wait bounds every wait on a real server.
+const wait = 10 * time.Second
+
+// fakeRLS answers ShouldRateLimit with handle.
+type fakeRLS struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	handle func(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error)
+}
+
+func (f *fakeRLS) Register(r grpc.ServiceRegistrar) { rlsv3.RegisterRateLimitServiceServer(r, f) }
+
+func (f *fakeRLS) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	return f.handle(ctx, req)
+}
+
+func okHandler(context.Context, *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, nil
+}
+
+type running struct {
+	grpcAddr, adminAddr string
+	conn                *grpc.ClientConn
+	cancel              context.CancelFunc
+	done                chan error
+}
+
+// start serves cfg on loopback ports until the test ends.
+func start(t *testing.T, cfg Config) *running {
+	t.Helper()
+	if cfg.Gatherer == nil {
+		cfg.Gatherer = prometheus.NewRegistry()
+	}
+	if cfg.HealthInterval == 0 {
+		cfg.HealthInterval = 10 * time.Millisecond
+	}
+	srv, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	gl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	al, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{grpcAddr: gl.Addr().String(), adminAddr: al.Addr().String(), cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- srv.Serve(ctx, gl, al) }()
+	r.conn, err = grpc.NewClient("passthrough:///"+r.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		_ = r.conn.Close()
+		select {
+		case <-r.done:
+		case <-time.After(wait):
+			t.Error("Serve did not return after cancel")
+		}
+	})
+	return r
+}
+
+// stop cancels the server and returns Serve's result.
+func (r *running) stop(t *testing.T) error {
+	t.Helper()
+	r.cancel()
+	select {
+	case err := <-r.done:
+		r.done <- err // for Cleanup
+		return err
+	case <-time.After(wait):
+		t.Fatal("Serve did not return after cancel")
+		return nil
+	}
+}
+
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	c := &http.Client{Timeout: wait}
+	resp, err := c.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
+}
+
+// waitHealth watches service's health until it reports want.
+func waitHealth(t *testing.T, conn *grpc.ClientConn, service string, want healthpb.HealthCheckResponse_ServingStatus) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	stream, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{Service: service})
+	if err != nil {
+		t.Fatalf("health watch: %v", err)
+	}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("health %q never became %v: %v", service, want, err)
+		}
+		if resp.GetStatus() == want {
+			return
+		}
+	}
+}
+
+func TestReadinessDrivesHealthAndReadyz(t *testing.T) {
+	t.Parallel()
+	var ready atomic.Bool
+	r := start(t, Config{
+		Services: []Service{&fakeRLS{handle: okHandler}},
+		Ready: func(context.Context) error {
+			if !ready.Load() {
+				return errors.New("rules not loaded\nsecond line")
+			}
+			return nil
+		},
+	})
+	rlsName := rlsv3.RateLimitService_ServiceDesc.ServiceName
+	for _, svc := range []string{"", rlsName} {
+		waitHealth(t, r.conn, svc, healthpb.HealthCheckResponse_NOT_SERVING)
+	}
+	if code, body := httpGet(t, "http://"+r.adminAddr+"/readyz"); code != http.StatusServiceUnavailable || body != "not ready: rules not loaded second line\n" {
+		t.Errorf("/readyz = %d %q, want 503 with a one-line reason", code, body)
+	}
+	if code, _ := httpGet(t, "http://"+r.adminAddr+"/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz = %d, want 200 even when not ready", code)
+	}
+
+	ready.Store(true)
+	for _, svc := range []string{"", rlsName} {
+		waitHealth(t, r.conn, svc, healthpb.HealthCheckResponse_SERVING)
+	}
+	if code, body := httpGet(t, "http://"+r.adminAddr+"/readyz"); code != http.StatusOK || body != "ok\n" {
+		t.Errorf("/readyz = %d %q, want 200 ok", code, body)
+	}
+
+	ready.Store(false)
+	waitHealth(t, r.conn, "", healthpb.HealthCheckResponse_NOT_SERVING)
+}
+
+func TestReadyzTimesOut(t *testing.T) {
+	t.Parallel()
+	r := start(t, Config{
+		Services:     []Service{&fakeRLS{handle: okHandler}},
+		ReadyTimeout: 20 * time.Millisecond,
+		Ready: func(ctx context.Context) error {
+			<-ctx.Done() // a store that never answers its ping
+			return ctx.Err()
+		},
+	})
+	if code, body := httpGet(t, "http://"+r.adminAddr+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "deadline exceeded") {
+		t.Errorf("/readyz = %d %q, want 503 deadline exceeded", code, body)
+	}
+}
+
+func TestAdminEndpoints(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "tollgate_test_things_total", Help: "Things."})
+	reg.MustRegister(c)
+	c.Add(3)
+	r := start(t, Config{
+		Services:    []Service{&fakeRLS{handle: okHandler}},
+		Gatherer:    reg,
+		DebugConfig: func() any { return map[string]any{"domains": []string{"ai"}} },
+	})
+	if code, body := httpGet(t, "http://"+r.adminAddr+"/metrics"); code != http.StatusOK || !strings.Contains(body, "tollgate_test_things_total 3") {
+		t.Errorf("/metrics = %d, want 200 with the registry's metrics:\n%s", code, body)
+	}
+	code, body := httpGet(t, "http://"+r.adminAddr+"/debug/config")
+	var got struct{ Domains []string }
+	if err := json.Unmarshal([]byte(body), &got); code != http.StatusOK || err != nil || !slices.Equal(got.Domains, []string{"ai"}) {
+		t.Errorf("/debug/config = %d %q (%v), want the view as JSON", code, body, err)
+	}
+	if code, _ := httpGet(t, "http://"+r.adminAddr+"/nope"); code != http.StatusNotFound {
+		t.Errorf("/nope = %d, want 404", code)
+	}
+
+	bare := start(t, Config{Services: []Service{&fakeRLS{handle: okHandler}}})
+	if code, _ := httpGet(t, "http://"+bare.adminAddr+"/debug/config"); code != http.StatusNotFound {
+		t.Errorf("/debug/config without a view = %d, want 404", code)
+	}
+}
+
+func TestPanicBecomesInternal(t *testing.T) {
+	t.Parallel()
+	core, logs := observer.New(zap.ErrorLevel)
+	var calls atomic.Int32
+	r := start(t, Config{
+		Logger: zap.New(core),
+		Services: []Service{&fakeRLS{handle: func(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+			if calls.Add(1) == 1 {
+				panic("secret internal detail")
+			}
+			return okHandler(ctx, req)
+		}}},
+	})
+	client := rlsv3.NewRateLimitServiceClient(r.conn)
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	_, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "d"})
+	if s, _ := status.FromError(err); s.Code() != codes.Internal || strings.Contains(s.Message(), "secret") {
+		t.Errorf("panicking call = %v, want Internal without the panic text", err)
+	}
+	if _, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "d"}); err != nil {
+		t.Errorf("call after the panic: %v, want the server still serving", err)
+	}
+	if n := logs.FilterMessage("handler panicked").Len(); n != 1 {
+		t.Errorf("%d panic logs, want 1", n)
+	}
+}
+
+func TestReflectionListsServices(t *testing.T) {
+	t.Parallel()
+	r := start(t, Config{Services: []Service{&fakeRLS{handle: okHandler}}})
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	stream, err := reflectionpb.NewServerReflectionClient(r.conn).ServerReflectionInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = stream.CloseSend()
+	var names []string
+	for _, s := range resp.GetListServicesResponse().GetService() {
+		names = append(names, s.GetName())
+	}
+	for _, want := range []string{rlsv3.RateLimitService_ServiceDesc.ServiceName, "grpc.health.v1.Health"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("reflection lists %v, want %s among them", names, want)
+		}
+	}
+}
+
+func TestGracefulStopFinishesCallsInFlight(t *testing.T) {
+	t.Parallel()
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	r := start(t, Config{
+		Services: []Service{&fakeRLS{handle: func(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+			if req.GetDomain() == "slow" {
+				close(entered)
+				<-release
+			}
+			return okHandler(ctx, req)
+		}}},
+	})
+	waitHealth(t, r.conn, "", healthpb.HealthCheckResponse_SERVING)
+
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	callErr := make(chan error, 1)
+	go func() {
+		_, err := rlsv3.NewRateLimitServiceClient(r.conn).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "slow"})
+		callErr <- err
+	}()
+	select {
+	case <-entered:
+	case <-ctx.Done():
+		t.Fatal("the slow call never reached the handler")
+	}
+
+	r.cancel()
+	// While the call drains, the admin port still answers and says why
+	// this replica is out.
+	for {
+		code, body := httpGet(t, "http://"+r.adminAddr+"/readyz")
+		if code == http.StatusServiceUnavailable && strings.Contains(body, "shutting down") {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("/readyz = %d %q, never reported shutting down", code, body)
+		}
+		time.Sleep(5 * time.Millisecond) // polling a real server
+	}
+	select {
+	case err := <-r.done:
+		t.Fatalf("Serve returned (%v) with a call in flight", err)
+	default:
+	}
+	close(release)
+	if err := <-callErr; err != nil {
+		t.Errorf("in-flight call: %v, want it to finish", err)
+	}
+	if err := r.stop(t); err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+}
+
+func TestDrainTimeoutCutsCallsInFlight(t *testing.T) {
+	t.Parallel()
+	entered := make(chan struct{})
+	r := start(t, Config{
+		DrainTimeout: 50 * time.Millisecond,
+		Services: []Service{&fakeRLS{handle: func(ctx context.Context, _ *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+			close(entered)
+			<-ctx.Done() // until Stop cancels it
+			return nil, ctx.Err()
+		}}},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	callErr := make(chan error, 1)
+	go func() {
+		_, err := rlsv3.NewRateLimitServiceClient(r.conn).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "d"})
+		callErr <- err
+	}()
+	<-entered
+	if err := r.stop(t); err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+	if err := <-callErr; status.Code(err) == codes.OK || ctx.Err() != nil {
+		t.Errorf("in-flight call = %v (ctx %v), want it cut by the drain timeout", err, ctx.Err())
+	}
+}
+
+func TestServeReturnsListenerErrors(t *testing.T) {
+	t.Parallel()
+	srv, err := New(Config{Services: []Service{&fakeRLS{handle: okHandler}}, Gatherer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	al, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = al.Close() // the admin listener fails at once
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(context.Background(), gl, al) }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "serve admin") {
+			t.Errorf("Serve = %v, want the admin listener's error", err)
+		}
+	case <-time.After(wait):
+		t.Fatal("Serve kept running with a dead listener")
+	}
+}
+
+func TestNewChecksConfig(t *testing.T) {
+	t.Parallel()
+	if _, err := New(Config{Gatherer: prometheus.NewRegistry()}); err == nil {
+		t.Error("New without services succeeded")
+	}
+	if _, err := New(Config{Services: []Service{&fakeRLS{handle: okHandler}}}); err == nil {
+		t.Error("New without a gatherer succeeded")
+	}
+}
