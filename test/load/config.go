@@ -1,0 +1,147 @@
+// Package load drives Envoy's RateLimitService v3 (ShouldRateLimit) over
+// real gRPC and reports throughput, latency percentiles and answers. It is
+// the logic behind cmd/tollgate-load and works against any RLS, Tollgate
+// or envoyproxy/ratelimit alike.
+package load
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"time"
+)
+
+// Spread modes for -spread.
+const (
+	SpreadRandom     = "random"
+	SpreadRoundRobin = "round-robin"
+)
+
+// Config is one load run.
+type Config struct {
+	// Addr is the RLS gRPC address (Required); the flag defaults to 127.0.0.1:8081.
+	Addr string
+	// Concurrency is the number of workers, each with one call in flight (Required, > 0).
+	Concurrency int
+	// Conns is the number of gRPC connections; worker i uses connection i mod Conns (Required, > 0).
+	Conns int
+	// Duration bounds the measured run; 0 means only Requests bounds it.
+	Duration time.Duration
+	// Requests bounds the number of measured calls; 0 means only Duration bounds it.
+	Requests int64
+	// Warmup runs before the measured run; its calls are not counted.
+	Warmup time.Duration
+	// Timeout is the deadline of each call (Required, > 0).
+	Timeout time.Duration
+	// Domain is the request's domain (Required).
+	Domain string
+	// Descriptors are sent with every request (Required, at least one).
+	Descriptors []Descriptor
+	// Tenants, when > 0, replaces the value of every entry keyed SpreadKey
+	// with tenant-0 .. tenant-(Tenants-1), one per request.
+	Tenants   int
+	SpreadKey string
+	// Spread is SpreadRandom (uniform, the default) or SpreadRoundRobin.
+	Spread string
+	// Hits is the request's hits_addend; 0 leaves it unset (the server counts 1).
+	Hits uint32
+	// JSON prints the result as one JSON object.
+	JSON bool
+}
+
+// Validate checks c for a run that is well formed and bounded.
+func (c *Config) Validate() error {
+	switch {
+	case c.Addr == "":
+		return errors.New("-addr is empty")
+	case c.Concurrency <= 0:
+		return fmt.Errorf("-c is %d, want > 0", c.Concurrency)
+	case c.Conns <= 0:
+		return fmt.Errorf("-conns is %d, want > 0", c.Conns)
+	case c.Duration < 0 || c.Requests < 0 || c.Warmup < 0:
+		return errors.New("-d, -n and -warmup must not be negative")
+	case c.Duration == 0 && c.Requests == 0:
+		return errors.New("-d and -n are both 0: the run would never stop")
+	case c.Timeout <= 0:
+		return fmt.Errorf("-timeout is %v, want > 0", c.Timeout)
+	case c.Domain == "":
+		return errors.New("-domain is required")
+	case len(c.Descriptors) == 0:
+		return errors.New("at least one -descriptor is required")
+	case c.Tenants < 0:
+		return fmt.Errorf("-tenants is %d, want >= 0", c.Tenants)
+	case c.Spread != SpreadRandom && c.Spread != SpreadRoundRobin:
+		return fmt.Errorf("-spread is %q, want %s or %s", c.Spread, SpreadRandom, SpreadRoundRobin)
+	}
+	if c.Tenants > 0 && !c.hasSpreadKey() {
+		return fmt.Errorf("-tenants is set but no descriptor has the key %q (-spread-key)", c.SpreadKey)
+	}
+	return nil
+}
+
+func (c *Config) hasSpreadKey() bool {
+	for _, d := range c.Descriptors {
+		for _, e := range d {
+			if e.Key == c.SpreadKey {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+const usageHead = `Usage: tollgate-load -domain D -descriptor k=v[,k=v...] [flags]
+
+Sends ShouldRateLimit calls over gRPC for -d (and at most -n calls, whichever
+ends first), then prints requests/s, latency percentiles of answered calls and
+the counts of OK, OVER_LIMIT and errors by gRPC code.
+
+Descriptor syntax: entries separated by ',', each key=value. The first '=' ends
+the key. A backslash escapes ',', '=' or '\' (\, \= \\). Repeat -descriptor to
+send several descriptors per request. Example:
+  tollgate-load -domain api -descriptor 'tenant=acme,model=gpt-4o' -tenants 100 -c 64 -d 30s
+
+Flags:
+`
+
+// ParseFlags parses the command line into a validated Config. It returns
+// flag.ErrHelp for -h.
+func ParseFlags(args []string, stderr io.Writer) (Config, error) {
+	c := Config{}
+	fs := flag.NewFlagSet("tollgate-load", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usageHead)
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&c.Addr, "addr", "127.0.0.1:8081", "RLS gRPC `address`")
+	fs.IntVar(&c.Concurrency, "c", 50, "concurrent workers, each with one call in flight")
+	fs.IntVar(&c.Conns, "conns", 1, "gRPC connections, shared by the workers round-robin")
+	fs.DurationVar(&c.Duration, "d", 10*time.Second, "measured duration (0: bounded by -n only)")
+	fs.Int64Var(&c.Requests, "n", 0, "measured calls at most (0: bounded by -d only)")
+	fs.DurationVar(&c.Warmup, "warmup", 0, "run this long first without counting")
+	fs.DurationVar(&c.Timeout, "timeout", time.Second, "deadline of each call")
+	fs.StringVar(&c.Domain, "domain", "", "rate limit `domain` (required)")
+	fs.Var(descriptorsFlag{&c.Descriptors}, "descriptor", "descriptor `k=v[,k=v...]`, repeatable (required)")
+	fs.IntVar(&c.Tenants, "tenants", 0, "spread over N tenants: replace the -spread-key value with tenant-0..N-1")
+	fs.StringVar(&c.SpreadKey, "spread-key", "tenant", "descriptor `key` whose value -tenants replaces")
+	fs.StringVar(&c.Spread, "spread", SpreadRandom, "how -tenants picks a tenant per request: random or round-robin")
+	hits := fs.Uint64("hits", 0, "request hits_addend (0: unset, the server counts 1)")
+	fs.BoolVar(&c.JSON, "json", false, "print the result as JSON")
+	if err := fs.Parse(args); err != nil {
+		return Config{}, err
+	}
+	if fs.NArg() > 0 {
+		return Config{}, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *hits > math.MaxUint32 {
+		return Config{}, fmt.Errorf("-hits is %d, at most %d", *hits, uint64(math.MaxUint32))
+	}
+	c.Hits = uint32(*hits)
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}

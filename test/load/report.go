@@ -1,0 +1,135 @@
+package load
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"time"
+)
+
+// Main is the tollgate-load command: parse args, run, print. It returns
+// the process exit code: 0 after a run in which some call was answered,
+// 1 when none was (or the run could not start), 2 for bad flags.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cfg, err := ParseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "tollgate-load: %v\n", err)
+		return 2
+	}
+	res, err := Run(ctx, cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "tollgate-load: %v\n", err)
+		return 1
+	}
+	if cfg.JSON {
+		err = res.WriteJSON(stdout)
+	} else {
+		err = res.WriteText(stdout)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "tollgate-load: write result: %v\n", err)
+		return 1
+	}
+	if res.Latency.Count() == 0 {
+		fmt.Fprintf(stderr, "tollgate-load: no call to %s was answered\n", cfg.Addr)
+		return 1
+	}
+	return 0
+}
+
+// Quantiles reported, in order.
+var reportQuantiles = []struct {
+	name string
+	q    float64
+}{{"p50", 0.50}, {"p90", 0.90}, {"p99", 0.99}, {"p999", 0.999}}
+
+// WriteText prints r for a person.
+func (r *Result) WriteText(w io.Writer) error {
+	h := r.Latency
+	_, err := fmt.Fprintf(w, "target     %s  workers %d  conns %d  elapsed %v\n", r.Addr, r.Workers, r.Conns, r.Elapsed.Round(time.Millisecond))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "requests   %d  (%.1f/s)\n", r.Requests, r.RPS())
+	fmt.Fprintf(w, "answers    ok %d  over_limit %d  unknown %d  errors %d\n", r.OK, r.OverLimit, r.Unknown, r.ErrorCount())
+	fmt.Fprintf(w, "latency   ")
+	for _, q := range reportQuantiles {
+		fmt.Fprintf(w, " %s %v ", q.name, roundDuration(h.Quantile(q.q)))
+	}
+	fmt.Fprintf(w, " max %v  (%d answered)\n", roundDuration(h.Max()), h.Count())
+	for _, name := range slices.Sorted(maps.Keys(r.Errors)) {
+		fmt.Fprintf(w, "error      %-18s %d\n", name, r.Errors[name])
+	}
+	return nil
+}
+
+// roundDuration keeps about four significant digits.
+func roundDuration(d time.Duration) time.Duration {
+	switch {
+	case d >= time.Second:
+		return d.Round(time.Millisecond)
+	case d >= time.Millisecond:
+		return d.Round(time.Microsecond)
+	default:
+		return d.Round(100 * time.Nanosecond)
+	}
+}
+
+// JSONResult is the -json output.
+type JSONResult struct {
+	Addr              string           `json:"addr"`
+	Workers           int              `json:"workers"`
+	Conns             int              `json:"conns"`
+	ElapsedSeconds    float64          `json:"elapsed_seconds"`
+	Requests          int64            `json:"requests"`
+	RequestsPerSecond float64          `json:"requests_per_second"`
+	OK                int64            `json:"ok"`
+	OverLimit         int64            `json:"over_limit"`
+	Unknown           int64            `json:"unknown"`
+	ErrorsTotal       int64            `json:"errors_total"`
+	Errors            map[string]int64 `json:"errors"`
+	// LatencyMS has min, mean, p50, p90, p99, p999 and max in milliseconds
+	// over the answered calls.
+	LatencyMS      map[string]float64 `json:"latency_ms"`
+	LatencySamples uint64             `json:"latency_samples"`
+}
+
+// JSON returns r in the -json shape.
+func (r *Result) JSON() JSONResult {
+	h := r.Latency
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	lat := map[string]float64{"min": ms(h.Min()), "mean": ms(h.Mean()), "max": ms(h.Max())}
+	for _, q := range reportQuantiles {
+		lat[q.name] = ms(h.Quantile(q.q))
+	}
+	return JSONResult{
+		Addr:              r.Addr,
+		Workers:           r.Workers,
+		Conns:             r.Conns,
+		ElapsedSeconds:    r.Elapsed.Seconds(),
+		Requests:          r.Requests,
+		RequestsPerSecond: r.RPS(),
+		OK:                r.OK,
+		OverLimit:         r.OverLimit,
+		Unknown:           r.Unknown,
+		ErrorsTotal:       r.ErrorCount(),
+		Errors:            r.Errors,
+		LatencyMS:         lat,
+		LatencySamples:    h.Count(),
+	}
+}
+
+// WriteJSON prints r as one JSON object.
+func (r *Result) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r.JSON())
+}

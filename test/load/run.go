@@ -1,0 +1,240 @@
+package load
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	rlpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// numCodes covers the gRPC codes 0..16; anything above counts as Unknown.
+const numCodes = 17
+
+// Result is what a run measured. Only calls started after the warmup are
+// in it. Latency holds the calls that got an answer (OK, OVER_LIMIT or
+// UNKNOWN); failed calls are counted in Errors only, so a fast failure
+// cannot flatter the percentiles.
+type Result struct {
+	Addr    string
+	Workers int
+	Conns   int
+	// Elapsed runs from the end of the warmup to the last call's answer.
+	Elapsed   time.Duration
+	Requests  int64
+	OK        int64
+	OverLimit int64
+	// Unknown counts answers with overall_code UNKNOWN.
+	Unknown int64
+	// Errors counts failed calls by gRPC code name.
+	Errors  map[string]int64
+	Latency *Histogram
+}
+
+// ErrorCount is the number of failed calls.
+func (r *Result) ErrorCount() int64 {
+	var n int64
+	for _, c := range r.Errors {
+		n += c
+	}
+	return n
+}
+
+// RPS is measured calls per second.
+func (r *Result) RPS() float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return float64(r.Requests) / r.Elapsed.Seconds()
+}
+
+// worker owns everything it writes during the run, so recording takes no
+// lock; the runner merges workers after they stop.
+type worker struct {
+	client rlsv3.RateLimitServiceClient
+	req    *rlsv3.RateLimitRequest
+	spread []*rlpb.RateLimitDescriptor_Entry
+	rng    *rand.Rand
+	next   int // round-robin position
+
+	hist     Histogram
+	ok, over int64
+	unknown  int64
+	errs     [numCodes]int64
+}
+
+type runner struct {
+	cfg          Config
+	base         context.Context
+	measureStart time.Time
+	stop         atomic.Bool
+	// tickets is the number of measured calls left when cfg.Requests > 0.
+	tickets atomic.Int64
+}
+
+// Run drives the load described by cfg until cfg.Duration has passed
+// after the warmup, cfg.Requests measured calls have been made, or ctx is
+// done, whichever comes first. Calls in flight then finish (each within
+// cfg.Timeout) and are counted.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	conns := make([]*grpc.ClientConn, cfg.Conns)
+	defer func() {
+		for _, cc := range conns {
+			if cc != nil {
+				_ = cc.Close()
+			}
+		}
+	}()
+	for i := range conns {
+		cc, err := grpc.NewClient(cfg.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, fmt.Errorf("dial %s: %w", cfg.Addr, err)
+		}
+		cc.Connect()
+		conns[i] = cc
+	}
+
+	seed := uint64(time.Now().UnixNano())
+	workers := make([]*worker, cfg.Concurrency)
+	for i := range workers {
+		w := &worker{
+			client: rlsv3.NewRateLimitServiceClient(conns[i%len(conns)]),
+			rng:    rand.New(rand.NewPCG(seed, uint64(i))),
+			next:   i,
+		}
+		w.req, w.spread = buildRequest(&cfg)
+		workers[i] = w
+	}
+
+	r := &runner{cfg: cfg, base: context.WithoutCancel(ctx)}
+	r.tickets.Store(cfg.Requests)
+	start := time.Now()
+	r.measureStart = start.Add(cfg.Warmup)
+	stopNow := func() { r.stop.Store(true) }
+	if cfg.Duration > 0 {
+		t := time.AfterFunc(cfg.Warmup+cfg.Duration, stopNow)
+		defer t.Stop()
+	}
+	defer context.AfterFunc(ctx, stopNow)()
+
+	var wg sync.WaitGroup
+	for _, w := range workers {
+		wg.Go(func() { w.run(r) })
+	}
+	wg.Wait()
+
+	res := &Result{
+		Addr:    cfg.Addr,
+		Workers: cfg.Concurrency,
+		Conns:   cfg.Conns,
+		Elapsed: max(time.Since(r.measureStart), 0),
+		Errors:  map[string]int64{},
+		Latency: new(Histogram),
+	}
+	for _, w := range workers {
+		res.Latency.Merge(&w.hist)
+		res.OK += w.ok
+		res.OverLimit += w.over
+		res.Unknown += w.unknown
+		for c, n := range w.errs {
+			if n > 0 {
+				res.Errors[codes.Code(c).String()] += n
+			}
+		}
+	}
+	res.Requests = res.OK + res.OverLimit + res.Unknown + res.ErrorCount()
+	return res, nil
+}
+
+func (w *worker) run(r *runner) {
+	limited := r.cfg.Requests > 0
+	for !r.stop.Load() {
+		t0 := time.Now()
+		measured := !t0.Before(r.measureStart)
+		if measured && limited && r.tickets.Add(-1) < 0 {
+			r.stop.Store(true)
+			return
+		}
+		w.pickTenant(&r.cfg)
+		ctx, cancel := context.WithTimeout(r.base, r.cfg.Timeout)
+		resp, err := w.client.ShouldRateLimit(ctx, w.req)
+		cancel()
+		lat := time.Since(t0)
+		if measured {
+			w.record(resp, err, lat)
+		}
+	}
+}
+
+func (w *worker) pickTenant(cfg *Config) {
+	if cfg.Tenants == 0 {
+		return
+	}
+	var t int
+	if cfg.Spread == SpreadRoundRobin {
+		t = w.next % cfg.Tenants
+		w.next++
+	} else {
+		t = w.rng.IntN(cfg.Tenants)
+	}
+	v := "tenant-" + strconv.Itoa(t)
+	for _, e := range w.spread {
+		e.Value = v
+	}
+}
+
+func (w *worker) record(resp *rlsv3.RateLimitResponse, err error, lat time.Duration) {
+	if err != nil {
+		c := status.Code(err)
+		if errors.Is(err, context.DeadlineExceeded) {
+			c = codes.DeadlineExceeded
+		}
+		if int(c) >= numCodes {
+			c = codes.Unknown
+		}
+		w.errs[c]++
+		return
+	}
+	w.hist.Record(lat)
+	switch resp.GetOverallCode() {
+	case rlsv3.RateLimitResponse_OK:
+		w.ok++
+	case rlsv3.RateLimitResponse_OVER_LIMIT:
+		w.over++
+	default:
+		w.unknown++
+	}
+}
+
+// buildRequest returns a request for cfg and the entries whose values
+// the tenant spread replaces. Each worker owns one and reuses it: the
+// call has marshalled it by the time it returns.
+func buildRequest(cfg *Config) (*rlsv3.RateLimitRequest, []*rlpb.RateLimitDescriptor_Entry) {
+	req := &rlsv3.RateLimitRequest{Domain: cfg.Domain, HitsAddend: cfg.Hits}
+	var spread []*rlpb.RateLimitDescriptor_Entry
+	for _, d := range cfg.Descriptors {
+		pd := &rlpb.RateLimitDescriptor{}
+		for _, e := range d {
+			pe := &rlpb.RateLimitDescriptor_Entry{Key: e.Key, Value: e.Value}
+			if cfg.Tenants > 0 && e.Key == cfg.SpreadKey {
+				spread = append(spread, pe)
+			}
+			pd.Entries = append(pd.Entries, pe)
+		}
+		req.Descriptors = append(req.Descriptors, pd)
+	}
+	return req, spread
+}

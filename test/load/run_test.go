@@ -1,0 +1,212 @@
+package load
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// fakeRLS answers OVER_LIMIT to every third call and OK to the others; a
+// request in domain "slow" waits for its deadline, one in domain "fail"
+// gets Unavailable.
+type fakeRLS struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	calls atomic.Int64
+
+	mu      sync.Mutex
+	tenants map[string]int
+	hits    map[uint32]int
+}
+
+func (f *fakeRLS) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	switch req.GetDomain() {
+	case "slow":
+		<-ctx.Done()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	case "fail":
+		return nil, status.Error(codes.Unavailable, "down")
+	}
+	n := f.calls.Add(1)
+	f.mu.Lock()
+	for _, d := range req.GetDescriptors() {
+		for _, e := range d.GetEntries() {
+			if e.GetKey() == "tenant" {
+				f.tenants[e.GetValue()]++
+			}
+		}
+	}
+	f.hits[req.GetHitsAddend()]++
+	f.mu.Unlock()
+	code := rlsv3.RateLimitResponse_OK
+	if n%3 == 0 {
+		code = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	return &rlsv3.RateLimitResponse{OverallCode: code}, nil
+}
+
+// startFake serves a fakeRLS on a free loopback port until the test ends.
+func startFake(tb testing.TB) (*fakeRLS, string) {
+	tb.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("listen: %v", err)
+	}
+	f := &fakeRLS{tenants: map[string]int{}, hits: map[uint32]int{}}
+	srv := grpc.NewServer()
+	rlsv3.RegisterRateLimitServiceServer(srv, f)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(lis)
+	}()
+	tb.Cleanup(func() {
+		srv.Stop()
+		<-done
+	})
+	return f, lis.Addr().String()
+}
+
+func runFlags(t *testing.T, args ...string) *Result {
+	t.Helper()
+	cfg, err := ParseFlags(args, &bytes.Buffer{})
+	if err != nil {
+		t.Fatalf("ParseFlags(%q): %v", args, err)
+	}
+	res, err := Run(t.Context(), cfg)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	return res
+}
+
+func TestRunCountsAddUp(t *testing.T) {
+	t.Parallel()
+	f, addr := startFake(t)
+	res := runFlags(t, "-addr", addr, "-c", "8", "-conns", "3", "-n", "300", "-d", "20s",
+		"-domain", "api", "-descriptor", "tenant=acme,model=m", "-descriptor", "tenant=x",
+		"-tenants", "5", "-spread", "round-robin", "-hits", "2")
+	if res.Requests != 300 || res.OK != 200 || res.OverLimit != 100 || res.Unknown != 0 || res.ErrorCount() != 0 {
+		t.Fatalf("requests %d ok %d over %d unknown %d errors %v, want 300 = 200 + 100",
+			res.Requests, res.OK, res.OverLimit, res.Unknown, res.Errors)
+	}
+	if got := f.calls.Load(); got != 300 {
+		t.Fatalf("server saw %d calls, want exactly -n = 300", got)
+	}
+	if res.Latency.Count() != 300 {
+		t.Fatalf("latency samples %d, want 300", res.Latency.Count())
+	}
+	if res.Latency.Quantile(0.5) <= 0 || res.Latency.Max() < res.Latency.Quantile(0.999) {
+		t.Fatalf("implausible latencies: p50 %v p999 %v max %v", res.Latency.Quantile(0.5), res.Latency.Quantile(0.999), res.Latency.Max())
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	// Two descriptors carry the tenant key, both replaced: 600 entries.
+	// Each worker walks the tenants in order, so every tenant gets some.
+	total := 0
+	for v, n := range f.tenants {
+		if !strings.HasPrefix(v, "tenant-") {
+			t.Errorf("tenant value %q was not replaced", v)
+		}
+		total += n
+	}
+	if len(f.tenants) != 5 || total != 600 {
+		t.Errorf("tenants seen %v, want tenant-0..4 with 600 entries in all", f.tenants)
+	}
+	if f.hits[2] != 300 {
+		t.Errorf("hits_addend seen %v, want 2 on every call", f.hits)
+	}
+}
+
+func TestRunStopsAtDurationWithWarmup(t *testing.T) {
+	t.Parallel()
+	f, addr := startFake(t)
+	start := time.Now()
+	res := runFlags(t, "-addr", addr, "-c", "4", "-d", "300ms", "-warmup", "100ms",
+		"-domain", "api", "-descriptor", "tenant=acme", "-tenants", "3")
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("run took %v, want about 400ms", took)
+	}
+	if res.Requests == 0 || res.Requests != res.OK+res.OverLimit {
+		t.Fatalf("requests %d ok %d over %d errors %v", res.Requests, res.OK, res.OverLimit, res.Errors)
+	}
+	if served := f.calls.Load(); served <= res.Requests {
+		t.Fatalf("server saw %d calls, want more than the %d measured: the warmup's are not counted", served, res.Requests)
+	}
+	if res.Elapsed < 300*time.Millisecond || res.RPS() <= 0 {
+		t.Fatalf("elapsed %v rps %v", res.Elapsed, res.RPS())
+	}
+}
+
+func TestRunCountsErrorsByCode(t *testing.T) {
+	t.Parallel()
+	_, addr := startFake(t)
+	tests := []struct {
+		name   string
+		domain string
+		want   string
+	}{
+		{name: "deadline", domain: "slow", want: "DeadlineExceeded"},
+		{name: "unavailable", domain: "fail", want: "Unavailable"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			res := runFlags(t, "-addr", addr, "-c", "2", "-n", "6", "-timeout", "50ms",
+				"-domain", tt.domain, "-descriptor", "tenant=acme")
+			if res.Requests != 6 || res.Errors[tt.want] != 6 || res.Latency.Count() != 0 {
+				t.Fatalf("requests %d errors %v samples %d, want 6 %s", res.Requests, res.Errors, res.Latency.Count(), tt.want)
+			}
+		})
+	}
+}
+
+func TestMainPrintsJSON(t *testing.T) {
+	t.Parallel()
+	_, addr := startFake(t)
+	var out, errOut bytes.Buffer
+	code := Main(t.Context(), []string{"-addr", addr, "-c", "3", "-n", "30", "-domain", "api", "-descriptor", "tenant=acme", "-json"}, &out, &errOut)
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %s", code, errOut.String())
+	}
+	var got JSONResult
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, out.String())
+	}
+	if got.Requests != 30 || got.OK != 20 || got.OverLimit != 10 || got.LatencySamples != 30 {
+		t.Fatalf("got %+v", got)
+	}
+	for _, k := range []string{"p50", "p90", "p99", "p999", "max"} {
+		if got.LatencyMS[k] <= 0 {
+			t.Errorf("latency_ms[%s] = %v, want > 0", k, got.LatencyMS[k])
+		}
+	}
+}
+
+func TestMainText(t *testing.T) {
+	t.Parallel()
+	_, addr := startFake(t)
+	var out, errOut bytes.Buffer
+	code := Main(t.Context(), []string{"-addr", addr, "-c", "2", "-n", "9", "-domain", "api", "-descriptor", "tenant=acme"}, &out, &errOut)
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %s", code, errOut.String())
+	}
+	for _, want := range []string{"requests   9", "ok 6  over_limit 3", "p50", "p999", "max"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if code := Main(t.Context(), []string{"-domain", "api"}, &out, &errOut); code != 2 {
+		t.Errorf("bad flags: exit %d, want 2", code)
+	}
+}
