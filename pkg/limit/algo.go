@@ -107,8 +107,8 @@ func floorDiv(a, b int64) int64 {
 
 // Step applies ch to c at now (Unix ms) and reports whether it fits and,
 // when it does not, the RetryAfter in ms. A positive charge counts only
-// when it fits, a check never does, and a refund always applies (and
-// fits). Whatever the charge, a window counter records now as Touch does.
+// when it fits, unless it is Force, which counts whatever the usage; a
+// check never counts, and a refund always applies (and fits). Whatever the charge, a window counter records now as Touch does.
 func (c *Counter) Step(ch *Charge, now int64) (fits bool, retryAfter int64) {
 	if ch.Algorithm == TokenBucket {
 		return c.tokenStep(ch, now)
@@ -240,8 +240,12 @@ func (c *Counter) windowStep(ch *Charge, now int64) (bool, int64) {
 		return false, v.retryAfter(fixed, 1, ch.Amount, now)
 	}
 	cost := uint64(ch.Cost)
+	fits, retry := true, int64(0)
 	if cost > ch.Amount || v.usage() > ch.Amount-cost {
-		return false, v.retryAfter(fixed, cost, ch.Amount, now)
+		fits, retry = false, v.retryAfter(fixed, cost, ch.Amount, now)
+		if !ch.Force {
+			return false, retry
+		}
 	}
 	// touch left every bucket at or below cur = High.
 	if n := len(c.Buckets); n > 0 && c.Buckets[n-1].Index == v.cur {
@@ -249,7 +253,7 @@ func (c *Counter) windowStep(ch *Charge, now int64) (bool, int64) {
 	} else {
 		c.Buckets = append(c.Buckets, Bucket{Index: v.cur, Count: cost})
 	}
-	return true, 0
+	return fits, retry
 }
 
 // touch makes c a window counter of width w whose high-water mark is at
@@ -291,7 +295,7 @@ func bucketParams(ch *Charge) (T, BT, lim float64, burst uint64) {
 	}
 	T = float64(windowMillis(ch)) / float64(ch.Amount)
 	BT = float64(burst) * T
-	lim = BT + BT*tbEps
+	lim = BT + float64(BT*tbEps)
 	return T, BT, lim, burst
 }
 
@@ -333,7 +337,7 @@ func (c *Counter) tokenStep(ch *Charge, now int64) (bool, int64) {
 	d := c.debt(now)
 	switch {
 	case ch.Cost < 0:
-		nd := d - float64(uint64(-ch.Cost))*T
+		nd := d - float64(float64(uint64(-ch.Cost))*T)
 		c.setDebt(now, nd)
 		return true, 0
 	case ch.Cost == 0:
@@ -342,13 +346,23 @@ func (c *Counter) tokenStep(ch *Charge, now int64) (bool, int64) {
 			return true, 0
 		}
 		return false, max(1, int64(math.Ceil(x-lim)))
-	case uint64(ch.Cost) > burst:
-		return false, max(0, int64(math.Ceil(d-BT*tbEps)))
 	}
-	n := d + float64(ch.Cost)*T
+	// The product is rounded on its own (float64(...)) so the compiler
+	// cannot fuse it into a multiply-add: Lua rounds it, and the two must
+	// agree to the bit at the fit boundary.
+	n := d + float64(float64(ch.Cost)*T)
+	if uint64(ch.Cost) > burst {
+		if ch.Force {
+			c.setDebt(now, n)
+		}
+		return false, max(0, int64(math.Ceil(d-float64(BT*tbEps))))
+	}
 	if n <= lim {
 		c.setDebt(now, n)
 		return true, 0
+	}
+	if ch.Force {
+		c.setDebt(now, n)
 	}
 	return false, max(1, int64(math.Ceil(n-lim)))
 }
@@ -369,5 +383,5 @@ func (c *Counter) tokenReport(ch *Charge, now int64) (uint64, int64) {
 	case r > 0:
 		remaining = uint64(r)
 	}
-	return remaining, max(0, int64(math.Ceil(d-BT*tbEps)))
+	return remaining, max(0, int64(math.Ceil(d-float64(BT*tbEps))))
 }

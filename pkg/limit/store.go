@@ -45,7 +45,9 @@ import (
 // (cur+1)*W - now, even with no usage. TTL = the same.
 //
 // Token bucket (GCRA): T = W/Amount ms as float64, B = Burst (0 means
-// Amount), state tat (float64 ms, absent = now). t = max(tat, now).
+// Amount), state tat (absent = now; stored as integer ms plus a float64
+// debt, with a tolerance of B*T/2^32: see Counter for why and for the exact
+// operations every Store repeats to the bit). t = max(tat, now).
 // A charge: n = t + Cost*T fits when n - now <= B*T, then tat = n.
 // A check fits when t + T - now <= B*T. A refund: tat = max(now, t - |Cost|*T).
 // Remaining = floor((B*T - (tat' - now)) / T) with tat' the state after

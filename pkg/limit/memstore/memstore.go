@@ -154,19 +154,20 @@ func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge
 		ch := &charges[i]
 		fits, retry := sc.slots[sc.slot[i]].c.Step(ch, ms)
 		res[i] = limit.Result{Fits: fits, RetryAfter: time.Duration(retry) * time.Millisecond}
-		if ch.Cost >= 0 && !fits && !ch.Shadow {
+		if ch.Cost >= 0 && !fits && !ch.Shadow && !ch.Force {
 			admitted = false
 		}
 	}
 	if !admitted {
-		// Start over from the stored state: keep the refunds, and the
+		// Start over from the stored state: keep the refunds and the Force
+		// charges, and the
 		// time the other charges saw.
 		for j := range sc.slots {
 			sc.slots[j].load()
 		}
 		for i := range charges {
 			ch, c := &charges[i], &sc.slots[sc.slot[i]].c
-			if ch.Cost < 0 {
+			if ch.Cost < 0 || (ch.Cost > 0 && ch.Force) {
 				c.Step(ch, ms)
 			} else {
 				c.Touch(ch, ms)

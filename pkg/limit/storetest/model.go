@@ -42,16 +42,17 @@ func (md *model) apply(now time.Time, charges []limit.Charge) (bool, []limit.Res
 		ch := &charges[i]
 		fits, retry := get(ch.Key).Step(ch, at)
 		res[i] = limit.Result{Fits: fits, RetryAfter: time.Duration(retry) * time.Millisecond}
-		if ch.Cost >= 0 && !ch.Shadow && !fits {
+		if ch.Cost >= 0 && !ch.Shadow && !ch.Force && !fits {
 			admitted = false
 		}
 	}
 	if !admitted {
-		// Start over from the stored state: keep the refunds, and the
+		// Start over from the stored state: keep the refunds and the Force
+		// charges, and the
 		// time the other charges saw (the windows' high-water marks).
 		clear(work)
 		for i := range charges {
-			if ch := &charges[i]; ch.Cost < 0 {
+			if ch := &charges[i]; ch.Cost < 0 || (ch.Cost > 0 && ch.Force) {
 				get(ch.Key).Step(ch, at)
 			} else {
 				get(ch.Key).Touch(ch, at)
@@ -111,6 +112,7 @@ func testModel(t *testing.T, newStore func(testing.TB) limit.Store) {
 						c.Cost = randCost(r, max(1, c.Amount), true)
 					}
 					c.Shadow = r.IntN(7) == 0
+					c.Force = c.Cost > 0 && r.IntN(9) == 0
 					charges[i] = c
 				}
 				gotOK, got := e.apply(charges...)
@@ -120,7 +122,7 @@ func testModel(t *testing.T, newStore func(testing.TB) limit.Store) {
 				}
 				var b strings.Builder
 				for i, c := range charges {
-					fmt.Fprintf(&b, "\n  %d: %v amount %d cost %d shadow %v: got %s, want %s", i, c.Algorithm, c.Amount, c.Cost, c.Shadow, fmtResult(got[i]), fmtResult(want[i]))
+					fmt.Fprintf(&b, "\n  %d: %v amount %d cost %d shadow %v force %v: got %s, want %s", i, c.Algorithm, c.Amount, c.Cost, c.Shadow, c.Force, fmtResult(got[i]), fmtResult(want[i]))
 				}
 				t.Fatalf("step %d at %dms: admitted %v, want %v%s", step, now, gotOK, wantOK, b.String())
 			}

@@ -45,6 +45,7 @@ func Run(t *testing.T, newStore func(t testing.TB) limit.Store) {
 	t.Run("TokenBucketFillsBurstExactly", func(t *testing.T) { t.Parallel(); testBurstExact(t, newStore) })
 	t.Run("AllOrNothing", func(t *testing.T) { t.Parallel(); testAllOrNothing(t, newStore) })
 	t.Run("Shadow", func(t *testing.T) { t.Parallel(); testShadow(t, newStore) })
+	t.Run("Force", func(t *testing.T) { t.Parallel(); testForce(t, newStore) })
 	t.Run("SameKeyTwice", func(t *testing.T) { t.Parallel(); testSameKeyTwice(t, newStore) })
 	t.Run("Expiry", func(t *testing.T) { t.Parallel(); testExpiry(t, newStore) })
 	t.Run("BucketWidthChange", func(t *testing.T) { t.Parallel(); testWidthChange(t, newStore) })
@@ -483,6 +484,42 @@ func testShadow(t *testing.T, newStore func(testing.TB) limit.Store) {
 		t.Fatal("admitted past a zero limit")
 	}
 	checkResult(t, "shadow in a denied decision", r[0], res(true, 3, 0, 0))
+}
+
+// testForce: a Force charge (a usage report) is kept whatever the usage,
+// never blocks, and is kept in a denied decision too.
+func testForce(t *testing.T, newStore func(testing.TB) limit.Store) {
+	for _, give := range []limit.Charge{
+		withAmount(sliding, 3),
+		{Algorithm: limit.FixedWindow, Amount: 3, Window: time.Hour},
+		{Algorithm: limit.TokenBucket, Amount: 3, Window: time.Hour},
+	} {
+		t.Run(give.Algorithm.String(), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, newStore)
+			k := e.charge("k", give)
+			force := func(n int64) limit.Charge { c := cost(k, n); c.Force = true; return c }
+			e.at(0)
+			e.apply(cost(k, 2))
+			ok, r := e.apply(force(2))
+			if !ok || r[0].Fits || r[0].Remaining != 0 {
+				t.Fatalf("force past the limit: admitted %v, %+v; want admitted, not fitting, 0 left", ok, r[0])
+			}
+			if ok, r := e.apply(cost(k, 0)); ok || r[0].Fits {
+				t.Fatalf("a check after the forced charge fits: %+v", r[0])
+			}
+			// Far beyond the window, with the key fresh again, a decision
+			// that another charge denies still keeps the Force charge.
+			never := e.charge("never", withAmount(sliding, 0))
+			e.at(10 * 3600 * 1000)
+			if ok, _ := e.apply(force(3), cost(never, 1)); ok {
+				t.Fatal("admitted past a zero limit")
+			}
+			if ok, r := e.apply(cost(k, 0)); ok || r[0].Remaining != 0 {
+				t.Fatalf("the Force charge of a denied decision was not kept: %+v", r[0])
+			}
+		})
+	}
 }
 
 // testSameKeyTwice: a charge sees the ones before it on its key, and
