@@ -30,11 +30,11 @@
 //	    detailed_metric: false         # (Optional) let metrics carry the descriptor's values; default false
 //	    descriptors: []                # (Optional) child rules, matched by the next descriptor entry
 //
-// Three more descriptor keys of envoyproxy/ratelimit load so its files do,
-// but change nothing yet: quota_mode (the rule is enforced as an ordinary
-// limit), value_to_metric (metric names), and share_threshold (allowed only
-// on a wildcard value, as there; each matching value still counts on its
-// own rather than sharing one counter).
+// share_threshold (Optional, wildcard values only, as in
+// envoyproxy/ratelimit) makes every value the prefix matches share one
+// counter. Two more keys of envoyproxy/ratelimit load so its files do, but
+// change nothing yet: quota_mode (the rule is enforced as an ordinary
+// limit) and value_to_metric (metric names).
 package config
 
 import (
@@ -380,7 +380,7 @@ func (w *walker) rule(n *yaml.Node, path string, depth int, seen map[string]int)
 	r.DetailedMetric = w.flag(f, "detailed_metric", path)
 	w.flag(f, "quota_mode", path)
 	w.flag(f, "value_to_metric", path)
-	if w.flag(f, "share_threshold", path) && !strings.HasSuffix(r.Value, "*") {
+	if r.ShareThreshold = w.flag(f, "share_threshold", path); r.ShareThreshold && !strings.HasSuffix(r.Value, "*") {
 		w.addf(f["share_threshold"], path+".share_threshold", "applies only to a wildcard value (one ending in *)")
 	}
 	if cn, has := f["descriptors"]; has {

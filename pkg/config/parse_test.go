@@ -404,9 +404,9 @@ func TestParseLimits(t *testing.T) {
 			want: &limit.Rule{Key: "k"},
 		},
 		{
-			name: "envoyproxy/ratelimit keys that change nothing yet",
+			name: "envoyproxy/ratelimit keys that change nothing yet, and share_threshold",
 			give: "{key: k, value: p*, quota_mode: true, value_to_metric: true, share_threshold: true}",
-			want: &limit.Rule{Key: "k", Value: "p*"},
+			want: &limit.Rule{Key: "k", Value: "p*", ShareThreshold: true},
 		},
 		{
 			name: "scalars read as written, nulls as absent",
@@ -522,7 +522,7 @@ func TestLoadEnvoyStyle(t *testing.T) {
 		{name: "key only, mixed-case unit", give: e("to_number", "1"), want: "requests 100/24h0m0s sliding_window buckets=20 name=per_number"},
 		{name: "exact value before key only", give: e("to_number", "2065550100"), want: "unlimited"},
 		{name: "numeric value", give: e("status", "429"), want: "requests 1/1s sliding_window buckets=20"},
-		{name: "wildcard", give: e("path", "/v1/users"), want: "requests 20/1m0s sliding_window buckets=20"},
+		{name: "wildcard", give: e("path", "/v1/users"), want: "requests 20/1m0s sliding_window buckets=20 shared"},
 		{name: "longest wildcard first", give: e("path", "/v1/admin/keys"), want: "requests 2/1m0s sliding_window buckets=20"},
 		{name: "no wildcard matches", give: e("path", "/v2/users"), want: "none"},
 		{name: "shadow mode", give: e("service", "s", "user", "tester"), want: "requests 10/1s sliding_window buckets=20 shadow"},
@@ -618,6 +618,9 @@ func ruleString(r *limit.Rule) string {
 	}
 	if r.DetailedMetric {
 		s += " detailed"
+	}
+	if r.ShareThreshold {
+		s += " shared"
 	}
 	if len(r.Replaces) > 0 {
 		s += " replaces=" + strings.Join(r.Replaces, ",")

@@ -138,8 +138,15 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	// Match every descriptor first: replaces needs all of them.
 	rules := make([]*Rule, len(req.Descriptors))
 	var replaced map[string]bool
+	var keyEntries map[int][]Entry // descriptors counted under a share_threshold wildcard
 	for i := range req.Descriptors {
-		r := dom.Match(req.Descriptors[i].Entries)
+		r, shared := dom.match(req.Descriptors[i].Entries)
+		if shared != 0 {
+			if keyEntries == nil {
+				keyEntries = map[int][]Entry{}
+			}
+			keyEntries[i] = dom.sharedEntries(req.Descriptors[i].Entries, shared)
+		}
 		rules[i] = r
 		dec.Statuses[i].Rule = r
 		if r != nil && len(r.Replaces) > 0 {
@@ -192,12 +199,16 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 		}
 		rateCost, tokenCost := costs(req, d, tokens != nil)
 		shadow := r != nil && r.Shadow
+		ents := d.Entries
+		if ke, ok := keyEntries[i]; ok {
+			ents = ke
+		}
 		if rate != nil && !(tokens != nil && d.HitsSet) {
-			charges = append(charges, charge(req.Domain, d.Entries, rate, rateCost, shadow))
+			charges = append(charges, charge(req.Domain, ents, rate, rateCost, shadow))
 			plans = append(plans, plan{desc: i, limit: rate})
 		}
 		if tokens != nil {
-			c := charge(req.Domain, d.Entries, tokens, tokenCost, shadow)
+			c := charge(req.Domain, ents, tokens, tokenCost, shadow)
 			// A cost report is usage already spent: Envoy ignores the
 			// answer to it, so refusing it would lose the usage and let a
 			// tenant whose responses outgrow its remaining budget run on.

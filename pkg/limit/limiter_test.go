@@ -328,3 +328,38 @@ func TestDecideUnknownDomainAndStoreError(t *testing.T) {
 		t.Fatalf("no rules: %+v, %v", dec, err)
 	}
 }
+
+func TestDecideShareThreshold(t *testing.T) {
+	t.Parallel()
+	rs, err := NewRuleSet(&Domain{Name: "d", Descriptors: []*Rule{
+		{Key: "path", Value: "/api/*", ShareThreshold: true, Children: []*Rule{
+			{Key: "user", RateLimit: perMinute(5)},
+		}},
+		{Key: "path", Value: "/own/*", RateLimit: perMinute(5)},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyOf := func(kv ...string) string {
+		st := &recordStore{}
+		if _, err := NewLimiter(st, nil, rs).Decide(context.Background(), &Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries(kv...)}}}); err != nil {
+			t.Fatal(err)
+		}
+		if len(st.charges) != 1 {
+			t.Fatalf("%v: %d charges", kv, len(st.charges))
+		}
+		return st.charges[0].Key
+	}
+	a := keyOf("path", "/api/a", "user", "u1")
+	b := keyOf("path", "/api/b", "user", "u1")
+	c := keyOf("path", "/api/b", "user", "u2")
+	if a != b {
+		t.Errorf("share_threshold: /api/a and /api/b count apart: %q %q", a, b)
+	}
+	if a == c {
+		t.Errorf("share_threshold shared the key-only level too")
+	}
+	if keyOf("path", "/own/a") == keyOf("path", "/own/b") {
+		t.Errorf("a wildcard without share_threshold shared one counter")
+	}
+}

@@ -23,6 +23,10 @@ type Rule struct {
 	Shadow bool
 	// DetailedMetric lets metrics carry the descriptor's values.
 	DetailedMetric bool
+	// ShareThreshold, on a wildcard rule, makes every value the prefix
+	// matches count on one shared counter (envoyproxy/ratelimit's
+	// share_threshold) instead of one counter per value.
+	ShareThreshold bool
 	// Replaces names limits (rate_limit.name) that this rule displaces when
 	// both match in one request.
 	Replaces []string
@@ -148,33 +152,69 @@ func (rs *RuleSet) Domains() []*Domain {
 	return out
 }
 
+// child is the rule under r that matches e: the exact key and value, then
+// the longest wildcard prefix, then the key alone; nil for none.
+func (r *Rule) child(e Entry) *Rule {
+	if c := r.exact[e.Key+"\x00"+e.Value]; c != nil {
+		return c
+	}
+	for _, w := range r.wildcard {
+		if w.Key == e.Key && strings.HasPrefix(e.Value, w.Value[:len(w.Value)-1]) {
+			return w
+		}
+	}
+	return r.keyOnly[e.Key]
+}
+
 // Match finds the rule for a descriptor's entries as envoyproxy/ratelimit
 // does: at each level an exact key and value first, then the longest
 // matching wildcard prefix, then the key alone. The descriptor matches
 // only when its last entry lands on a rule with a limit (or unlimited).
 func (d *Domain) Match(entries []Entry) *Rule {
+	r, _ := d.match(entries)
+	return r
+}
+
+// match is Match that also reports, as a bit per entry index, the entries
+// matched by a wildcard rule with ShareThreshold: their counter key uses
+// the rule's value instead of the request's.
+func (d *Domain) match(entries []Entry) (found *Rule, shared uint64) {
 	node := &d.root
-	var found *Rule
 	for i, e := range entries {
-		next := node.exact[e.Key+"\x00"+e.Value]
+		next := node.child(e)
 		if next == nil {
-			for _, w := range node.wildcard {
-				if w.Key == e.Key && strings.HasPrefix(e.Value, w.Value[:len(w.Value)-1]) {
-					next = w
-					break
-				}
-			}
+			return nil, 0
 		}
-		if next == nil {
-			next = node.keyOnly[e.Key]
-		}
-		if next == nil {
-			return nil
+		if next.ShareThreshold && i < 64 {
+			shared |= 1 << uint(i)
 		}
 		if i == len(entries)-1 && next.HasLimit() {
 			found = next
 		}
 		node = next
 	}
-	return found
+	if found == nil {
+		shared = 0
+	}
+	return found, shared
+}
+
+// sharedEntries returns entries with the value of each entry marked in
+// shared replaced by the wildcard rule's value that matched it, so all
+// values under a share_threshold wildcard land on one counter.
+func (d *Domain) sharedEntries(entries []Entry, shared uint64) []Entry {
+	out := make([]Entry, len(entries))
+	copy(out, entries)
+	node := &d.root
+	for i, e := range entries {
+		next := node.child(e)
+		if next == nil {
+			break
+		}
+		if shared&(1<<uint(i)) != 0 {
+			out[i].Value = next.Value
+		}
+		node = next
+	}
+	return out
 }
