@@ -43,7 +43,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "tollgate_rls_decision_duration_seconds",
 			Help:    "Time to answer one ShouldRateLimit call, store round trip included.",
-			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
+			Buckets: []float64{.00001, .000025, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
 		}),
 		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tollgate_store_errors_total",
