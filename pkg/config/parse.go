@@ -47,6 +47,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 
@@ -75,13 +76,14 @@ var (
 	fileKeys       = []string{"domain", "algorithm", "descriptors"}
 	descriptorKeys = []string{
 		"key", "value", "rate_limit", "token_limit", "shadow_mode", "detailed_metric", "descriptors",
-		"quota_mode", "value_to_metric", "share_threshold",
+		"quota_mode", "value_to_metric", "share_threshold", "max_concurrent",
 	}
 	rateLimitKeys = []string{
 		"unit", "requests_per_unit", "unlimited", "name", "replaces",
 		"algorithm", "burst", "unit_multiplier", "buckets",
 	}
 	tokenLimitKeys = []string{"unit", "tokens_per_unit", "name", "algorithm", "burst", "unit_multiplier", "buckets"}
+	concurrentKeys = []string{"limit", "lease"}
 	replacesKeys   = []string{"name"}
 )
 
@@ -374,6 +376,12 @@ func (w *walker) rule(n *yaml.Node, path string, depth int, seen map[string]int)
 			w.addf(ln, path+".token_limit", "the rule is unlimited (rate_limit.unlimited: true) and counts nothing, so a token_limit would be ignored")
 		} else {
 			r.TokenLimit, _, _ = w.limit(ln, path+".token_limit", limit.Tokens)
+		}
+	}
+	if cn, has := f["max_concurrent"]; has {
+		r.MaxConcurrent, r.Lease = w.concurrent(cn, path+".max_concurrent")
+		if r.Unlimited && r.MaxConcurrent > 0 {
+			w.addf(cn, path+".max_concurrent", "the rule is unlimited (rate_limit.unlimited: true), so a cap on requests in flight would be ignored")
 		}
 	}
 	r.Shadow = w.flag(f, "shadow_mode", path)
@@ -680,4 +688,38 @@ func join(path, key string) string {
 		return key
 	}
 	return path + "." + key
+}
+
+// defaultLease is how long a concurrency slot is held when no access log
+// entry releases it: longer than a slow completion, short enough that a
+// lost entry does not shrink the cap for long.
+const defaultLease = 10 * time.Minute
+
+// concurrent reads max_concurrent: {limit: N, lease: 10m}.
+func (w *walker) concurrent(n *yaml.Node, path string) (uint64, time.Duration) {
+	f, ok := w.mapping(n, path, concurrentKeys)
+	if !ok {
+		return 0, 0
+	}
+	var max uint64
+	if ln, has := f["limit"]; has {
+		max, _ = w.uint(ln, path+".limit", 1, 1<<32)
+	} else {
+		w.addf(n, path, "limit is required")
+	}
+	lease := defaultLease
+	if ln, has := f["lease"]; has {
+		if v, ok := w.str(ln, path+".lease"); ok {
+			d, err := time.ParseDuration(v)
+			switch {
+			case err != nil:
+				w.addf(ln, path+".lease", "%q is not a duration such as 30s or 10m", v)
+			case d < time.Second || d > 24*time.Hour:
+				w.addf(ln, path+".lease", "%s is outside 1s..24h", d)
+			default:
+				lease = d
+			}
+		}
+	}
+	return max, lease
 }

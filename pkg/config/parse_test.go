@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
@@ -139,6 +140,14 @@ testdata/bad/empty_key.yaml:5: descriptors[1]: key is required`,
 			want: `testdata/bad/replaces_bad.yaml:9: descriptors[0].rate_limit.replaces[0].name: "per_user" is this limit's own name; a limit cannot replace itself
 testdata/bad/replaces_bad.yaml:10: descriptors[0].rate_limit.replaces[1].name: is empty
 testdata/bad/replaces_bad.yaml:11: descriptors[0].rate_limit.replaces[2]: name is required`,
+		},
+		{
+			name: "max_concurrent without a limit, with bad leases",
+			give: "max_concurrent_bad.yaml",
+			want: `testdata/bad/max_concurrent_bad.yaml:5: descriptors[0].max_concurrent: limit is required
+testdata/bad/max_concurrent_bad.yaml:5: descriptors[0].max_concurrent.lease: "forever" is not a duration such as 30s or 10m
+testdata/bad/max_concurrent_bad.yaml:7: descriptors[1].max_concurrent.limit: 0 is less than 1
+testdata/bad/max_concurrent_bad.yaml:7: descriptors[1].max_concurrent.lease: 100ms is outside 1s..24h`,
 		},
 		{
 			name: "share_threshold without a wildcard",
@@ -404,6 +413,16 @@ func TestParseLimits(t *testing.T) {
 			want: &limit.Rule{Key: "k"},
 		},
 		{
+			name: "max_concurrent with the default lease",
+			give: "{key: k, max_concurrent: {limit: 4}}",
+			want: &limit.Rule{Key: "k", MaxConcurrent: 4, Lease: 10 * time.Minute},
+		},
+		{
+			name: "max_concurrent with a lease",
+			give: "{key: k, max_concurrent: {limit: 4, lease: 90s}}",
+			want: &limit.Rule{Key: "k", MaxConcurrent: 4, Lease: 90 * time.Second},
+		},
+		{
 			name: "envoyproxy/ratelimit keys that change nothing yet, and share_threshold",
 			give: "{key: k, value: p*, quota_mode: true, value_to_metric: true, share_threshold: true}",
 			want: &limit.Rule{Key: "k", Value: "p*", ShareThreshold: true},
@@ -621,6 +640,9 @@ func ruleString(r *limit.Rule) string {
 	}
 	if r.ShareThreshold {
 		s += " shared"
+	}
+	if r.MaxConcurrent > 0 {
+		s += fmt.Sprintf(" concurrent=%d/%s", r.MaxConcurrent, r.Lease)
 	}
 	if len(r.Replaces) > 0 {
 		s += " replaces=" + strings.Join(r.Replaces, ",")

@@ -75,7 +75,7 @@ func Key(kind Kind, alg Algorithm, window time.Duration, domain string, entries 
 	} else {
 		b = append(b, 'r')
 	}
-	b = append(b, "sft"[alg%3])
+	b = append(b, algCode(alg))
 	b = strconv.AppendInt(b, window.Milliseconds(), 10)
 	b = append(b, ':')
 	b = appendString(b, domain)
@@ -83,6 +83,33 @@ func Key(kind Kind, alg Algorithm, window time.Duration, domain string, entries 
 		b = appendString(b, e.Key)
 		b = appendString(b, e.Value)
 	}
+	return string(b)
+}
+
+// algCode is the one letter an algorithm has in keys.
+func algCode(a Algorithm) byte {
+	switch a {
+	case FixedWindow:
+		return 'f'
+	case TokenBucket:
+		return 't'
+	case Concurrency:
+		return 'c'
+	case Once:
+		return 'o'
+	}
+	return 's'
+}
+
+// onceKey is the mark that settles request id's reservation, hash-tagged
+// like the counters of the descriptor family it starts with.
+func onceKey(domain string, first []Entry, id string) string {
+	b := make([]byte, 0, 40+len(domain)+len(id))
+	b = append(b, "tg:{"...)
+	b = appendTag(b, domain, first)
+	b = append(b, "}:o:"...)
+	b = appendString(b, domain)
+	b = appendString(b, id)
 	return string(b)
 }
 

@@ -48,6 +48,25 @@ type Request struct {
 	Descriptors []Descriptor
 	// Hits is the request-level hits_addend; 0 means 1 for request limits.
 	Hits uint64
+	// Tokens, when TokensSet, is what the request costs its token limits
+	// (ext_authz's estimate); it then replaces Hits there.
+	Tokens    uint64
+	TokensSet bool
+	// Overrides replace the amount (and, when Unit is set, the window) of
+	// the limits they name: an API key's or tenant's own limits.
+	Overrides map[string]Override
+	// ID identifies the request for its reservation and concurrency
+	// leases (ext_authz sets it); empty for RLS.
+	ID string
+}
+
+// Reservation is what an admitted request holds until its outcome is
+// reconciled: the tokens reserved on each matched token limit and the
+// concurrency leases taken, at the instant At.
+type Reservation struct {
+	ID     string
+	At     time.Time
+	Tokens uint64
 }
 
 // Status is the answer for one descriptor.
@@ -65,12 +84,17 @@ type Status struct {
 	ShadowOver bool
 	// Replaced is set when another matched rule's replaces removed this one.
 	Replaced bool
+	// Concurrency is set when the rule's max_concurrent cap denied.
+	Concurrency bool
 }
 
 // Decision is the answer to a Request.
 type Decision struct {
 	Code     Code
 	Statuses []Status
+	// Reservation is set when an admitted request with an ID reserved
+	// tokens or took a concurrency lease.
+	Reservation *Reservation
 }
 
 // Limiter matches requests against the current rules and applies the
@@ -109,22 +133,8 @@ type plan struct {
 // Decide answers req. It returns an error wrapping ErrInvalid for a
 // malformed request, and the store's error when the store fails.
 func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
-	if req.Domain == "" {
-		return nil, invalidf("domain is empty")
-	}
-	if len(req.Domain) > MaxDomainBytes {
-		return nil, invalidf("domain is %d bytes, at most %d", len(req.Domain), MaxDomainBytes)
-	}
-	if len(req.Descriptors) == 0 {
-		return nil, invalidf("no descriptors")
-	}
-	if len(req.Descriptors) > MaxDescriptors {
-		return nil, invalidf("%d descriptors, at most %d", len(req.Descriptors), MaxDescriptors)
-	}
-	for i := range req.Descriptors {
-		if err := checkDescriptor(i, req.Descriptors[i].Entries); err != nil {
-			return nil, err
-		}
+	if err := checkRequest(req); err != nil {
+		return nil, err
 	}
 	dec := &Decision{Code: CodeOK, Statuses: make([]Status, len(req.Descriptors))}
 	for i := range dec.Statuses {
@@ -134,7 +144,173 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	if dom == nil {
 		return dec, nil
 	}
+	b, err := build(dom, req, admit, dec.Statuses)
+	if err != nil {
+		return nil, err
+	}
+	if len(b.charges) == 0 {
+		return dec, nil
+	}
+	now := l.clock.Now()
+	res := make([]Result, len(b.charges))
+	admitted, err := l.store.Apply(ctx, now, b.charges, res)
+	if err != nil {
+		return nil, fmt.Errorf("apply %d charges: %w", len(b.charges), err)
+	}
+	if !admitted {
+		dec.Code = CodeOverLimit
+	}
+	for k, p := range b.plans {
+		if p.limit == nil {
+			continue // a concurrency lease: reported through Reservation
+		}
+		st := &dec.Statuses[p.desc]
+		rs := res[k]
+		if !rs.Fits && b.charges[k].Shadow {
+			st.ShadowOver = true
+			rs.Fits = true
+		}
+		if !rs.Fits && b.charges[k].Force {
+			rs.Fits = true // kept and not blocking: the budget now shows 0 left
+		}
+		if report(st, p.limit, rs) {
+			st.Limit = p.limit
+			st.Remaining = rs.Remaining
+			st.ResetAfter = rs.ResetAfter
+			st.RetryAfter = rs.RetryAfter
+			if !rs.Fits {
+				st.Code = CodeOverLimit
+			}
+		}
+	}
+	for k, p := range b.plans {
+		if p.limit == nil && !res[k].Fits {
+			// The concurrency cap denied: report it on its descriptor
+			// unless a limit there denied too.
+			if st := &dec.Statuses[p.desc]; st.Code == CodeOK {
+				st.Code = CodeOverLimit
+				st.Concurrency = true
+				st.RetryAfter = res[k].RetryAfter
+			}
+		}
+	}
+	if admitted && req.ID != "" && b.reserves {
+		dec.Reservation = &Reservation{ID: req.ID, At: now, Tokens: b.tokens}
+	}
+	return dec, nil
+}
 
+// Reconcile settles a reservation that Decide made for req (the same
+// domain, descriptors, ID and overrides) at time at: with the actual
+// usage known, the difference between it and the reserved tokens is
+// refunded into the window the reservation was charged in, or charged as
+// usage already spent; and the request's concurrency leases are released.
+// It runs at most once per request ID: a second call for the same ID
+// changes nothing and returns false.
+func (l *Limiter) Reconcile(ctx context.Context, req *Request, at time.Time, reserved, actual uint64, haveActual bool) (bool, error) {
+	if err := checkRequest(req); err != nil {
+		return false, err
+	}
+	if req.ID == "" {
+		return false, invalidf("reconcile needs the request ID")
+	}
+	if len(req.ID) > MaxValueBytes {
+		return false, invalidf("request ID is %d bytes, at most %d", len(req.ID), MaxValueBytes)
+	}
+	dom := l.rules.Load().Domain(req.Domain)
+	if dom == nil {
+		return false, nil
+	}
+	b, err := build(dom, req, reconcile, make([]Status, len(req.Descriptors)))
+	if err != nil {
+		return false, err
+	}
+	var delta int64
+	if haveActual {
+		delta = clampCost(actual) - clampCost(reserved)
+	}
+	charges := b.charges[:0]
+	for _, c := range b.charges {
+		switch {
+		case c.Algorithm == Concurrency:
+			c.Cost = -1
+		case delta < 0:
+			c.Cost, c.At = delta, at.UnixMilli()
+		case delta > 0:
+			c.Cost, c.Force = delta, true
+		default:
+			continue
+		}
+		charges = append(charges, c)
+	}
+	if len(charges) == 0 {
+		return true, nil
+	}
+	// The mark shares the first counter's hash tag, so on Cluster it sits
+	// in a slot this decision already touches.
+	charges = append(charges, Charge{
+		Key:       onceKey(req.Domain, req.Descriptors[0].Entries, req.ID),
+		Algorithm: Once,
+		Window:    max(reconcileMarkTTL, b.lease),
+		Cost:      1,
+	})
+	res := make([]Result, len(charges))
+	done, err := l.store.Apply(ctx, l.clock.Now(), charges, res)
+	if err != nil {
+		return false, fmt.Errorf("reconcile %d charges: %w", len(charges), err)
+	}
+	return done, nil
+}
+
+// reconcileMarkTTL is how long a settled reservation is remembered, so a
+// duplicate access log entry is recognised: far longer than Envoy keeps
+// retrying a stream.
+const reconcileMarkTTL = time.Hour
+
+func checkRequest(req *Request) error {
+	if req.Domain == "" {
+		return invalidf("domain is empty")
+	}
+	if len(req.Domain) > MaxDomainBytes {
+		return invalidf("domain is %d bytes, at most %d", len(req.Domain), MaxDomainBytes)
+	}
+	if len(req.Descriptors) == 0 {
+		return invalidf("no descriptors")
+	}
+	if len(req.Descriptors) > MaxDescriptors {
+		return invalidf("%d descriptors, at most %d", len(req.Descriptors), MaxDescriptors)
+	}
+	for i := range req.Descriptors {
+		if err := checkDescriptor(i, req.Descriptors[i].Entries); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type mode uint8
+
+const (
+	admit mode = iota
+	reconcile
+)
+
+// built is the charges a request makes and what they came from.
+type built struct {
+	charges []Charge
+	plans   []plan
+	// reserves is set when a charge reserves tokens or takes a lease, so
+	// the request has something to reconcile.
+	reserves bool
+	tokens   uint64        // the tokens reserved on each token limit
+	lease    time.Duration // the longest concurrency lease taken
+}
+
+// build matches req's descriptors and returns their charges. In reconcile
+// mode it returns the request's token limits (cost left for Reconcile to
+// set) and concurrency leases only. statuses receives the matched rules.
+func build(dom *Domain, req *Request, m mode, statuses []Status) (built, error) {
+	var b built
 	// Match every descriptor first: replaces needs all of them.
 	rules := make([]*Rule, len(req.Descriptors))
 	var replaced map[string]bool
@@ -148,7 +324,7 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 			keyEntries[i] = dom.sharedEntries(req.Descriptors[i].Entries, shared)
 		}
 		rules[i] = r
-		dec.Statuses[i].Rule = r
+		statuses[i].Rule = r
 		if r != nil && len(r.Replaces) > 0 {
 			if replaced == nil {
 				replaced = map[string]bool{}
@@ -159,8 +335,6 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 		}
 	}
 
-	var charges []Charge
-	var plans []plan
 	for i := range req.Descriptors {
 		d := &req.Descriptors[i]
 		r := rules[i]
@@ -169,7 +343,7 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 		}
 		rate, tokens := (*Limit)(nil), (*Limit)(nil)
 		if r != nil {
-			rate, tokens = r.RateLimit, r.TokenLimit
+			rate, tokens = overridden(r.RateLimit, req.Overrides), overridden(r.TokenLimit, req.Overrides)
 		}
 		if d.Override != nil {
 			ov := &Limit{Kind: Requests, Amount: d.Override.Amount, Unit: d.Override.Unit, Multiplier: d.Override.Multiplier}
@@ -182,30 +356,45 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 				}
 			}
 			if ov.Window() <= 0 {
-				return nil, invalidf("descriptors[%d].limit: unit %d is not known", i, d.Override.Unit)
+				return b, invalidf("descriptors[%d].limit: unit %d is not known", i, d.Override.Unit)
 			}
 			rate = ov
 		}
 		if rate != nil && rate.Name != "" && replaced[rate.Name] {
-			dec.Statuses[i].Replaced = true
+			statuses[i].Replaced = true
 			rate = nil
 		}
 		if tokens != nil && tokens.Name != "" && replaced[tokens.Name] {
-			dec.Statuses[i].Replaced = true
+			statuses[i].Replaced = true
 			tokens = nil
+		}
+		ents := d.Entries
+		if ke, ok := keyEntries[i]; ok {
+			ents = ke
+		}
+		// Concurrency leases need a request ID to be released by; RLS
+		// calls have none, so only ext_authz holds them.
+		if r != nil && r.MaxConcurrent > 0 && req.ID != "" {
+			b.charges = append(b.charges, Charge{
+				Key:       Key(Requests, Concurrency, r.Lease, req.Domain, ents),
+				Algorithm: Concurrency,
+				Amount:    r.MaxConcurrent,
+				Window:    r.Lease,
+				Cost:      1,
+				Member:    req.ID,
+			})
+			b.plans = append(b.plans, plan{desc: i})
+			b.reserves = true
+			b.lease = max(b.lease, r.Lease)
 		}
 		if rate == nil && tokens == nil {
 			continue
 		}
 		rateCost, tokenCost := costs(req, d, tokens != nil)
 		shadow := r != nil && r.Shadow
-		ents := d.Entries
-		if ke, ok := keyEntries[i]; ok {
-			ents = ke
-		}
-		if rate != nil && !(tokens != nil && d.HitsSet) {
-			charges = append(charges, charge(req.Domain, ents, rate, rateCost, shadow))
-			plans = append(plans, plan{desc: i, limit: rate})
+		if m == admit && rate != nil && !(tokens != nil && d.HitsSet) {
+			b.charges = append(b.charges, charge(req.Domain, ents, rate, rateCost, shadow))
+			b.plans = append(b.plans, plan{desc: i, limit: rate})
 		}
 		if tokens != nil {
 			c := charge(req.Domain, ents, tokens, tokenCost, shadow)
@@ -213,42 +402,39 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 			// answer to it, so refusing it would lose the usage and let a
 			// tenant whose responses outgrow its remaining budget run on.
 			c.Force = d.HitsSet && tokenCost > 0
-			charges = append(charges, c)
-			plans = append(plans, plan{desc: i, limit: tokens})
-		}
-	}
-	if len(charges) == 0 {
-		return dec, nil
-	}
-	res := make([]Result, len(charges))
-	admitted, err := l.store.Apply(ctx, l.clock.Now(), charges, res)
-	if err != nil {
-		return nil, fmt.Errorf("apply %d charges: %w", len(charges), err)
-	}
-	if !admitted {
-		dec.Code = CodeOverLimit
-	}
-	for k, p := range plans {
-		st := &dec.Statuses[p.desc]
-		rs := res[k]
-		if !rs.Fits && charges[k].Shadow {
-			st.ShadowOver = true
-			rs.Fits = true
-		}
-		if !rs.Fits && charges[k].Force {
-			rs.Fits = true // kept and not blocking: the budget now shows 0 left
-		}
-		if report(st, p.limit, rs) {
-			st.Limit = p.limit
-			st.Remaining = rs.Remaining
-			st.ResetAfter = rs.ResetAfter
-			st.RetryAfter = rs.RetryAfter
-			if !rs.Fits {
-				st.Code = CodeOverLimit
+			if !c.Force && tokenCost > 0 {
+				b.reserves = true
+				b.tokens = uint64(tokenCost)
 			}
+			b.charges = append(b.charges, c)
+			b.plans = append(b.plans, plan{desc: i, limit: tokens})
 		}
 	}
-	return dec, nil
+	return b, nil
+}
+
+// overridden returns l with the request's override for its name applied:
+// an API key's or tenant's own amount, and window when it names a unit.
+func overridden(l *Limit, ovs map[string]Override) *Limit {
+	if l == nil || l.Name == "" || len(ovs) == 0 {
+		return l
+	}
+	ov, ok := ovs[l.Name]
+	if !ok {
+		return l
+	}
+	c := *l
+	c.Amount = ov.Amount
+	if ov.Unit != UnitUnknown {
+		c.Unit, c.Multiplier = ov.Unit, ov.Multiplier
+	}
+	if c.Algorithm == TokenBucket && c.Amount == 0 {
+		c.Algorithm = SlidingWindow // 0 denies everything; a bucket of 0 has no rate
+	}
+	if c.Algorithm == TokenBucket && c.Burst > c.Amount {
+		c.Burst = 0 // the rule's burst was sized for its own amount
+	}
+	return &c
 }
 
 // costs returns what a descriptor charges its request limit and its token
@@ -269,9 +455,12 @@ func costs(req *Request, d *Descriptor, hasTokens bool) (rate, tokens int64) {
 	rate = clampCost(hits)
 	if hasTokens {
 		rate = 1
-		if d.HitsSet {
+		switch {
+		case d.HitsSet:
 			tokens = clampCost(d.Hits)
-		} else {
+		case req.TokensSet:
+			tokens = clampCost(req.Tokens)
+		default:
 			tokens = clampCost(req.Hits)
 		}
 	}

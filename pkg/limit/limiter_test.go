@@ -363,3 +363,127 @@ func TestDecideShareThreshold(t *testing.T) {
 		t.Errorf("a wildcard without share_threshold shared one counter")
 	}
 }
+
+func reserveRules(t testing.TB) *RuleSet {
+	t.Helper()
+	rs, err := NewRuleSet(&Domain{Name: "d", Descriptors: []*Rule{
+		{Key: "tenant", RateLimit: &Limit{Name: "req", Amount: 100, Unit: Minute}, Children: []*Rule{
+			{Key: "model", TokenLimit: &Limit{Name: "tok", Kind: Tokens, Amount: 1000, Unit: Hour},
+				MaxConcurrent: 2, Lease: time.Minute},
+		}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs
+}
+
+func TestDecideReservesTokensAndLease(t *testing.T) {
+	t.Parallel()
+	st := &recordStore{}
+	clock := fixedClock{time.UnixMilli(1_000_000)}
+	req := &Request{Domain: "d", ID: "r1", Tokens: 300, TokensSet: true,
+		Overrides: map[string]Override{"tok": {Amount: 5000}, "req": {Amount: 7, Unit: Second}},
+		Descriptors: []Descriptor{{Entries: entries("tenant", "a")}, {Entries: entries("tenant", "a", "model", "m")}}}
+	dec, err := NewLimiter(st, clock, reserveRules(t)).Decide(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Charge{
+		{Key: Key(Requests, SlidingWindow, time.Second, "d", entries("tenant", "a")), Amount: 7, Window: time.Second, Cost: 1},
+		{Key: Key(Requests, Concurrency, time.Minute, "d", entries("tenant", "a", "model", "m")), Algorithm: Concurrency, Amount: 2, Window: time.Minute, Cost: 1, Member: "r1"},
+		{Key: Key(Tokens, SlidingWindow, time.Hour, "d", entries("tenant", "a", "model", "m")), Amount: 5000, Window: time.Hour, Cost: 300},
+	}
+	if len(st.charges) != len(want) {
+		t.Fatalf("charges %+v", st.charges)
+	}
+	for i := range want {
+		if st.charges[i] != want[i] {
+			t.Errorf("charge %d = %+v\nwant %+v", i, st.charges[i], want[i])
+		}
+	}
+	if dec.Reservation == nil || dec.Reservation.ID != "r1" || dec.Reservation.Tokens != 300 || !dec.Reservation.At.Equal(clock.t) {
+		t.Errorf("reservation %+v", dec.Reservation)
+	}
+	if got := dec.Statuses[1].Limit; got == nil || got.Amount != 5000 {
+		t.Errorf("status reports %+v, want the overridden token limit", got)
+	}
+
+	// Without an ID (an RLS call) there is no lease and no reservation.
+	st = &recordStore{}
+	req.ID = ""
+	dec, err = NewLimiter(st, clock, reserveRules(t)).Decide(context.Background(), req)
+	if err != nil || dec.Reservation != nil || len(st.charges) != 2 {
+		t.Fatalf("no ID: reservation %+v, %d charges, %v", dec.Reservation, len(st.charges), err)
+	}
+}
+
+func TestDecideConcurrencyDenial(t *testing.T) {
+	t.Parallel()
+	lease := Key(Requests, Concurrency, time.Minute, "d", entries("tenant", "a", "model", "m"))
+	st := &recordStore{deny: map[string]bool{lease: true}}
+	dec, err := NewLimiter(st, nil, reserveRules(t)).Decide(context.Background(), &Request{Domain: "d", ID: "r1",
+		Descriptors: []Descriptor{{Entries: entries("tenant", "a", "model", "m")}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := dec.Statuses[0]
+	if dec.Code != CodeOverLimit || s.Code != CodeOverLimit || !s.Concurrency || dec.Reservation != nil {
+		t.Fatalf("decision %+v, status %+v", dec, s)
+	}
+}
+
+func TestReconcile(t *testing.T) {
+	t.Parallel()
+	at := time.UnixMilli(5_000_000)
+	req := &Request{Domain: "d", ID: "r1", Descriptors: []Descriptor{{Entries: entries("tenant", "a", "model", "m")}}}
+	tokKey := Key(Tokens, SlidingWindow, time.Hour, "d", entries("tenant", "a", "model", "m"))
+	leaseKey := Key(Requests, Concurrency, time.Minute, "d", entries("tenant", "a", "model", "m"))
+	once := onceKey("d", entries("tenant", "a", "model", "m"), "r1")
+	tests := []struct {
+		name             string
+		reserved, actual uint64
+		have             bool
+		want             []Charge
+	}{
+		{"unused tokens go back to the reservation's bucket", 300, 120, true, []Charge{
+			{Key: leaseKey, Algorithm: Concurrency, Amount: 2, Window: time.Minute, Cost: -1, Member: "r1"},
+			{Key: tokKey, Amount: 1000, Window: time.Hour, Cost: -180, At: at.UnixMilli()},
+			{Key: once, Algorithm: Once, Window: time.Hour, Cost: 1},
+		}},
+		{"usage past the estimate is charged as spent", 300, 450, true, []Charge{
+			{Key: leaseKey, Algorithm: Concurrency, Amount: 2, Window: time.Minute, Cost: -1, Member: "r1"},
+			{Key: tokKey, Amount: 1000, Window: time.Hour, Cost: 150, Force: true},
+			{Key: once, Algorithm: Once, Window: time.Hour, Cost: 1},
+		}},
+		{"no usage known: only the lease is released", 300, 0, false, []Charge{
+			{Key: leaseKey, Algorithm: Concurrency, Amount: 2, Window: time.Minute, Cost: -1, Member: "r1"},
+			{Key: once, Algorithm: Once, Window: time.Hour, Cost: 1},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			st := &recordStore{}
+			done, err := NewLimiter(st, nil, reserveRules(t)).Reconcile(context.Background(), req, at, tt.reserved, tt.actual, tt.have)
+			if err != nil || !done {
+				t.Fatalf("Reconcile = %v, %v", done, err)
+			}
+			if len(st.charges) != len(tt.want) {
+				t.Fatalf("charges %+v", st.charges)
+			}
+			for i := range tt.want {
+				if st.charges[i] != tt.want[i] {
+					t.Errorf("charge %d = %+v\nwant %+v", i, st.charges[i], tt.want[i])
+				}
+			}
+		})
+	}
+	if _, err := NewLimiter(&recordStore{}, nil, reserveRules(t)).Reconcile(context.Background(), &Request{Domain: "d", Descriptors: req.Descriptors}, at, 1, 1, true); !errors.Is(err, ErrInvalid) {
+		t.Errorf("reconcile without an ID: %v, want ErrInvalid", err)
+	}
+}
+
+type fixedClock struct{ t time.Time }
+
+func (c fixedClock) Now() time.Time { return c.t }

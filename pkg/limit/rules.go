@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 )
 
 // Rule is one node of a domain's descriptor tree, as in
@@ -27,6 +28,12 @@ type Rule struct {
 	// matches count on one shared counter (envoyproxy/ratelimit's
 	// share_threshold) instead of one counter per value.
 	ShareThreshold bool
+	// MaxConcurrent caps the requests in flight for each descriptor value
+	// (0: no cap), held across replicas and released by the access log
+	// or, when no outcome arrives, after Lease. Only ext_authz requests,
+	// which carry an ID, take it.
+	MaxConcurrent uint64
+	Lease         time.Duration
 	// Replaces names limits (rate_limit.name) that this rule displaces when
 	// both match in one request.
 	Replaces []string
@@ -41,7 +48,9 @@ type Rule struct {
 }
 
 // HasLimit reports whether the rule counts anything or is unlimited.
-func (r *Rule) HasLimit() bool { return r.RateLimit != nil || r.TokenLimit != nil || r.Unlimited }
+func (r *Rule) HasLimit() bool {
+	return r.RateLimit != nil || r.TokenLimit != nil || r.Unlimited || r.MaxConcurrent > 0
+}
 
 // Domain is the rule tree of one domain, usually one file.
 type Domain struct {

@@ -56,6 +56,31 @@ import (
 // millisecond (for a check, t + T - now - B*T); when Cost > B it never fits
 // and RetryAfter = ResetAfter. TTL = ceil(tat' - now), at least 1 ms.
 //
+// Refunds at a time (At set, window algorithms): the refund is taken first
+// from the bucket holding At, floor(At/w), as far as that bucket is still
+// counted and holds anything, then from the newest buckets as above. This
+// gives a reservation's unused part back to the window it was reserved in.
+// The token bucket and fixed window ignore At (a fixed window's refund
+// comes from window cur, the only one counted).
+//
+// Concurrency (Amount = the cap, Window = the lease): the state is a set
+// of members, each with a deadline; members whose deadline <= now are
+// gone. Cost 1 with Member m: fits when m is already held or fewer than
+// Amount members are live; then m's deadline becomes now + Window. Cost -1
+// releases m (always fits; releasing an absent member is a no-op). Cost 0
+// fits when fewer than Amount are live. Remaining = Amount - live members,
+// floored at 0; ResetAfter = the time until the earliest live deadline (0
+// when none); RetryAfter = the same as ResetAfter. TTL = the latest
+// deadline - now. Member is required for Cost != 0.
+//
+// Once (Window = how long the mark lives): Cost 1 fits when the key holds
+// no live mark, and then sets the mark until now + Window. A Once charge
+// that does not fit voids the whole Apply: nothing is kept, refunds and
+// Force charges included, and admitted is false. Reconciling a
+// reservation puts its refund behind a Once mark, so a report delivered
+// twice is counted once. Remaining, ResetAfter and RetryAfter are 0 for
+// Once.
+//
 // Durations are reported rounded up to whole milliseconds.
 type Charge struct {
 	// Key is the counter's store key from Key; it carries a Redis hash tag.
@@ -76,6 +101,11 @@ type Charge struct {
 	// even past the limit and even when the decision is denied, and it
 	// never blocks the decision. Its Result says whether it fit.
 	Force bool
+	// At, for a refund on a window (Unix ms; 0 means unset), names the
+	// bucket to refund first: the one the refunded cost was charged in.
+	At int64
+	// Member names the holder of a Concurrency lease (the request ID).
+	Member string
 }
 
 // Result is what a Store says about one Charge. Remaining and ResetAfter

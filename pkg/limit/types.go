@@ -24,9 +24,25 @@ const (
 	TokenBucket
 )
 
+// Concurrency and Once are store primitives rather than rule algorithms:
+// a rule file cannot name them.
+const (
+	// Concurrency counts requests in flight: a Charge of Cost 1 takes a
+	// lease for Member that lasts Window, Cost -1 releases it.
+	Concurrency Algorithm = iota + 3
+	// Once records that something happened, for idempotency: see Charge.
+	Once
+)
+
 var algorithmNames = [...]string{SlidingWindow: "sliding_window", FixedWindow: "fixed_window", TokenBucket: "token_bucket"}
 
 func (a Algorithm) String() string {
+	switch a {
+	case Concurrency:
+		return "concurrency"
+	case Once:
+		return "once"
+	}
 	if int(a) < len(algorithmNames) {
 		return algorithmNames[a]
 	}
