@@ -28,6 +28,7 @@ type serveFlags struct {
 	redisURL  string
 	logLevel  string
 	logFormat string
+	tls       tlsFlags
 }
 
 func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
@@ -40,12 +41,17 @@ func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
 	fs.StringVar(&f.redisURL, "redis-url", "", "Redis URL (redis://, rediss://, unix://, redis+sentinel://, redis+cluster://); empty keeps counters in memory")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "json", "json or console")
+	f.tls.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: tollgate serve [flags]\n\nEvery flag can also be set with TOLLGATE_<FLAG> (--grpc-addr: TOLLGATE_GRPC_ADDR); the flag wins.\n\n")
 		fs.PrintDefaults()
 	}
 	if err := a.parseFlags(fs, args); err != nil {
 		return nil, err
+	}
+	if err := f.tls.check(); err != nil {
+		fmt.Fprintf(fs.Output(), "tollgate serve: %v\n", err)
+		return nil, errUsage
 	}
 	return f, nil
 }
@@ -124,6 +130,7 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 		Services: []server.Service{rlsSvc},
 		Logger:   log.Named("server"),
 		Gatherer: reg,
+		TLS:      f.tls.server(),
 		Ready: func(ctx context.Context) error {
 			if lim.Rules() == nil {
 				return errors.New("rules not loaded")

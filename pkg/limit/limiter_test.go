@@ -383,7 +383,7 @@ func TestDecideReservesTokensAndLease(t *testing.T) {
 	st := &recordStore{}
 	clock := fixedClock{time.UnixMilli(1_000_000)}
 	req := &Request{Domain: "d", ID: "r1", Tokens: 300, TokensSet: true,
-		Overrides: map[string]Override{"tok": {Amount: 5000}, "req": {Amount: 7, Unit: Second}},
+		Overrides:   map[string]Override{"tok": {Amount: 5000}, "req": {Amount: 7, Unit: Second}},
 		Descriptors: []Descriptor{{Entries: entries("tenant", "a")}, {Entries: entries("tenant", "a", "model", "m")}}}
 	dec, err := NewLimiter(st, clock, reserveRules(t)).Decide(context.Background(), req)
 	if err != nil {

@@ -2,7 +2,9 @@
 // every Envoy-facing API (rate limit now; ext_authz and access logs are
 // registered the same way), plus health and reflection, and an admin HTTP
 // port with /metrics, /healthz, /readyz and /debug/config. It knows
-// nothing of the APIs it carries: each one registers itself.
+// nothing of the APIs it carries: each one registers itself. The gRPC
+// port may serve TLS or mutual TLS, with certificates re-read on rotation
+// (see TLS).
 package server
 
 import (
@@ -17,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -70,6 +73,9 @@ type Config struct {
 	// MaxConcurrentStreams caps calls in flight per connection; Envoy
 	// opens another connection when it reaches it (Optional; default 1024).
 	MaxConcurrentStreams uint32
+	// TLS serves the gRPC port over TLS, or mutual TLS (Optional; nil
+	// serves plaintext). The admin port stays plaintext.
+	TLS *TLS
 }
 
 // Server is the gRPC and admin HTTP servers of one process.
@@ -81,6 +87,7 @@ type Server struct {
 	services []string // gRPC service names whose health follows readiness
 	admin    *http.Server
 	draining atomic.Bool
+	tls      *tlsFiles // nil for plaintext
 }
 
 // New builds a Server; Serve starts it.
@@ -113,7 +120,16 @@ func New(cfg Config) (*Server, error) {
 		cfg.MaxConcurrentStreams = DefaultMaxConcurrentStreams
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger}
-	s.grpc = grpc.NewServer(
+	var creds []grpc.ServerOption
+	if cfg.TLS != nil {
+		files, err := newTLSFiles(*cfg.TLS, s.log)
+		if err != nil {
+			return nil, fmt.Errorf("server: %w", err)
+		}
+		s.tls = files
+		creds = append(creds, grpc.Creds(credentials.NewTLS(files.serverConfig())))
+	}
+	s.grpc = grpc.NewServer(append(creds,
 		grpc.ChainUnaryInterceptor(recoverUnary(s.log)),
 		grpc.ChainStreamInterceptor(recoverStream(s.log)),
 		grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSize),
@@ -123,7 +139,7 @@ func New(cfg Config) (*Server, error) {
 		// Envoy's own keepalive pings down to 10s, with or without calls.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Minute, Timeout: 20 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-	)
+	)...)
 	for _, svc := range cfg.Services {
 		svc.Register(s.grpc)
 	}
@@ -182,7 +198,8 @@ func (s *Server) Serve(ctx context.Context, grpcLis, adminLis net.Listener) erro
 		defer close(healthDone)
 		s.followReadiness(hctx)
 	}()
-	s.log.Info("serving", zap.Stringer("grpc_addr", grpcLis.Addr()), zap.Stringer("admin_addr", adminLis.Addr()))
+	s.log.Info("serving", zap.Stringer("grpc_addr", grpcLis.Addr()), zap.Stringer("admin_addr", adminLis.Addr()),
+		zap.Bool("grpc_tls", s.tls != nil), zap.Bool("grpc_mtls", s.tls != nil && s.tls.mutual()))
 
 	var err error
 	pending := 2
