@@ -9,6 +9,12 @@
 // Envoy enforces only at startup or not at all (see lint), and the wiring to
 // Tollgate: the filter's domain exists in config/, its cluster exists and
 // speaks HTTP/2, and every descriptor the routes build matches a rule.
+//
+// A bootstrap may attach Tollgate with the ratelimit filter (envoy.yaml), or
+// with the ext_authz filter plus the http_grpc access logger
+// (envoy-ext-authz.yaml, linted in authz_test.go). Each lint applies only
+// where its filter or logger is present, so one file does not fail the
+// other's checks.
 package envoyconfig
 
 import (
@@ -48,7 +54,10 @@ import (
 	// package to this list.
 	_ "github.com/cncf/xds/go/udpa/type/v1" // udpa.type.v1.TypedStruct
 	_ "github.com/cncf/xds/go/xds/type/v3"  // xds.type.v3.TypedStruct
-	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
+
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/grpc/v3"    // HttpGrpcAccessLogConfig
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"  // StdoutAccessLog
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_authz/v3" // ExtAuthz, ExtAuthzPerRoute
 )
 
 const (
@@ -373,6 +382,7 @@ func lint(bs *bootstrapv3.Bootstrap) []string {
 	m, problems := buildModel(bs)
 	for _, site := range m.hcms {
 		problems = append(problems, lintHCM(m, site)...)
+		problems = append(problems, lintAuthzPath(m, site)...)
 	}
 	entries, more := rateLimitEntries(m)
 	problems = append(problems, more...)
@@ -420,10 +430,8 @@ func lintHCM(m *model, site httpFilterSite) []string {
 		cluster := svc.GetGrpcService().GetEnvoyGrpc().GetClusterName()
 		if cluster == "" {
 			problems = append(problems, path+".rate_limit_service.grpc_service: want envoy_grpc with a cluster_name")
-		} else if opts, ok := m.clusters[cluster]; !ok {
-			problems = append(problems, fmt.Sprintf("%s.rate_limit_service: cluster %q is not defined", path, cluster))
-		} else if !http2Only(opts) {
-			problems = append(problems, fmt.Sprintf("%s.rate_limit_service: cluster %q must speak HTTP/2 for gRPC (typed_extension_protocol_options HttpProtocolOptions explicit_http_config.http2_protocol_options)", path, cluster))
+		} else if p := grpcClusterProblem(m, cluster); p != "" {
+			problems = append(problems, path+".rate_limit_service: "+p)
 		}
 		// Tollgate adds x-ratelimit-* and retry-after itself; Envoy's
 		// would duplicate them.
@@ -461,6 +469,19 @@ func lintHCM(m *model, site httpFilterSite) []string {
 		}
 	}
 	return problems
+}
+
+// grpcClusterProblem says what is wrong with cluster as the target of
+// Envoy's gRPC client, or returns "".
+func grpcClusterProblem(m *model, cluster string) string {
+	opts, ok := m.clusters[cluster]
+	switch {
+	case !ok:
+		return fmt.Sprintf("cluster %q is not defined", cluster)
+	case !http2Only(opts):
+		return fmt.Sprintf("cluster %q must speak HTTP/2 for gRPC (typed_extension_protocol_options HttpProtocolOptions explicit_http_config.http2_protocol_options)", cluster)
+	}
+	return ""
 }
 
 func http2Only(opts *anypb.Any) bool {
