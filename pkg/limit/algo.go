@@ -1,19 +1,26 @@
 package limit
 
-import "math"
+import (
+	"math"
+	"slices"
+)
 
-// Counter is the state a Store keeps for one key, and the three algorithms
-// as pure functions of it. The zero Counter is a fresh counter.
+// Counter is the state a Store keeps for one key, and the algorithms as
+// pure functions of it. The zero Counter is a fresh counter.
 //
 // A Store runs a decision with it so: Step each charge in order on working
-// copies of the counters (so a charge sees the earlier ones on its key);
-// when a charge that is not Shadow and has Cost >= 0 does not fit, start
-// again from the stored counters and, in order, Step the refunds and
-// Touch the other charges (a denied decision still moves the windows'
-// high-water marks); store the result (Expiry says when it may be
-// dropped); then fill every Result's Remaining and ResetAfter with Report
-// on its counter as it now stands. So Results describe the counters after
-// the whole Apply: two charges on one key report the same Remaining.
+// copies of the counters (so a charge sees the earlier ones on its key).
+// When a Once charge with Cost >= 0 does not fit, the Apply is void: keep
+// nothing at all (not even the windows' high-water marks) and report the
+// stored counters. Otherwise, when a charge that is neither Shadow nor
+// Force and has Cost >= 0 does not fit, start again from the stored
+// counters and, in order, Step the refunds, the Force charges and the
+// Once charges with Cost > 0, and Touch the other charges (a denied
+// decision still moves the windows' high-water marks and drops expired
+// leases). Store the result (Expiry says when it may be dropped); then
+// fill every Result's Remaining and ResetAfter with Report on its counter
+// as it now stands. So Results describe the counters after the whole
+// Apply: two charges on one key report the same Remaining.
 //
 // The arithmetic is the one documented on Charge, with these readings
 // (the storetest suite checks them, and the Redis scripts do the same):
@@ -46,6 +53,38 @@ import "math"
 //   - Amount 0 in a token bucket admits nothing (T would be infinite):
 //     nothing with Cost >= 0 fits, refunds change nothing, and Remaining,
 //     ResetAfter and RetryAfter are 0.
+//   - At counts only on a sliding window's refund: there the bucket
+//     floor(At/w) is drained first when it lies in [cur-M, cur], then the
+//     newest buckets as usual. On a charge, a check, a fixed window or a
+//     token bucket At changes nothing.
+//   - Concurrency reads Cost by its sign: any Cost > 0 takes (or renews)
+//     Member's one lease, any Cost < 0 releases it; a check ignores
+//     Member. Stores reject a Concurrency charge with Cost != 0 and no
+//     Member. A renewal sets the deadline to now + Window even when that
+//     is earlier than the one held (a lagging replica can shorten a lease
+//     by its lag). Amount 0 admits only a member already held.
+//   - A Force acquisition is a Force charge like any other: it takes the
+//     lease even past Amount (reporting Fits false) and is kept in a
+//     denied decision. So the cap holds for everything but Force. A
+//     Shadow acquisition that does not fit is reported and not kept.
+//   - Leases expire lazily: every Step and Touch of a Concurrency counter
+//     drops the leases whose deadline is at or before now, and Report
+//     counts only live ones. RetryAfter of a denied acquisition or check
+//     is ResetAfter as the charge saw it: the time until the earliest
+//     live deadline, 0 with none (Amount 0). Expiry is the latest deadline.
+//   - Once ignores Shadow and Force: any Once charge with Cost >= 0 that
+//     does not fit voids the Apply. A check (Cost 0) fits when no mark is
+//     live and sets none. Cost < 0 removes the mark (it always fits) and
+//     applies like a refund: in a denied decision too, never in a void.
+//   - A Once mark that fits is kept in a denied decision, as a Force
+//     charge is: a denial keeps the refunds and Force charges, and the
+//     mark is what stops a second delivery of the same report from
+//     applying them again.
+//   - Once reports Remaining, ResetAfter and RetryAfter 0. Its mark lives
+//     until now + Window (Expiry); a mark whose time has come is no mark.
+//   - A key holds one algorithm's state. Every write of one algorithm
+//     clears the fields of the others, so at most one set is in use and
+//     each algorithm reads the others' state as a fresh counter.
 type Counter struct {
 	// Width is the bucket width in ms the Buckets and High were counted
 	// in; 0 when the counter holds no window state.
@@ -60,6 +99,18 @@ type Counter struct {
 	// At + Debt. Debt <= 0 means a full bucket.
 	At   int64
 	Debt float64
+	// Leases are a Concurrency counter's members, in the order they were
+	// first taken; those whose Deadline <= now are gone.
+	Leases []Lease
+	// Marked and Until are a Once counter's mark, live while now < Until.
+	Marked bool
+	Until  int64
+}
+
+// Lease is one Concurrency member and its deadline (Unix ms).
+type Lease struct {
+	Member   string
+	Deadline int64
 }
 
 // Bucket is one window bucket: Index is floor(time/width).
@@ -108,19 +159,30 @@ func floorDiv(a, b int64) int64 {
 // Step applies ch to c at now (Unix ms) and reports whether it fits and,
 // when it does not, the RetryAfter in ms. A positive charge counts only
 // when it fits, unless it is Force, which counts whatever the usage; a
-// check never counts, and a refund always applies (and fits). Whatever the charge, a window counter records now as Touch does.
+// check never counts, and a refund always applies (and fits). Whatever
+// the charge, a window or Concurrency counter records now as Touch does.
 func (c *Counter) Step(ch *Charge, now int64) (fits bool, retryAfter int64) {
-	if ch.Algorithm == TokenBucket {
+	switch ch.Algorithm {
+	case TokenBucket:
 		return c.tokenStep(ch, now)
+	case Concurrency:
+		return c.leaseStep(ch, now)
+	case Once:
+		return c.markStep(ch, now)
 	}
 	return c.windowStep(ch, now)
 }
 
 // Touch records that a decision at now involved ch without counting it:
 // a window counter's high-water mark moves up to now's bucket and the
-// buckets that left the count are dropped. A token bucket needs nothing.
+// buckets that left the count are dropped; a Concurrency counter drops
+// the leases that expired. A token bucket or a Once mark needs nothing.
 func (c *Counter) Touch(ch *Charge, now int64) {
-	if ch.Algorithm != TokenBucket {
+	switch ch.Algorithm {
+	case TokenBucket, Once:
+	case Concurrency:
+		c.live(now)
+	default:
 		w, m := geometry(ch)
 		c.touch(w, m, now)
 	}
@@ -128,8 +190,17 @@ func (c *Counter) Touch(ch *Charge, now int64) {
 
 // Report returns Remaining and ResetAfter (ms) for ch as c stands at now.
 func (c *Counter) Report(ch *Charge, now int64) (remaining uint64, resetAfter int64) {
-	if ch.Algorithm == TokenBucket {
+	switch ch.Algorithm {
+	case TokenBucket:
 		return c.tokenReport(ch, now)
+	case Concurrency:
+		n, first, _ := c.leaseSpan(now, "")
+		if n < ch.Amount {
+			remaining = ch.Amount - n
+		}
+		return remaining, first
+	case Once:
+		return 0, 0
 	}
 	w, m := geometry(ch)
 	v := c.view(w, m, now)
@@ -144,11 +215,23 @@ func (c *Counter) Report(ch *Charge, now int64) (remaining uint64, resetAfter in
 // equivalent to a fresh counter, so a Store may drop it; ok is false when
 // c is fresh already.
 func (c *Counter) Expiry(ch *Charge) (at int64, ok bool) {
-	if ch.Algorithm == TokenBucket {
+	switch ch.Algorithm {
+	case TokenBucket:
 		if c.Width != 0 || c.Debt <= 0 {
 			return 0, false
 		}
 		return c.At + int64(math.Ceil(c.Debt)), true
+	case Concurrency:
+		if len(c.Leases) == 0 {
+			return 0, false
+		}
+		at = c.Leases[0].Deadline
+		for _, l := range c.Leases[1:] {
+			at = max(at, l.Deadline)
+		}
+		return at, true
+	case Once:
+		return c.Until, c.Marked
 	}
 	w, m := geometry(ch)
 	if c.Width != w {
@@ -226,6 +309,18 @@ func (c *Counter) windowStep(ch *Charge, now int64) (bool, int64) {
 	switch {
 	case ch.Cost < 0:
 		r := uint64(-ch.Cost) // two's complement: right for MinInt64 too
+		if ch.At != 0 && !fixed {
+			// The bucket the refunded cost was charged in, while it counts.
+			at := floorDiv(ch.At, w)
+			for i := v.lo; i < v.hi; i++ {
+				if v.b[i].Index == at {
+					take := min(r, v.b[i].Count)
+					v.b[i].Count -= take
+					r -= take
+					break
+				}
+			}
+		}
 		for i := v.hi - 1; i >= v.lo && r > 0; i-- {
 			take := min(r, v.b[i].Count)
 			v.b[i].Count -= take
@@ -262,7 +357,8 @@ func (c *Counter) touch(w, m, now int64) {
 	cur := floorDiv(now, w)
 	if c.Width != w {
 		// Fresh, or state of another width or algorithm: start over.
-		c.Width, c.High, c.Buckets, c.At, c.Debt = w, cur, c.Buckets[:0], 0, 0
+		c.clear()
+		c.Width, c.High = w, cur
 	}
 	c.High = max(c.High, cur)
 	i := 0
@@ -273,6 +369,13 @@ func (c *Counter) touch(w, m, now int64) {
 		n := copy(c.Buckets, c.Buckets[i:])
 		c.Buckets = c.Buckets[:n]
 	}
+}
+
+// clear makes c a fresh counter, keeping its buffers.
+func (c *Counter) clear() {
+	c.Width, c.High, c.Buckets = 0, 0, c.Buckets[:0]
+	c.At, c.Debt = 0, 0
+	c.Leases, c.Marked, c.Until = c.Leases[:0], false, 0
 }
 
 // compact drops the buckets a refund emptied.
@@ -312,10 +415,9 @@ func (c *Counter) debt(now int64) float64 {
 }
 
 func (c *Counter) setDebt(now int64, d float64) {
-	c.Width, c.High, c.Buckets = 0, 0, c.Buckets[:0]
-	c.At, c.Debt = now, d
-	if d <= 0 {
-		c.At, c.Debt = 0, 0
+	c.clear()
+	if d > 0 {
+		c.At, c.Debt = now, d
 	}
 }
 
@@ -384,4 +486,81 @@ func (c *Counter) tokenReport(ch *Charge, now int64) (uint64, int64) {
 		remaining = uint64(r)
 	}
 	return remaining, max(0, int64(math.Ceil(d-float64(BT*tbEps))))
+}
+
+// live makes c a Concurrency counter holding its live leases at now: the
+// state of another algorithm is a fresh counter, and the leases whose
+// deadline has come are dropped.
+func (c *Counter) live(now int64) {
+	if c.Width != 0 || c.Debt > 0 || c.Marked {
+		c.clear()
+	}
+	c.Leases = slices.DeleteFunc(c.Leases, func(l Lease) bool { return l.Deadline <= now })
+}
+
+// leaseSpan returns the number of live leases at now, the time (ms) until
+// the earliest live deadline (0 with none) and the index of member's live
+// lease (-1 when it holds none), without changing c.
+func (c *Counter) leaseSpan(now int64, member string) (n uint64, first int64, held int) {
+	held = -1
+	for i, l := range c.Leases {
+		if l.Deadline <= now {
+			continue
+		}
+		if n == 0 || l.Deadline-now < first {
+			first = l.Deadline - now
+		}
+		n++
+		if l.Member == member {
+			held = i
+		}
+	}
+	return n, first, held
+}
+
+// leaseStep is a Concurrency charge: see Charge and the readings above.
+func (c *Counter) leaseStep(ch *Charge, now int64) (bool, int64) {
+	c.live(now)
+	n, first, held := c.leaseSpan(now, ch.Member)
+	switch {
+	case ch.Cost < 0:
+		if held >= 0 {
+			c.Leases = slices.Delete(c.Leases, held, held+1)
+		}
+		return true, 0
+	case ch.Cost == 0:
+		if n < ch.Amount {
+			return true, 0
+		}
+		return false, first
+	}
+	fits := held >= 0 || n < ch.Amount
+	if !fits && !ch.Force {
+		return false, first
+	}
+	deadline := now + windowMillis(ch)
+	if held >= 0 {
+		c.Leases[held].Deadline = deadline
+	} else {
+		c.Leases = append(c.Leases, Lease{Member: ch.Member, Deadline: deadline})
+	}
+	if fits {
+		return true, 0
+	}
+	return false, first
+}
+
+// markStep is a Once charge: see Charge and the readings above.
+func (c *Counter) markStep(ch *Charge, now int64) (bool, int64) {
+	switch {
+	case ch.Cost < 0:
+		c.clear()
+		return true, 0
+	case c.Marked && c.Until > now:
+		return false, 0
+	case ch.Cost > 0:
+		c.clear()
+		c.Marked, c.Until = true, now+windowMillis(ch)
+	}
+	return true, 0
 }

@@ -134,6 +134,40 @@ func TestCounterEdges(t *testing.T) {
 			t.Fatalf("window write left token state: %+v", c)
 		}
 	})
+	t.Run("every algorithm reads the others' state as fresh", func(t *testing.T) {
+		t.Parallel()
+		// Each charge fills its counter: a fresh counter admits it, one it
+		// filled does not.
+		full := []Charge{
+			{Algorithm: SlidingWindow, Amount: 2, Window: time.Minute, Cost: 2},
+			{Algorithm: FixedWindow, Amount: 2, Window: time.Minute, Cost: 2},
+			{Algorithm: TokenBucket, Amount: 2, Window: time.Minute, Cost: 2},
+			{Algorithm: Concurrency, Amount: 1, Window: time.Minute, Cost: 1, Member: "a"},
+			{Algorithm: Once, Window: time.Minute, Cost: 1},
+		}
+		holder := map[Algorithm]string{SlidingWindow: "window", FixedWindow: "window", TokenBucket: "token", Concurrency: "leases", Once: "mark"}
+		for _, from := range full {
+			for _, to := range full {
+				if to.Algorithm == from.Algorithm {
+					continue
+				}
+				var c Counter
+				c.Step(&from, now)
+				next := to
+				next.Member = "b" // another member: not a renewal
+				if fits, _ := c.Step(&next, now); !fits {
+					t.Errorf("%v after %v: does not fit: %+v", to.Algorithm, from.Algorithm, c)
+				}
+				next.Member = "c"
+				if fits, _ := c.Step(&next, now); fits {
+					t.Errorf("%v after %v: the counter did not fill: %+v", to.Algorithm, from.Algorithm, c)
+				}
+				if got := holds(&c); len(got) != 1 || got[0] != holder[to.Algorithm] {
+					t.Errorf("%v after %v holds the state of %v: %+v", to.Algorithm, from.Algorithm, got, c)
+				}
+			}
+		}
+	})
 	t.Run("expiry", func(t *testing.T) {
 		t.Parallel()
 		for _, tt := range []struct {
@@ -144,6 +178,8 @@ func TestCounterEdges(t *testing.T) {
 			{name: "sliding", give: Charge{Algorithm: SlidingWindow, Amount: 10, Window: time.Minute, Buckets: 6, Cost: 1}, want: 70000},
 			{name: "fixed", give: Charge{Algorithm: FixedWindow, Amount: 10, Window: time.Minute, Cost: 1}, want: 40000},
 			{name: "token", give: Charge{Algorithm: TokenBucket, Amount: 3, Window: time.Second, Cost: 1}, want: 334},
+			{name: "lease", give: Charge{Algorithm: Concurrency, Amount: 3, Window: time.Second, Cost: 1, Member: "a"}, want: 1000},
+			{name: "mark", give: Charge{Algorithm: Once, Window: time.Second, Cost: 1}, want: 1000},
 		} {
 			var c Counter
 			c.Step(&tt.give, now)
@@ -166,10 +202,28 @@ func TestCounterEdges(t *testing.T) {
 	})
 }
 
+// holds names the algorithms whose fields c has set.
+func holds(c *Counter) (kinds []string) {
+	if c.Width != 0 || c.High != 0 || len(c.Buckets) > 0 {
+		kinds = append(kinds, "window")
+	}
+	if c.At != 0 || c.Debt != 0 {
+		kinds = append(kinds, "token")
+	}
+	if len(c.Leases) > 0 {
+		kinds = append(kinds, "leases")
+	}
+	if c.Marked || c.Until != 0 {
+		kinds = append(kinds, "mark")
+	}
+	return kinds
+}
+
 func BenchmarkCounterStep(b *testing.B) {
-	for _, alg := range []Algorithm{SlidingWindow, FixedWindow, TokenBucket} {
+	for _, alg := range []Algorithm{SlidingWindow, FixedWindow, TokenBucket, Concurrency} {
 		b.Run(alg.String(), func(b *testing.B) {
-			ch := Charge{Algorithm: alg, Amount: 1 << 40, Window: time.Minute, Cost: 1}
+			// A Concurrency charge renews one lease.
+			ch := Charge{Algorithm: alg, Amount: 1 << 40, Window: time.Minute, Cost: 1, Member: "m"}
 			var c Counter
 			now := int64(1_700_000_000_000)
 			b.ReportAllocs()

@@ -12,6 +12,12 @@
 // sweep at one time drops counters that have expired by then. Callers
 // whose clocks differ by more than a counter's lifetime (tests with a
 // fake clock each) should not share a Store.
+//
+// Concurrency leases and Once marks live in limit.Counter beside the
+// windows and token buckets, so a key's entry holds its live leases (its
+// expired ones until the next decision on it drops them) and lives until
+// its latest deadline; a void decision (a Once mark that does not fit)
+// writes nothing.
 package memstore
 
 import (
@@ -88,8 +94,9 @@ func (s *Store) shardOf(key string) int {
 
 // Apply implements limit.Store as limit.Counter describes: it evaluates
 // the charges in order against working copies of their counters, then
-// keeps them all or, when one that is not Shadow does not fit, only the
-// refunds (and the windows' high-water marks).
+// keeps them all; or, when one that is neither Shadow nor Force does not
+// fit, only the refunds, Force charges and Once marks (and the windows'
+// high-water marks); or, when a Once charge does not fit, nothing.
 func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge, res []limit.Result) (bool, error) {
 	if len(res) != len(charges) {
 		return false, fmt.Errorf("memstore: %d results for %d charges", len(res), len(charges))
@@ -101,8 +108,12 @@ func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge
 		return false, err
 	}
 	for i := range charges {
-		if a := charges[i].Algorithm; a > limit.TokenBucket {
-			return false, fmt.Errorf("memstore: charges[%d]: unknown algorithm %v", i, a)
+		ch := &charges[i]
+		if ch.Algorithm > limit.Once {
+			return false, fmt.Errorf("memstore: charges[%d]: unknown algorithm %v", i, ch.Algorithm)
+		}
+		if ch.Algorithm == limit.Concurrency && ch.Cost != 0 && ch.Member == "" {
+			return false, fmt.Errorf("memstore: charges[%d]: concurrency charge of cost %d has no member", i, ch.Cost)
 		}
 	}
 	ms := now.UnixMilli()
@@ -149,44 +160,56 @@ func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge
 		sl.load()
 	}
 
-	admitted := true
+	admitted, void := true, false
 	for i := range charges {
 		ch := &charges[i]
 		fits, retry := sc.slots[sc.slot[i]].c.Step(ch, ms)
 		res[i] = limit.Result{Fits: fits, RetryAfter: time.Duration(retry) * time.Millisecond}
-		if ch.Cost >= 0 && !fits && !ch.Shadow && !ch.Force {
+		switch {
+		case fits || ch.Cost < 0:
+		case ch.Algorithm == limit.Once:
+			void = true
+		case !ch.Shadow && !ch.Force:
 			admitted = false
 		}
 	}
-	if !admitted {
-		// Start over from the stored state: keep the refunds and the Force
-		// charges, and the
-		// time the other charges saw.
+	switch {
+	case void:
+		// Keep nothing: the Results describe the stored counters.
+		admitted = false
+		for j := range sc.slots {
+			sc.slots[j].load()
+		}
+	case !admitted:
+		// Start over from the stored state: keep the refunds, the Force
+		// charges and the Once marks, and the time the other charges saw.
 		for j := range sc.slots {
 			sc.slots[j].load()
 		}
 		for i := range charges {
 			ch, c := &charges[i], &sc.slots[sc.slot[i]].c
-			if ch.Cost < 0 || (ch.Cost > 0 && ch.Force) {
+			if ch.Cost < 0 || (ch.Cost > 0 && (ch.Force || ch.Algorithm == limit.Once)) {
 				c.Step(ch, ms)
 			} else {
 				c.Touch(ch, ms)
 			}
 		}
 	}
-	var grown [numShards / 64]uint64
-	for j := range sc.slots {
-		if sl := &sc.slots[j]; s.commit(sl, &charges[sl.last], ms) {
-			grown[sl.shard/64] |= 1 << (sl.shard % 64)
+	if !void {
+		var grown [numShards / 64]uint64
+		for j := range sc.slots {
+			if sl := &sc.slots[j]; s.commit(sl, &charges[sl.last], ms) {
+				grown[sl.shard/64] |= 1 << (sl.shard % 64)
+			}
 		}
-	}
-	// Sweep after every commit: a sweep may drop an expired entry that a
-	// later slot of this decision would otherwise write into.
-	for w, word := range grown {
-		for word != 0 {
-			b := bits.TrailingZeros64(word)
-			word &^= 1 << b
-			sweep(&s.shards[w*64+b], ms)
+		// Sweep after every commit: a sweep may drop an expired entry that
+		// a later slot of this decision would otherwise write into.
+		for w, word := range grown {
+			for word != 0 {
+				b := bits.TrailingZeros64(word)
+				word &^= 1 << b
+				sweep(&s.shards[w*64+b], ms)
+			}
 		}
 	}
 	for w, word := range locked {
@@ -206,14 +229,15 @@ func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge
 }
 
 // load sets the working counter to the stored state (fresh when absent or
-// expired).
+// expired), in the slot's own buffers.
 func (sl *slot) load() {
-	b := sl.c.Buckets[:0]
+	b, l := sl.c.Buckets[:0], sl.c.Leases[:0]
 	if sl.live {
 		sl.c = sl.e.c
 		sl.c.Buckets = append(b, sl.e.c.Buckets...)
+		sl.c.Leases = append(l, sl.e.c.Leases...)
 	} else {
-		sl.c = limit.Counter{Buckets: b}
+		sl.c = limit.Counter{Buckets: b, Leases: l}
 	}
 }
 
@@ -235,9 +259,10 @@ func (s *Store) commit(sl *slot, ch *limit.Charge, now int64) (added bool) {
 		e = &entry{}
 		sh.m[sl.key] = e
 	}
-	b := e.c.Buckets[:0]
+	b, l := e.c.Buckets[:0], e.c.Leases[:0]
 	e.c = sl.c
 	e.c.Buckets = append(b, sl.c.Buckets...)
+	e.c.Leases = append(l, sl.c.Leases...)
 	e.expires = exp
 	return sl.e == nil
 }

@@ -27,12 +27,12 @@ func TestEvictionBoundsMemory(t *testing.T) {
 	t.Parallel()
 	s := memstore.New()
 	clock := storetest.NewFakeClock(time.UnixMilli(1_700_000_000_000))
-	algs := []limit.Algorithm{limit.SlidingWindow, limit.FixedWindow, limit.TokenBucket}
+	algs := []limit.Algorithm{limit.SlidingWindow, limit.FixedWindow, limit.TokenBucket, limit.Concurrency, limit.Once}
 	res := make([]limit.Result, 1)
 	expires := make([]int64, 0, 200_000) // from the contract's TTLs
 	worst := 0.0
 	for i := 0; i < 200_000; i++ {
-		c := limit.Charge{Key: key(i), Algorithm: algs[i%3], Amount: 5, Window: time.Second, Cost: 1}
+		c := limit.Charge{Key: key(i), Algorithm: algs[i%len(algs)], Amount: 5, Window: time.Second, Cost: 1, Member: "m"}
 		now := clock.Advance(time.Millisecond)
 		if ok, err := s.Apply(context.Background(), now, []limit.Charge{c}, res); err != nil || !ok {
 			t.Fatalf("Apply %d = %v, %v", i, ok, err)
@@ -45,6 +45,8 @@ func TestEvictionBoundsMemory(t *testing.T) {
 			expires = append(expires, (ms/1000+1)*1000)
 		case limit.TokenBucket: // T = 200ms
 			expires = append(expires, ms+200)
+		case limit.Concurrency, limit.Once: // the lease's or mark's deadline
+			expires = append(expires, ms+1000)
 		}
 		if i%1000 != 499 { // mid-second: not when every fixed window just ended
 			continue
@@ -108,6 +110,10 @@ func TestApplyErrors(t *testing.T) {
 	bad := []limit.Charge{{Key: key(1), Algorithm: 9, Amount: 1, Window: time.Second, Cost: 1}}
 	if _, err := s.Apply(context.Background(), now, bad, make([]limit.Result, 1)); err == nil {
 		t.Error("Apply with an unknown algorithm: no error")
+	}
+	anon := []limit.Charge{{Key: key(1), Algorithm: limit.Concurrency, Amount: 1, Window: time.Second, Cost: 1}}
+	if _, err := s.Apply(context.Background(), now, anon, make([]limit.Result, 1)); err == nil {
+		t.Error("Apply with a lease for no member: no error")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

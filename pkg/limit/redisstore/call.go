@@ -12,7 +12,7 @@ import (
 // call is one run of apply.lua: its KEYS and ARGV, and what decoding its
 // reply needs.
 type call struct {
-	mode    string // "apply", "try" or "undo"
+	mode    string // "apply", "try", "undo" or "void"
 	keys    []string
 	args    []any
 	now     int64
@@ -23,7 +23,7 @@ type call struct {
 
 const (
 	argsHead      = 3
-	argsPerCharge = 7
+	argsPerCharge = 8
 	repPerCharge  = 4
 )
 
@@ -38,7 +38,7 @@ func newCall(mode string, now int64, charges []limit.Charge) (*call, error) {
 	c.args[0], c.args[1], c.args[2] = mode, now, len(charges)
 	for i := range charges {
 		ch := &charges[i]
-		kind, p1, p2, err := params(ch)
+		kind, p1, p2, p3, err := params(ch)
 		if err != nil {
 			return nil, fmt.Errorf("charges[%d]: %w", i, err)
 		}
@@ -53,7 +53,7 @@ func newCall(mode string, now int64, charges []limit.Charge) (*call, error) {
 			ki = len(c.keys)
 			c.keys = append(c.keys, ch.Key)
 		}
-		c.args = append(c.args, ki+1, kind, ch.Amount, p1, p2, ch.Cost, flags(ch))
+		c.args = append(c.args, ki+1, kind, ch.Amount, p1, p2, p3, ch.Cost, flags(ch))
 	}
 	return c, nil
 }
@@ -73,23 +73,31 @@ func flags(ch *limit.Charge) string {
 
 // params maps a charge to the script's kind and parameters (see
 // apply.lua), with limit.Counter's readings: a window under 1ms is 1ms,
-// Buckets above limit.MaxBuckets is limit.MaxBuckets.
-func params(ch *limit.Charge) (kind string, p1, p2 uint64, err error) {
+// Buckets above limit.MaxBuckets is limit.MaxBuckets, At counts on a
+// sliding window only.
+func params(ch *limit.Charge) (kind string, p1, p2 uint64, p3 any, err error) {
 	W := uint64(max(ch.Window.Milliseconds(), 1))
 	switch ch.Algorithm {
 	case limit.SlidingWindow:
 		w, m := geometry(ch)
-		return "s", uint64(w), uint64(m), nil
+		return "s", uint64(w), uint64(m), ch.At, nil
 	case limit.FixedWindow:
-		return "f", W, 0, nil
+		return "f", W, 0, 0, nil
 	case limit.TokenBucket:
 		b := ch.Burst
 		if b == 0 {
 			b = ch.Amount
 		}
-		return "t", W, b, nil
+		return "t", W, b, 0, nil
+	case limit.Concurrency:
+		if ch.Cost != 0 && ch.Member == "" {
+			return "", 0, 0, nil, fmt.Errorf("concurrency charge of cost %d has no member", ch.Cost)
+		}
+		return "c", W, 0, ch.Member, nil
+	case limit.Once:
+		return "o", W, 0, 0, nil
 	}
-	return "", 0, 0, fmt.Errorf("unknown algorithm %v", ch.Algorithm)
+	return "", 0, 0, nil, fmt.Errorf("unknown algorithm %v", ch.Algorithm)
 }
 
 // geometry is a window charge's bucket width and M in ms, as limit.Counter
@@ -151,9 +159,10 @@ func (c *call) decode(rep []any, charges []limit.Charge, res []limit.Result) (bo
 }
 
 // report fills Remaining and ResetAfter from what the script says of the
-// charge's counter after the Apply. A window's usage and reset are the
-// script's; a token bucket's debt goes through limit.Counter's own
-// Report, so its float arithmetic lives in one place.
+// charge's counter after the Apply. A window's usage and reset, and a
+// concurrency counter's live leases and reset, are the script's; a token
+// bucket's debt goes through limit.Counter's own Report, so its float
+// arithmetic lives in one place. Once reports nothing.
 func (c *call) report(ch *limit.Charge, v []any, r *limit.Result) error {
 	if ch.Algorithm == limit.TokenBucket {
 		s, ok := v[0].(string)
@@ -179,6 +188,9 @@ func (c *call) report(ch *limit.Charge, v []any, r *limit.Result) error {
 	}
 	r.Remaining = ch.Amount - min(uint64(used), ch.Amount)
 	r.ResetAfter = time.Duration(reset) * time.Millisecond
+	if ch.Algorithm == limit.Once {
+		r.Remaining, r.ResetAfter = 0, 0
+	}
 	return nil
 }
 

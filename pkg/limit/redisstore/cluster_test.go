@@ -40,8 +40,13 @@ func TestSlot(t *testing.T) {
 func TestClusterMatchesMemstore(t *testing.T) {
 	t.Parallel()
 	s := newCluster(t)
-	if n := compare(t, s, 4, 800, true); n < 50 {
-		t.Fatalf("only %d decisions needed a compensation; the schedule does not test it", n)
+	n := compare(t, s, 4, 800, true)
+	t.Logf("%+v", n)
+	if n.compensated < 50 {
+		t.Fatalf("only %d decisions needed a compensation; the schedule does not test it", n.compensated)
+	}
+	if n.voided < 5 || n.markedAcross-n.voided < 20 {
+		t.Fatalf("%d decisions with a Once charge spanned slots, %d of them void; the schedule does not test marks across slots", n.markedAcross, n.voided)
 	}
 }
 
@@ -156,3 +161,120 @@ func TestClusterDenialLeavesOtherSlotsUncharged(t *testing.T) {
 		t.Errorf("after an admitted decision across slots: %+v", res)
 	}
 }
+
+// TestClusterMarksAndLeases checks on the keys themselves what a decision
+// across slots leaves of Once marks and leases: a mark that does not fit
+// in one slot voids the others' work, marks included; a denial takes back
+// an acquisition or a renewal and keeps a release and a Force
+// acquisition; a decision that fails takes its marks back.
+func TestClusterMarksAndLeases(t *testing.T) {
+	t.Parallel()
+	s := newCluster(t)
+	ctx := context.Background()
+	raw := s.cluster
+	a := limit.Charge{Key: key(limit.SlidingWindow, time.Hour, "a"), Algorithm: limit.SlidingWindow, Amount: 10, Window: time.Hour}
+	full := limit.Charge{Key: key(limit.FixedWindow, time.Hour, "c"), Algorithm: limit.FixedWindow, Amount: 1, Window: time.Hour, Cost: 1}
+	markA := limit.Charge{Key: key(limit.Once, time.Hour, "a"), Algorithm: limit.Once, Window: time.Hour, Cost: 1}
+	markB := limit.Charge{Key: key(limit.Once, time.Hour, "b"), Algorithm: limit.Once, Window: time.Hour, Cost: 1}
+	lease := limit.Charge{Key: key(limit.Concurrency, time.Hour, "a"), Algorithm: limit.Concurrency, Amount: 1, Window: time.Hour}
+	bad := limit.Charge{Key: key(limit.FixedWindow, time.Hour, "bad"), Algorithm: limit.FixedWindow, Amount: 9, Window: time.Hour, Cost: 1}
+	slots := map[int]string{}
+	for _, k := range []string{a.Key, markB.Key, full.Key, bad.Key} {
+		if other, ok := slots[slot(k)]; ok {
+			t.Fatalf("%s and %s share a slot", k, other)
+		}
+		slots[slot(k)] = k
+	}
+	with := func(c limit.Charge, cost int64) limit.Charge { c.Cost = cost; return c }
+	member := func(c limit.Charge, cost int64, m string) limit.Charge { c.Cost, c.Member = cost, m; return c }
+	exists := func(k string) bool {
+		t.Helper()
+		n, err := raw.Exists(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	}
+	window := func() string {
+		t.Helper()
+		h, err := raw.HGetAll(ctx, a.Key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprint(h)
+	}
+	leases := func() string {
+		t.Helper()
+		z, err := raw.ZRangeWithScores(ctx, lease.Key, 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprint(z)
+	}
+	ms := func(at time.Time) float64 { return float64(at.UnixMilli()) }
+
+	if ok, _ := apply(t, s, t0, with(a, 3), full, markB); !ok {
+		t.Fatal("first decision denied")
+	}
+	before := window()
+
+	// markB is live: the decision is void, so a's charge and refund are
+	// not kept, nor is markA, which fit in its own slot.
+	now := t0.Add(time.Minute)
+	refund := with(a, -1)
+	refund.At = t0.UnixMilli()
+	ok, res := apply(t, s, now, with(a, 2), refund, markA, markB)
+	if ok || !res[0].Fits || !res[2].Fits || res[3].Fits {
+		t.Fatalf("void decision: admitted %v, %+v", ok, res)
+	}
+	if res[0].Remaining != 7 || res[1].Remaining != 7 {
+		t.Errorf("void decision reports a as %+v and %+v, want 7 left", res[0], res[1])
+	}
+	if after := window(); after != before || exists(markA.Key) {
+		t.Fatalf("a void decision left its work behind: a %s (was %s), mark a kept %v", after, before, exists(markA.Key))
+	}
+	if ok, _ := apply(t, s, now, markA); !ok {
+		t.Fatal("mark a was not taken back")
+	}
+
+	// A denial takes back an acquisition, then a renewal.
+	if ok, _ := apply(t, s, now, member(lease, 1, "r1"), full); ok || exists(lease.Key) {
+		t.Fatalf("a denied acquisition was kept: %s", leases())
+	}
+	if ok, _ := apply(t, s, now, member(lease, 1, "r1")); !ok {
+		t.Fatal("acquisition denied")
+	}
+	held := fmt.Sprint([]redis.Z{{Score: ms(now.Add(time.Hour)), Member: "r1"}})
+	later := now.Add(time.Minute)
+	if ok, _ := apply(t, s, later, member(lease, 1, "r1"), full); ok || leases() != held {
+		t.Fatalf("a denied renewal was kept: %s, want %s", leases(), held)
+	}
+	// A Force acquisition stays, past the cap; so does a release.
+	if ok, res := apply(t, s, later, full, force(member(lease, 1, "r2"))); ok || res[1].Fits {
+		t.Fatalf("force past the cap: admitted %v, %+v", ok, res)
+	}
+	both := fmt.Sprint([]redis.Z{{Score: ms(now.Add(time.Hour)), Member: "r1"}, {Score: ms(later.Add(time.Hour)), Member: "r2"}})
+	if got := leases(); got != both {
+		t.Fatalf("after a Force acquisition: %s, want %s", got, both)
+	}
+	if ok, _ := apply(t, s, later, member(lease, -1, "r1"), member(lease, -1, "r2"), full); ok || exists(lease.Key) {
+		t.Fatalf("releases in a denied decision were not kept: %s", leases())
+	}
+
+	// A decision that fails after its marks were set takes them back. (At
+	// now: a take-back leaves what a denial would, and a denial in a later
+	// bucket moves the window's high-water mark.)
+	markB2 := markB
+	markB2.Key = key(limit.Once, 2*time.Hour, "b")
+	if err := raw.Set(ctx, bad.Key, "x", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := s.Apply(ctx, now, []limit.Charge{markB2, with(a, 1), bad}, make([]limit.Result, 3)); err == nil || ok {
+		t.Fatalf("Apply with a broken slot = %v, %v; want an error", ok, err)
+	}
+	if exists(markB2.Key) || window() != before {
+		t.Fatalf("a failed decision left its mark (%v) or a's charge (%s, was %s)", exists(markB2.Key), window(), before)
+	}
+}
+
+func force(c limit.Charge) limit.Charge { c.Force = true; return c }

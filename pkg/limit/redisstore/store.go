@@ -18,6 +18,20 @@
 // never goes below where the denial would have left it: a compensation
 // can under-admit, never over-admit. Between the two calls another
 // decision can see, and be denied by, charges about to be taken back.
+// A lease acquisition or renewal taken back goes to the deadline it had
+// before, if no other decision has changed it since.
+//
+// Concurrency leases are a sorted set per key (member -> deadline), Once
+// marks a string holding the mark's deadline. A Once mark that does not
+// fit voids the whole decision, which no compensation could give back
+// exactly (refunds and high-water marks cannot be taken back). So a
+// cluster decision across slots with Once charges sets its marks first,
+// on their own slots; if one does not fit, the marks set elsewhere are
+// taken back (each only while it is still the mark this decision set)
+// and the rest of the decision is evaluated without being written. When
+// every mark fits, the rest runs as above, and its marks stay whether it
+// admits or denies; a failure takes them back. That costs one more round
+// trip, for decisions across slots with a Once charge only.
 //
 // Every key written expires one second (ttlMargin in apply.lua) after its
 // counter becomes equivalent to a fresh one: Redis expires keys by its own

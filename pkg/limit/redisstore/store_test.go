@@ -181,10 +181,12 @@ func TestApplyForce(t *testing.T) {
 	}
 }
 
-// randomCharges is a random decision over a few keys of every algorithm. The
-// windows are long, so no key expires on the Redis clock while the test
-// runs; fake time moves in steps comparable to the windows.
-func randomCharges(r *rand.Rand, refunds bool) []limit.Charge {
+// randomCharges is a random decision at now over a few keys of every
+// algorithm: refunds (when refunds is set) aimed at a bucket or not,
+// lease acquisitions, renewals and releases, and Once marks. The windows
+// are long, so no key expires on the Redis clock while the test runs;
+// fake time moves in steps comparable to the windows.
+func randomCharges(r *rand.Rand, now time.Time, refunds bool) []limit.Charge {
 	type spec struct {
 		alg     limit.Algorithm
 		window  time.Duration
@@ -198,11 +200,19 @@ func randomCharges(r *rand.Rand, refunds bool) []limit.Charge {
 		{limit.FixedWindow, time.Hour, 0},
 		{limit.TokenBucket, time.Hour, 0},
 		{limit.TokenBucket, 7 * time.Minute, 0},
+		{limit.Concurrency, 3 * time.Minute, 0},
+		{limit.Concurrency, 10 * time.Minute, 0},
+		{limit.Once, 4 * time.Minute, 0}, // last: see below
 	}
 	n := 1 + r.IntN(5)
 	cs := make([]limit.Charge, n)
 	for i := range cs {
 		sp := specs[r.IntN(len(specs))]
+		if sp.alg == limit.Once && r.IntN(2) == 0 {
+			// A live mark voids the whole decision: draw marks half as
+			// often as the others, so that most decisions count.
+			sp = specs[r.IntN(len(specs)-1)]
+		}
 		tenant := strconv.Itoa(r.IntN(4))
 		c := limit.Charge{
 			Key:       key(sp.alg, sp.window, tenant),
@@ -218,30 +228,87 @@ func randomCharges(r *rand.Rand, refunds bool) []limit.Charge {
 		}
 		if refunds && r.IntN(6) == 0 {
 			c.Cost = -int64(1 + r.IntN(8))
+			if r.IntN(2) == 0 {
+				c.At = now.UnixMilli() - r.Int64N(int64(2*sp.window/time.Millisecond))
+			}
+		}
+		switch sp.alg {
+		case limit.Concurrency:
+			c.Amount = uint64(r.IntN(4))
+			c.Member = "m" + strconv.Itoa(r.IntN(5))
+			c.Cost = int64(r.IntN(3)) - 1
+		case limit.Once:
+			c.Cost = []int64{1, 1, 1, 0, -1}[r.IntN(5)]
 		}
 		cs[i] = c
 	}
 	return cs
 }
 
+// lateCharges is a random decision at now on the counters of prev: some
+// of its charges, with costs drawn again.
+func lateCharges(r *rand.Rand, now time.Time, prev []limit.Charge, refunds bool) []limit.Charge {
+	var cs []limit.Charge
+	for _, c := range prev {
+		if len(cs) > 0 && r.IntN(3) == 0 {
+			continue
+		}
+		c.Cost, c.At = int64(r.IntN(8)), 0
+		if refunds && r.IntN(6) == 0 {
+			c.Cost = -int64(1 + r.IntN(8))
+			if r.IntN(2) == 0 {
+				c.At = now.UnixMilli() - r.Int64N(int64(2*c.Window/time.Millisecond))
+			}
+		}
+		switch c.Algorithm {
+		case limit.Concurrency:
+			c.Cost = int64(r.IntN(3)) - 1
+		case limit.Once:
+			c.Cost = []int64{1, 1, 1, 0, -1}[r.IntN(5)]
+		}
+		cs = append(cs, c)
+	}
+	return cs
+}
+
+// tally counts the decisions of a compare run that a cluster store must
+// handle across slots.
+type tally struct {
+	// compensated is the denied decisions that spanned several slots with
+	// a charge that fit in a slot other than a denying one.
+	compensated int
+	// voided is the decisions a Once mark voided that spanned several
+	// slots; markedAcross, those with a Once charge that spanned several
+	// slots (voided or not).
+	voided, markedAcross int
+}
+
 // compare runs the same random schedule on s and on memstore, the
-// reference implementation of limit.Counter. It returns how many denied
-// decisions spanned several cluster slots with a charge that fit in a
-// slot other than a denying one: those a cluster store must compensate.
-func compare(t *testing.T, s limit.Store, seed uint64, decisions int, refunds bool) (compensated int) {
+// reference implementation of limit.Counter, and tallies what a cluster
+// store must do across slots.
+func compare(t *testing.T, s limit.Store, seed uint64, decisions int, refunds bool) (n tally) {
 	t.Helper()
 	r := rand.New(rand.NewPCG(seed, seed))
 	m := memstore.New()
-	now := t0
+	latest, now := t0, t0
+	var cs []limit.Charge
 	for d := range decisions {
-		// Now and then a decision comes from a replica whose clock is
-		// behind, or reaches the store late.
-		step := time.Duration(r.IntN(90_000)) * time.Millisecond
-		if r.IntN(8) == 0 {
-			step = -time.Duration(r.IntN(40_000)) * time.Millisecond
+		if d > 0 && r.IntN(8) == 0 {
+			// Now and then a decision reaches the store after a later one,
+			// or comes from a replica whose clock is behind: on the
+			// counters of the decision just before it. Only those: a
+			// memstore sweep drops state that has expired by the time of
+			// the decision that sweeps, and a caller behind that time
+			// would still count it, as Redis does (see memstore's package
+			// doc). The counters the last decision wrote cannot have been
+			// swept since.
+			now = latest.Add(-time.Duration(r.IntN(40_000)) * time.Millisecond)
+			cs = lateCharges(r, now, cs, refunds)
+		} else {
+			latest = latest.Add(time.Duration(r.IntN(90_000)) * time.Millisecond)
+			now = latest
+			cs = randomCharges(r, now, refunds)
 		}
-		now = now.Add(step)
-		cs := randomCharges(r, refunds)
 		want := make([]limit.Result, len(cs))
 		wantOK, _ := m.Apply(context.Background(), now, cs, want)
 		ok, got := apply(t, s, now, cs...)
@@ -254,10 +321,29 @@ func compare(t *testing.T, s limit.Store, seed uint64, decisions int, refunds bo
 			}
 		}
 		if !ok && keptElsewhere(cs, got) {
-			compensated++
+			n.compensated++
+		}
+		if across, marked, voided := onceAcross(cs, got); across && marked {
+			n.markedAcross++
+			if voided {
+				n.voided++
+			}
 		}
 	}
-	return compensated
+	return n
+}
+
+// onceAcross reports whether a decision spans several slots, holds a Once
+// charge, and was voided by one.
+func onceAcross(cs []limit.Charge, res []limit.Result) (across, marked, voided bool) {
+	for i, c := range cs {
+		across = across || slot(c.Key) != slot(cs[0].Key)
+		if c.Algorithm == limit.Once {
+			marked = true
+			voided = voided || (c.Cost >= 0 && !res[i].Fits)
+		}
+	}
+	return across, marked, voided
 }
 
 // keptElsewhere reports whether a positive charge fit in a slot where no
@@ -302,7 +388,7 @@ func TestApplyTTL(t *testing.T) {
 	for range 300 {
 		now = now.Add(time.Duration(r.IntN(90_000)) * time.Millisecond)
 		res := make([]limit.Result, 5)
-		cs := randomCharges(r, true)
+		cs := randomCharges(r, now, true)
 		if _, err := s.Apply(context.Background(), now, cs, res[:len(cs)]); err != nil {
 			t.Fatal(err)
 		}
@@ -335,12 +421,16 @@ func TestApplyTTLValues(t *testing.T) {
 	sliding := limit.Charge{Key: key(limit.SlidingWindow, time.Hour, "a"), Algorithm: limit.SlidingWindow, Amount: 10, Window: time.Hour, Buckets: 7, Cost: 1}
 	fixed := limit.Charge{Key: key(limit.FixedWindow, time.Hour, "a"), Algorithm: limit.FixedWindow, Amount: 10, Window: time.Hour, Cost: 1}
 	bucket := limit.Charge{Key: key(limit.TokenBucket, time.Hour, "a"), Algorithm: limit.TokenBucket, Amount: 10, Window: time.Hour, Cost: 3}
-	apply(t, s, t0, sliding, fixed, bucket)
+	lease := limit.Charge{Key: key(limit.Concurrency, time.Hour, "a"), Algorithm: limit.Concurrency, Amount: 10, Window: time.Hour, Cost: 1, Member: "r1"}
+	shorter := lease
+	shorter.Window, shorter.Member = time.Minute, "r2"
+	mark := limit.Charge{Key: key(limit.Once, time.Hour, "a"), Algorithm: limit.Once, Window: 30 * time.Minute, Cost: 1}
+	apply(t, s, t0, sliding, fixed, bucket, lease, shorter, mark)
 	// A key lives until it is equivalent to a fresh counter, plus a
 	// second for the clocks of Redis and the replicas. Sliding:
 	// w = ceil(3600000/7) = 514286, M = 7, so the bucket charged leaves
 	// the count (cur+8)*w. Fixed: the end of the hour. Token bucket:
-	// 3 * 360000ms of debt.
+	// 3 * 360000ms of debt. Leases: the latest deadline. Once: the mark's.
 	now := t0.UnixMilli()
 	for _, tt := range []struct {
 		key  string
@@ -349,6 +439,8 @@ func TestApplyTTLValues(t *testing.T) {
 		{sliding.Key, (now/514286+8)*514286 - now + 1000},
 		{fixed.Key, (now/3600000+1)*3600000 - now + 1000},
 		{bucket.Key, 1080000 + 1000},
+		{lease.Key, 3600000 + 1000},
+		{mark.Key, 1800000 + 1000},
 	} {
 		got, err := c.PTTL(ctx, tt.key).Result()
 		if err != nil {
@@ -434,14 +526,14 @@ func TestApplyOneRoundTrip(t *testing.T) {
 
 	r := rand.New(rand.NewPCG(3, 3))
 	now := t0
-	apply(t, s, now, randomCharges(r, true)...) // loads the script (EVALSHA, NOSCRIPT, EVAL)
+	apply(t, s, now, randomCharges(r, now, true)...) // loads the script (EVALSHA, NOSCRIPT, EVAL)
 	h.n.Store(0)
 	h.evalsha.Store(0)
 	before := commandCalls(t, admin, "evalsha")
 	const decisions = 50
 	for range decisions {
 		now = now.Add(time.Second)
-		apply(t, s, now, randomCharges(r, true)...)
+		apply(t, s, now, randomCharges(r, now, true)...)
 	}
 	if got := h.n.Load(); got != decisions {
 		t.Errorf("%d round trips for %d decisions", got, decisions)
@@ -488,6 +580,13 @@ func TestApplyWrongType(t *testing.T) {
 		{"window with a non-numeric count", limit.SlidingWindow, func(k string) error { return c.HSet(ctx, k, "1", "y").Err() }},
 		{"token bucket on a hash", limit.TokenBucket, func(k string) error { return c.HSet(ctx, k, "1", "1").Err() }},
 		{"token bucket on a non-number", limit.TokenBucket, func(k string) error { return c.Set(ctx, k, "x", 0).Err() }},
+		{"concurrency on a string", limit.Concurrency, func(k string) error { return c.Set(ctx, k, "1", 0).Err() }},
+		{"concurrency on a hash", limit.Concurrency, func(k string) error { return c.HSet(ctx, k, "m", "1").Err() }},
+		{"once on a hash", limit.Once, func(k string) error { return c.HSet(ctx, k, "1", "1").Err() }},
+		{"once on a sorted set", limit.Once, func(k string) error { return c.ZAdd(ctx, k, redis.Z{Score: 1, Member: "m"}).Err() }},
+		{"once on a token bucket", limit.Once, func(k string) error { return c.Set(ctx, k, "1:2.5", 0).Err() }},
+		{"once on a fraction", limit.Once, func(k string) error { return c.Set(ctx, k, "1.5", 0).Err() }},
+		{"token bucket on a mark", limit.TokenBucket, func(k string) error { return c.Set(ctx, k, "1700000000000", 0).Err() }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			k := key(tt.alg, time.Hour, tt.name)
@@ -495,7 +594,7 @@ func TestApplyWrongType(t *testing.T) {
 				t.Fatal(err)
 			}
 			res := make([]limit.Result, 1)
-			ch := limit.Charge{Key: k, Algorithm: tt.alg, Amount: 10, Window: time.Hour, Cost: 1}
+			ch := limit.Charge{Key: k, Algorithm: tt.alg, Amount: 10, Window: time.Hour, Cost: 1, Member: "m"}
 			ok, err := s.Apply(ctx, t0, []limit.Charge{ch}, res)
 			if err == nil || ok {
 				t.Fatalf("Apply = %v, %v; want an error", ok, err)
@@ -515,6 +614,8 @@ func TestApplyInvalid(t *testing.T) {
 		want string
 	}{
 		{"unknown algorithm", limit.Charge{Key: "k", Algorithm: 9, Amount: 1, Window: time.Second}, "unknown algorithm"},
+		{"acquisition without a member", limit.Charge{Key: "k", Algorithm: limit.Concurrency, Amount: 1, Window: time.Second, Cost: 1}, "no member"},
+		{"release without a member", limit.Charge{Key: "k", Algorithm: limit.Concurrency, Amount: 1, Window: time.Second, Cost: -1}, "no member"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := s.Apply(context.Background(), t0, []limit.Charge{tt.give}, make([]limit.Result, 1))

@@ -14,6 +14,8 @@ import (
 // plainly over limit.Counter, which holds the arithmetic.
 type model struct {
 	counters map[string]*limit.Counter
+	// voids and denials count the decisions of each outcome.
+	voids, denials int
 }
 
 func clone(c *limit.Counter) *limit.Counter {
@@ -22,6 +24,7 @@ func clone(c *limit.Counter) *limit.Counter {
 	}
 	d := *c
 	d.Buckets = append([]limit.Bucket(nil), c.Buckets...)
+	d.Leases = append([]limit.Lease(nil), c.Leases...)
 	return &d
 }
 
@@ -37,30 +40,43 @@ func (md *model) apply(now time.Time, charges []limit.Charge) (bool, []limit.Res
 		return c
 	}
 	res := make([]limit.Result, len(charges))
-	admitted := true
+	admitted, void := true, false
 	for i := range charges {
 		ch := &charges[i]
 		fits, retry := get(ch.Key).Step(ch, at)
 		res[i] = limit.Result{Fits: fits, RetryAfter: time.Duration(retry) * time.Millisecond}
-		if ch.Cost >= 0 && !ch.Shadow && !ch.Force && !fits {
-			admitted = false
+		if ch.Cost >= 0 && !fits {
+			if ch.Algorithm == limit.Once {
+				void = true
+			}
+			if !ch.Shadow && !ch.Force {
+				admitted = false
+			}
 		}
 	}
-	if !admitted {
-		// Start over from the stored state: keep the refunds and the Force
-		// charges, and the
-		// time the other charges saw (the windows' high-water marks).
+	if void {
+		// A Once charge that does not fit: nothing is kept.
+		md.voids++
+		clear(work)
+		admitted = false
+	} else if !admitted {
+		md.denials++
+		// Start over from the stored state: keep the refunds, the Force
+		// charges and the Once marks, and the time the other charges saw
+		// (the windows' high-water marks, the leases that expired).
 		clear(work)
 		for i := range charges {
-			if ch := &charges[i]; ch.Cost < 0 || (ch.Cost > 0 && ch.Force) {
+			if ch := &charges[i]; ch.Cost < 0 || (ch.Cost > 0 && (ch.Force || ch.Algorithm == limit.Once)) {
 				get(ch.Key).Step(ch, at)
 			} else {
 				get(ch.Key).Touch(ch, at)
 			}
 		}
 	}
-	for k, c := range work {
-		md.counters[k] = c
+	if !void {
+		for k, c := range work {
+			md.counters[k] = c
+		}
 	}
 	for i := range charges {
 		ch := &charges[i]
@@ -72,9 +88,11 @@ func (md *model) apply(now time.Time, charges []limit.Charge) (bool, []limit.Res
 }
 
 // testModel runs random decisions of one to four charges (a key may
-// repeat; refunds, checks, shadow and oversized charges included) over
-// counters of every algorithm, and requires the store's every answer to
-// equal the model's to the millisecond.
+// repeat; refunds, refunds at a time, checks, shadow, Force and oversized
+// charges, lease acquisitions, renewals and releases, Once marks that
+// void the decision included) over counters of every algorithm, and
+// requires the store's every answer to equal the model's to the
+// millisecond.
 func testModel(t *testing.T, newStore func(testing.TB) limit.Store) {
 	for _, seed := range seeds {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
@@ -89,10 +107,20 @@ func testModel(t *testing.T, newStore func(testing.TB) limit.Store) {
 				e.charge("k7", limit.Charge{Algorithm: limit.TokenBucket, Amount: 7, Burst: 3, Window: 1000 * time.Second}),
 				e.charge("k50", limit.Charge{Algorithm: limit.TokenBucket, Amount: 50, Window: 1000 * time.Second}),
 				e.charge("zero", limit.Charge{Algorithm: limit.TokenBucket, Amount: 0, Window: time.Minute}),
+				e.charge("c3", limit.Charge{Algorithm: limit.Concurrency, Amount: 3, Window: 20 * time.Second}),
+				e.charge("c1", limit.Charge{Algorithm: limit.Concurrency, Amount: 1, Window: 7 * time.Second}),
+				e.charge("once", limit.Charge{Algorithm: limit.Once, Window: 30 * time.Second}),
 			}
 			md := &model{counters: map[string]*limit.Counter{}}
 			now := int64(0)
-			for step := 0; step < 1500; step++ {
+			const steps = 1500
+			defer func() {
+				t.Logf("%d decisions: %d void, %d denied", steps, md.voids, md.denials)
+				if md.voids < steps/50 || md.denials < steps/10 {
+					t.Errorf("%d void and %d denied decisions: the schedule misses them", md.voids, md.denials)
+				}
+			}()
+			for step := 0; step < steps; step++ {
 				switch x := r.IntN(20); {
 				case x < 8:
 				case x < 16:
@@ -106,10 +134,21 @@ func testModel(t *testing.T, newStore func(testing.TB) limit.Store) {
 				charges := make([]limit.Charge, 1+r.IntN(4))
 				for i := range charges {
 					c := counters[r.IntN(len(counters))]
-					if c.Amount > 0 && r.IntN(4) == 0 {
+					switch {
+					case c.Algorithm == limit.Concurrency:
+						c.Member = fmt.Sprintf("m%d", r.IntN(5))
+						c.Cost = []int64{1, 1, 1, -1, -1, 0}[r.IntN(6)]
+					case c.Algorithm == limit.Once:
+						c.Cost = []int64{1, 1, 1, 1, 0, -1}[r.IntN(6)]
+					case c.Amount > 0 && r.IntN(4) == 0:
 						c.Cost = 1 + r.Int64N(int64(c.Amount))
-					} else {
+					default:
 						c.Cost = randCost(r, max(1, c.Amount), true)
+					}
+					if c.Cost < 0 && c.Algorithm != limit.Concurrency && r.IntN(2) == 0 {
+						// Mostly a counted bucket, now and then one that
+						// has left the count or is ahead of cur.
+						c.At = at.UnixMilli() - 150000 + r.Int64N(200000)
 					}
 					c.Shadow = r.IntN(7) == 0
 					c.Force = c.Cost > 0 && r.IntN(9) == 0
@@ -122,7 +161,7 @@ func testModel(t *testing.T, newStore func(testing.TB) limit.Store) {
 				}
 				var b strings.Builder
 				for i, c := range charges {
-					fmt.Fprintf(&b, "\n  %d: %v amount %d cost %d shadow %v force %v: got %s, want %s", i, c.Algorithm, c.Amount, c.Cost, c.Shadow, c.Force, fmtResult(got[i]), fmtResult(want[i]))
+					fmt.Fprintf(&b, "\n  %d: %v %q amount %d cost %d at %d member %q shadow %v force %v: got %s, want %s", i, c.Algorithm, c.Key[len(c.Key)-6:], c.Amount, c.Cost, c.At, c.Member, c.Shadow, c.Force, fmtResult(got[i]), fmtResult(want[i]))
 				}
 				t.Fatalf("step %d at %dms: admitted %v, want %v%s", step, now, gotOK, wantOK, b.String())
 			}

@@ -36,6 +36,10 @@ func runProperties(t *testing.T, newStore func(testing.TB) limit.Store) {
 			t.Parallel()
 			propToken(t, newStore, seed)
 		})
+		t.Run(fmt.Sprintf("Concurrency/seed=%d", seed), func(t *testing.T) {
+			t.Parallel()
+			propLeases(t, newStore, seed)
+		})
 	}
 	t.Run("SlidingWindowLiveness", func(t *testing.T) { t.Parallel(); propSlidingLiveness(t, newStore) })
 	t.Run("FixedWindowLiveness", func(t *testing.T) { t.Parallel(); propFixedLiveness(t, newStore) })
@@ -384,8 +388,128 @@ func propTokenLiveness(t *testing.T, newStore func(testing.TB) limit.Store) {
 	}
 }
 
+// propLeases runs a random schedule of lease acquisitions, renewals,
+// releases and checks on one Concurrency counter, alone or beside a fixed
+// window that now and then denies the decision, with leases expiring as
+// time moves. The test keeps its own record of the leases held (kept
+// acquisitions at their deadlines, less releases) and checks, at every
+// step:
+//   - the cap: the live leases never exceed Amount;
+//   - Fits, RetryAfter, Remaining and ResetAfter, exactly, from that
+//     record: an acquisition fits when its member holds a live lease or
+//     fewer than Amount are live, counting the earlier charges of the
+//     decision;
+//   - admitted agrees with Fits.
+func propLeases(t *testing.T, newStore func(testing.TB) limit.Store, seed uint64) {
+	r := newRand(seed)
+	e := newEnv(t, newStore)
+	amounts := []uint64{1, 3, 5}
+	c := e.charge("c", limit.Charge{Algorithm: limit.Concurrency, Amount: amounts[r.IntN(3)], Window: 10 * time.Second})
+	f := e.charge("f", limit.Charge{Algorithm: limit.FixedWindow, Amount: 3, Window: 10 * time.Second})
+	W := c.Window.Milliseconds()
+	t.Logf("amount %d", c.Amount)
+
+	held := map[string]int64{} // member -> deadline, ms after base
+	liveAt := func(m map[string]int64, now int64) (n uint64, first int64) {
+		for _, d := range m {
+			if d > now {
+				if n == 0 || d-now < first {
+					first = d - now
+				}
+				n++
+			}
+		}
+		return n, first
+	}
+	now, admittedN, fullN := int64(0), 0, 0
+	defer func() { t.Logf("%d of 1000 decisions admitted, %d found the cap full", admittedN, fullN) }()
+	for step := 0; step < 1000; step++ {
+		if r.IntN(3) > 0 {
+			now += r.Int64N(W / 4)
+		}
+		e.at(now)
+		var charges []limit.Charge
+		for range 1 + r.IntN(3) {
+			ch := c
+			ch.Member = fmt.Sprintf("m%d", r.IntN(2*int(c.Amount)+2))
+			ch.Cost = []int64{1, 1, 1, -1, 0}[r.IntN(5)]
+			charges = append(charges, ch)
+		}
+		if r.IntN(3) == 0 {
+			charges = append(charges, cost(f, 1))
+		}
+		admitted, rs := e.apply(charges...)
+		checkAdmitted(t, step, charges, rs, admitted)
+		if admitted {
+			admittedN++
+		}
+
+		// What each charge saw: the record, with the decision's earlier
+		// charges applied.
+		seen := map[string]int64{}
+		for m, d := range held {
+			if d > now {
+				seen[m] = d
+			}
+		}
+		for i, ch := range charges {
+			if ch.Key != c.Key {
+				continue
+			}
+			n, first := liveAt(seen, now)
+			_, isHeld := seen[ch.Member]
+			var fits bool
+			switch {
+			case ch.Cost < 0:
+				fits = true
+				delete(seen, ch.Member)
+			case ch.Cost == 0:
+				fits = n < c.Amount
+			default:
+				fits = isHeld || n < c.Amount
+				if fits {
+					seen[ch.Member] = now + W
+				}
+			}
+			if !fits {
+				fullN++
+			}
+			want := limit.Result{Fits: fits}
+			if !fits {
+				want.RetryAfter = ms(first)
+			}
+			if rs[i].Fits != want.Fits || rs[i].RetryAfter != want.RetryAfter {
+				t.Fatalf("step %d at %dms: charge %d (%s cost %d): %s, want Fits %v RetryAfter %v", step, now, i, ch.Member, ch.Cost, fmtResult(rs[i]), want.Fits, want.RetryAfter)
+			}
+		}
+		// What was kept: all of it when admitted, the releases otherwise.
+		for i, ch := range charges {
+			switch {
+			case ch.Key != c.Key:
+			case ch.Cost < 0:
+				delete(held, ch.Member)
+			case ch.Cost > 0 && admitted && rs[i].Fits:
+				held[ch.Member] = now + W
+			}
+		}
+		n, first := liveAt(held, now)
+		if n > c.Amount {
+			t.Fatalf("step %d at %dms: %d live leases, cap %d", step, now, n, c.Amount)
+		}
+		for i, ch := range charges {
+			if ch.Key != c.Key {
+				continue
+			}
+			if rs[i].Remaining != c.Amount-n || rs[i].ResetAfter != ms(first) {
+				t.Fatalf("step %d at %dms: charge %d: %s, want Remaining %d ResetAfter %dms", step, now, i, fmtResult(rs[i]), c.Amount-n, first)
+			}
+		}
+	}
+}
+
 // testConcurrent hammers one key from several goroutines at one instant:
-// exactly Amount is admitted. Then two keys at once: all or nothing holds.
+// exactly Amount is admitted (one lease per member; one Once mark). Then
+// two keys at once: all or nothing holds.
 func testConcurrent(t *testing.T, newStore func(testing.TB) limit.Store) {
 	const goroutines, each = 8, 40
 	e := newEnv(t, newStore)
@@ -399,8 +523,14 @@ func testConcurrent(t *testing.T, newStore func(testing.TB) limit.Store) {
 			go func() {
 				defer wg.Done()
 				res := make([]limit.Result, len(charges))
+				mine := append([]limit.Charge(nil), charges...)
 				for i := 0; i < each; i++ {
-					ok, err := e.store.Apply(context.Background(), now, charges, res)
+					for j := range mine {
+						if mine[j].Algorithm == limit.Concurrency {
+							mine[j].Member = fmt.Sprintf("g%d-%d", g, i)
+						}
+					}
+					ok, err := e.store.Apply(context.Background(), now, mine, res)
 					if err != nil {
 						t.Errorf("Apply: %v", err)
 						return
@@ -424,6 +554,8 @@ func testConcurrent(t *testing.T, newStore func(testing.TB) limit.Store) {
 		{name: "token", give: cost(withAmount(token, 100), 1), want: 100},
 		{name: "sliding weighted", give: cost(withAmount(sliding, 100), 3), want: 33},
 		{name: "token weighted", give: cost(withAmount(token, 100), 7), want: 14},
+		{name: "concurrency", give: cost(withAmount(conc, 100), 1), want: 100},
+		{name: "once", give: cost(once, 1), want: 1},
 	} {
 		c := e.charge(tc.name, tc.give)
 		if got := hammer(c); got != tc.want {

@@ -13,8 +13,9 @@
 // Beyond store.go's contract, the suite pins the readings documented on
 // limit.Counter: the token bucket's At + Debt state and tolerance, the
 // windows' high-water mark (moved by checks and denied decisions too), a
-// change of bucket width, and Results that describe each counter after
-// the whole Apply. Every expected value in it is exact, and the Model
+// change of bucket width, Results that describe each counter after the
+// whole Apply, Force and Shadow acquisitions of leases, and Once marks
+// kept in denied decisions and untouched by Shadow and Force. Every expected value in it is exact, and the Model
 // subtest compares every answer with limit.Counter's.
 package storetest
 
@@ -43,6 +44,9 @@ func Run(t *testing.T, newStore func(t testing.TB) limit.Store) {
 	t.Run("FixedWindow", func(t *testing.T) { t.Parallel(); runScripts(t, newStore, fixedCases) })
 	t.Run("TokenBucket", func(t *testing.T) { t.Parallel(); runScripts(t, newStore, tokenCases) })
 	t.Run("TokenBucketFillsBurstExactly", func(t *testing.T) { t.Parallel(); testBurstExact(t, newStore) })
+	t.Run("TargetedRefund", func(t *testing.T) { t.Parallel(); runDecisions(t, newStore, targetedRefundCases) })
+	t.Run("Concurrency", func(t *testing.T) { t.Parallel(); runDecisions(t, newStore, concurrencyCases) })
+	t.Run("Once", func(t *testing.T) { t.Parallel(); runDecisions(t, newStore, onceCases) })
 	t.Run("AllOrNothing", func(t *testing.T) { t.Parallel(); testAllOrNothing(t, newStore) })
 	t.Run("Shadow", func(t *testing.T) { t.Parallel(); testShadow(t, newStore) })
 	t.Run("Force", func(t *testing.T) { t.Parallel(); testForce(t, newStore) })
