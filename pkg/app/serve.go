@@ -29,6 +29,7 @@ type serveFlags struct {
 	logLevel  string
 	logFormat string
 	tls       tlsFlags
+	authz     authzFlags
 }
 
 func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
@@ -42,6 +43,7 @@ func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "json", "json or console")
 	f.tls.register(fs)
+	f.authz.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: tollgate serve [flags]\n\nEvery flag can also be set with TOLLGATE_<FLAG> (--grpc-addr: TOLLGATE_GRPC_ADDR); the flag wins.\n\n")
 		fs.PrintDefaults()
@@ -126,8 +128,12 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 	if err != nil {
 		return err
 	}
+	az, err := newAuthz(f.authz, lim, log, reg)
+	if err != nil {
+		return err
+	}
 	srv, err := server.New(server.Config{
-		Services: []server.Service{rlsSvc},
+		Services: append([]server.Service{rlsSvc}, az.services()...),
 		Logger:   log.Named("server"),
 		Gatherer: reg,
 		TLS:      f.tls.server(),
@@ -181,9 +187,15 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 			log.Error("rules will not reload", zap.Error(err))
 		}
 	}()
+	authzDone := make(chan struct{})
+	go func() {
+		defer close(authzDone)
+		az.watch(watchCtx)
+	}()
 	defer func() {
 		stopWatch()
 		<-watchDone
+		<-authzDone
 	}()
 
 	return srv.Serve(ctx, grpcLis, adminLis)

@@ -2,8 +2,6 @@ package rls
 
 import (
 	"math"
-	"strconv"
-	"strings"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -13,15 +11,16 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/rls/headers"
 )
 
 // Response headers, as Envoy's DRAFT_VERSION_03 option names them, plus
-// Retry-After on a denial.
+// Retry-After on a denial (defined in pkg/rls/headers, which Check shares).
 const (
-	HeaderLimit      = "x-ratelimit-limit"
-	HeaderRemaining  = "x-ratelimit-remaining"
-	HeaderReset      = "x-ratelimit-reset"
-	HeaderRetryAfter = "retry-after"
+	HeaderLimit      = headers.Limit
+	HeaderRemaining  = headers.Remaining
+	HeaderReset      = headers.Reset
+	HeaderRetryAfter = headers.RetryAfter
 )
 
 // toRequest converts an Envoy request to the domain's. It never fails:
@@ -78,7 +77,7 @@ func toResponse(dec *limit.Decision) *rlsv3.RateLimitResponse {
 	for i := range dec.Statuses {
 		resp.Statuses[i] = toStatus(&dec.Statuses[i])
 	}
-	resp.ResponseHeadersToAdd = headers(resp.Statuses)
+	resp.ResponseHeadersToAdd = responseHeaders(resp.Statuses)
 	return resp
 }
 
@@ -123,57 +122,37 @@ func capUint32(v uint64) uint32 {
 	return uint32(v)
 }
 
-// headers builds the draft-03 headers Envoy itself would build from the
-// statuses with enable_x_ratelimit_headers, so they also reach clients
-// when that option is off: the figures come from the status with the
-// smallest limit_remaining (the first on a tie), and x-ratelimit-limit
-// lists a quota policy for every status that has a limit, e.g.
-// `10, 10;w=1;name="per-ip", 1000;w=3600`. Unlike Envoy, the reset is
-// rounded up to whole seconds, so a client that waits that long finds the
-// window reset rather than one second short of it. Retry-After, on a
-// denial, is the longest wait among the denying statuses, as Envoy's
-// enable_retry_after_header computes it, at least one second.
-func headers(statuses []*rlsv3.RateLimitResponse_DescriptorStatus) []*corev3.HeaderValue {
-	var minSt *rlsv3.RateLimitResponse_DescriptorStatus
-	var policies strings.Builder
-	var retry time.Duration
-	over := false
+// responseHeaders builds the rate limit headers (see headers.Append) from
+// the statuses as Envoy receives them, so the figures are the ones Envoy
+// would compute with enable_x_ratelimit_headers.
+func responseHeaders(statuses []*rlsv3.RateLimitResponse_DescriptorStatus) []*corev3.HeaderValue {
+	var buf [8]headers.Quota
+	quotas := buf[:0]
 	for _, st := range statuses {
 		cl := st.GetCurrentLimit()
 		if cl == nil {
 			continue
 		}
-		if minSt == nil || st.GetLimitRemaining() < minSt.GetLimitRemaining() {
-			minSt = st
-		}
-		if w := windowSeconds(cl); w > 0 {
-			policies.WriteString(", ")
-			policies.WriteString(strconv.FormatUint(uint64(cl.GetRequestsPerUnit()), 10))
-			policies.WriteString(";w=")
-			policies.WriteString(strconv.FormatUint(w, 10))
-			if cl.GetName() != "" {
-				policies.WriteString(`;name="`)
-				writeQuoted(&policies, cl.GetName())
-				policies.WriteByte('"')
-			}
-		}
-		if st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT {
-			over = true
-			retry = max(retry, st.GetDurationUntilReset().AsDuration())
-		}
+		quotas = append(quotas, headers.Quota{
+			HasLimit:      true,
+			Amount:        uint64(cl.GetRequestsPerUnit()),
+			WindowSeconds: windowSeconds(cl),
+			Name:          cl.GetName(),
+			Remaining:     uint64(st.GetLimitRemaining()),
+			Reset:         st.GetDurationUntilReset().AsDuration(),
+			Over:          st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT,
+		})
 	}
-	if minSt == nil {
+	var hbuf [4]headers.Header
+	hs := headers.Append(hbuf[:0], quotas)
+	if len(hs) == 0 {
 		return nil
 	}
-	hs := []*corev3.HeaderValue{
-		{Key: HeaderLimit, Value: strconv.FormatUint(uint64(minSt.GetCurrentLimit().GetRequestsPerUnit()), 10) + policies.String()},
-		{Key: HeaderRemaining, Value: strconv.FormatUint(uint64(minSt.GetLimitRemaining()), 10)},
-		{Key: HeaderReset, Value: strconv.FormatInt(ceilSeconds(minSt.GetDurationUntilReset().AsDuration()), 10)},
+	out := make([]*corev3.HeaderValue, len(hs))
+	for i, h := range hs {
+		out[i] = &corev3.HeaderValue{Key: h.Key, Value: h.Value}
 	}
-	if over {
-		hs = append(hs, &corev3.HeaderValue{Key: HeaderRetryAfter, Value: strconv.FormatInt(max(1, ceilSeconds(retry)), 10)})
-	}
-	return hs
+	return out
 }
 
 // windowSeconds is a limit's window in seconds, 0 when the unit is unknown.
@@ -191,27 +170,4 @@ func windowSeconds(cl *rlsv3.RateLimitResponse_RateLimit) uint64 {
 		m = uint64(um.GetValue())
 	}
 	return uint64(d/time.Second) * m
-}
-
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Second - 1) / time.Second)
-}
-
-// writeQuoted writes s as the inside of a structured-field string: only
-// printable ASCII, with '"' and '\' escaped. Names come from rule files,
-// but a header value must stay well-formed whatever they hold.
-func writeQuoted(b *strings.Builder, s string) {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '"' || c == '\\':
-			b.WriteByte('\\')
-			b.WriteByte(c)
-		case c >= 0x20 && c < 0x7f:
-			b.WriteByte(c)
-		}
-	}
 }

@@ -424,7 +424,7 @@ func TestToResponseEdges(t *testing.T) {
 					st(over, rl("", 10, rlsv3.RateLimitResponse_RateLimit_MINUTE), 0, 2*time.Second),
 					st(over, rl("", 100, rlsv3.RateLimitResponse_RateLimit_HOUR), 3, 7200*time.Millisecond),
 				},
-				ResponseHeadersToAdd: hdrs(HeaderLimit, "10, 10;w=60, 100;w=3600", HeaderRemaining, "0", HeaderReset, "2", HeaderRetryAfter, "8"),
+				ResponseHeadersToAdd: hdrs(HeaderLimit, "100, 10;w=60, 100;w=3600", HeaderRemaining, "3", HeaderReset, "8", HeaderRetryAfter, "8"),
 			},
 		},
 		{

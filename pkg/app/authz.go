@@ -1,0 +1,107 @@
+package app
+
+import (
+	"context"
+	"flag"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/tollgate-dev/tollgate/pkg/accesslog"
+	"github.com/tollgate-dev/tollgate/pkg/extauthz"
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/server"
+)
+
+// authzFlags are serve's ext_authz settings.
+type authzFlags struct {
+	config string
+}
+
+func (f *authzFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.config, "authz-config", "", "ext_authz settings file (domain, keys_file, descriptors, estimate), reloaded on change with its keys file; empty serves no ext_authz Check")
+}
+
+// authz is ext_authz Check and the access log service, over the limiter
+// the rate limit service uses. The access log is always served: entries
+// without a reservation are only counted, and the outcome hook is there
+// for what comes next. Check is served only with --authz-config.
+type authz struct {
+	path    string
+	check   *extauthz.Service // nil without --authz-config
+	als     *accesslog.Service
+	log     *zap.Logger
+	reloads *prometheus.CounterVec
+}
+
+// newAuthz loads the authz config, if one is given, and builds the
+// services. A config with problems stops the start, as bad rules do.
+func newAuthz(f authzFlags, lim *limit.Limiter, log *zap.Logger, reg prometheus.Registerer) (*authz, error) {
+	als, err := accesslog.New(lim, log.Named("accesslog"), reg, accesslog.Options{})
+	if err != nil {
+		return nil, err
+	}
+	az := &authz{path: f.config, als: als, log: log}
+	if f.config == "" {
+		return az, nil
+	}
+	set, err := extauthz.LoadSettings(f.config)
+	if err != nil {
+		logProblems(log, "authz config", err)
+		return nil, fmt.Errorf("load authz config %q: the problems above must be fixed", f.config)
+	}
+	az.loaded("authz config loaded", set)
+	if az.check, err = extauthz.New(lim, set, log.Named("extauthz"), reg); err != nil {
+		return nil, err
+	}
+	als.SetUsageHeader(set.UsageHeader)
+	az.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tollgate_authz_config_reloads_total",
+		Help: "Reloads of the authz config and its keys file after a change on disk, by result (success, failure: the previous settings kept serving).",
+	}, []string{"result"})
+	az.reloads.WithLabelValues("success")
+	az.reloads.WithLabelValues("failure")
+	if err := reg.Register(az.reloads); err != nil {
+		return nil, fmt.Errorf("register authz reload metrics: %w", err)
+	}
+	return az, nil
+}
+
+// loaded logs what settings hold: never a key, only how many.
+func (az *authz) loaded(msg string, s *extauthz.Settings) {
+	az.log.Info(msg, zap.String("path", az.path), zap.String("domain", s.Domain),
+		zap.String("keys_file", s.KeysFile), zap.Int("keys", s.Keys.Len()), zap.Bool("require_api_key", s.RequireAPIKey))
+}
+
+// services are the APIs to register beside the rate limit service.
+func (az *authz) services() []server.Service {
+	if az.check == nil {
+		return []server.Service{az.als}
+	}
+	return []server.Service{az.check, az.als}
+}
+
+// watch reloads the authz config and its keys file on change until ctx
+// is done; a bad reload keeps the settings in force. It returns at once
+// without --authz-config.
+func (az *authz) watch(ctx context.Context) {
+	if az.check == nil {
+		return
+	}
+	onChange := func(s *extauthz.Settings, err error) {
+		if err != nil {
+			az.reloads.WithLabelValues("failure").Inc()
+			logProblems(az.log, "authz config reload rejected; the previous settings keep serving", err)
+			return
+		}
+		az.check.SetSettings(s)
+		az.als.SetUsageHeader(s.UsageHeader)
+		az.reloads.WithLabelValues("success").Inc()
+		az.loaded("authz config reloaded", s)
+	}
+	if err := extauthz.Watch(ctx, az.path, onChange); err != nil {
+		// Serving the settings loaded at start beats not serving.
+		az.log.Error("authz config will not reload", zap.Error(err))
+	}
+}

@@ -1,0 +1,274 @@
+package extauthz
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/tollgate-dev/tollgate/pkg/extauthz/reservation"
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/rls/headers"
+)
+
+// Headers Check sets on the upstream request (overwriting any the client
+// sent) and on the response.
+const (
+	HeaderTenant = "x-tollgate-tenant"
+	HeaderTier   = "x-tollgate-tier"
+	HeaderModel  = "x-tollgate-model"
+	// HeaderEstimate says, on the response, that the token estimate was
+	// made from a partial body: its value is "partial-body".
+	HeaderEstimate = "x-tollgate-estimate"
+)
+
+// problem is a request Check refuses with an HTTP answer; its msg is
+// what the client reads, so it never holds internal error text.
+type problem struct {
+	status  typev3.StatusCode
+	errType string // default invalid_request_error
+	errCode string
+	msg     string
+	result  string // metric label
+}
+
+func (p *problem) Error() string { return p.msg }
+
+var (
+	errMissingKey = &problem{status: 401, errCode: "missing_api_key", result: resultUnauthenticated,
+		msg: "No API key was provided. Send it as Authorization: Bearer <key>."}
+	errUnknownKey = &problem{status: 401, errCode: "invalid_api_key", result: resultUnauthenticated,
+		msg: "The API key provided is not valid."}
+	errValueTooLong = &problem{status: 400, errCode: "invalid_request", result: resultBadRequest,
+		msg: fmt.Sprintf("A request field or header that rate limits are keyed on is longer than %d bytes.", limit.MaxValueBytes)}
+	errInvalidRequest = &problem{status: 400, errCode: "invalid_request", result: resultBadRequest,
+		msg: "The request cannot be rate limited as sent."}
+)
+
+func tooLargeMessage(limit int64) string {
+	return fmt.Sprintf("The request body is larger than %d bytes.", limit)
+}
+
+// toAnswer is the one place that maps Check's outcome to its answer: the
+// CheckResponse for an admission or a refusal, or the gRPC error for a
+// failure, plus the metric result. A refusal's text is the client's
+// message; a store's error text never reaches the client, since it may
+// carry addresses. A failure is a gRPC error rather than a denial so that
+// Envoy applies its own failure_mode_allow / status_on_error, as for
+// ShouldRateLimit.
+func toAnswer(ctx context.Context, err error, c *call) (*authv3.CheckResponse, string, error) {
+	var p *problem
+	switch {
+	case err == nil && (c.dec == nil || c.dec.Code == limit.CodeOK):
+		return okResponse(c), resultOK, nil
+	case err == nil:
+		return overLimitResponse(c), resultOverLimit, nil
+	case errors.As(err, &p):
+		return deniedResponse(p, c), p.result, nil
+	case errors.Is(err, limit.ErrInvalid):
+		// The descriptors came from the request and the config, and were
+		// checked here; a limit the Limiter still rejects is the client's.
+		return deniedResponse(errInvalidRequest, c), resultBadRequest, nil
+	case ctx.Err() != nil:
+		// The caller gave up (Envoy's timeout): say so, not "unavailable".
+		return nil, resultError, status.FromContextError(ctx.Err()).Err()
+	default:
+		return nil, resultError, status.Error(codes.Unavailable, "rate limit store unavailable")
+	}
+}
+
+// option is a header set whatever the request held.
+func option(key, value string) *corev3.HeaderValueOption {
+	return &corev3.HeaderValueOption{
+		Header:       &corev3.HeaderValue{Key: key, Value: value},
+		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+	}
+}
+
+func okResponse(c *call) *authv3.CheckResponse {
+	ok := &authv3.OkHttpResponse{}
+	// Each identity header is set, overwriting what the client sent, or,
+	// when there is no value, removed. Never both: Envoy removes after it
+	// sets, so removing a header it set would drop it.
+	for _, h := range [...]struct{ name, value string }{
+		{HeaderTenant, c.id.Tenant}, {HeaderTier, c.id.Tier}, {HeaderModel, c.model},
+	} {
+		if h.value != "" && printable(h.value) {
+			ok.Headers = append(ok.Headers, option(h.name, h.value))
+		} else {
+			ok.HeadersToRemove = append(ok.HeadersToRemove, h.name)
+		}
+	}
+	ok.ResponseHeadersToAdd = rateLimitHeaders(c, nil)
+	return &authv3.CheckResponse{
+		Status:          &rpcstatus.Status{Code: int32(codes.OK)},
+		HttpResponse:    &authv3.CheckResponse_OkResponse{OkResponse: ok},
+		DynamicMetadata: metadata(c),
+	}
+}
+
+// metadata is the dynamic metadata of an admitted request: who and what,
+// and, when it reserved something, the ticket that settles it.
+func metadata(c *call) *structpb.Struct {
+	f := make(map[string]*structpb.Value, 7)
+	for _, kv := range [...]struct{ k, v string }{
+		{reservation.FieldTenant, c.id.Tenant}, {reservation.FieldTier, c.id.Tier}, {reservation.FieldModel, c.model},
+	} {
+		if kv.v != "" {
+			f[kv.k] = structpb.NewStringValue(kv.v)
+		}
+	}
+	if c.dec != nil && c.dec.Reservation != nil {
+		r := c.dec.Reservation
+		f[reservation.FieldReservationID] = structpb.NewStringValue(r.ID)
+		f[reservation.FieldReservedTokens] = structpb.NewNumberValue(float64(r.Tokens))
+		f[reservation.FieldReservedAtMs] = structpb.NewNumberValue(float64(r.At.UnixMilli()))
+		f[reservation.Field] = structpb.NewStringValue(reservation.Encode(&reservation.Reservation{
+			ID:          r.ID,
+			Domain:      c.req.Domain,
+			Descriptors: c.req.Descriptors,
+			Overrides:   c.req.Overrides,
+			Tokens:      r.Tokens,
+			At:          r.At,
+		}))
+	}
+	return &structpb.Struct{Fields: f}
+}
+
+func overLimitResponse(c *call) *authv3.CheckResponse {
+	p := &problem{status: 429, errType: "rate_limit_error", result: resultOverLimit}
+	what, name, retry := denial(c.dec)
+	switch what {
+	case "concurrency":
+		p.errCode = "concurrency_limit_exceeded"
+		p.msg = "Too many requests are in flight"
+	case "tokens":
+		p.errCode = "token_budget_exceeded"
+		p.msg = "Token budget exceeded"
+	default:
+		p.errCode = "rate_limit_exceeded"
+		p.msg = "Rate limit exceeded"
+	}
+	if name != "" {
+		p.msg += " (" + name + ")"
+	}
+	p.msg += ". Retry after " + strconv.FormatInt(max(1, headers.CeilSeconds(retry)), 10) + " seconds."
+	return deniedResponse(p, c)
+}
+
+// denial describes what denied dec: the kind of limit, its name, and how
+// long until the request would fit.
+func denial(dec *limit.Decision) (what, name string, retry time.Duration) {
+	for i := range dec.Statuses {
+		st := &dec.Statuses[i]
+		if st.Code != limit.CodeOverLimit {
+			continue
+		}
+		wait := st.RetryAfter
+		if wait <= 0 {
+			wait = st.ResetAfter
+		}
+		if wait < retry && what != "" {
+			continue
+		}
+		retry = wait
+		switch {
+		case st.Concurrency:
+			what, name = "concurrency", ""
+		case st.Limit != nil && st.Limit.Kind == limit.Tokens:
+			what, name = "tokens", st.Limit.Name
+		default:
+			what = "requests"
+			if st.Limit != nil {
+				name = st.Limit.Name
+			}
+		}
+	}
+	return what, name, retry
+}
+
+// errorBody is the OpenAI error shape.
+type errorBody struct {
+	Error errorDetail `json:"error"`
+}
+
+type errorDetail struct {
+	Message string `json:"message"`
+	Type    string `json:"type"`
+	Code    string `json:"code"`
+}
+
+// deniedResponse answers p with an OpenAI-style JSON body, and the rate
+// limit headers when a decision denied.
+func deniedResponse(p *problem, c *call) *authv3.CheckResponse {
+	typ := p.errType
+	if typ == "" {
+		typ = "invalid_request_error"
+	}
+	body, _ := json.Marshal(errorBody{Error: errorDetail{Message: p.msg, Type: typ, Code: p.errCode}})
+	all := rateLimitHeaders(c, []*corev3.HeaderValueOption{option("content-type", "application/json")})
+	return &authv3.CheckResponse{
+		Status: &rpcstatus.Status{Code: int32(grpcCode(p.status))},
+		HttpResponse: &authv3.CheckResponse_DeniedResponse{DeniedResponse: &authv3.DeniedHttpResponse{
+			Status:  &typev3.HttpStatus{Code: p.status},
+			Headers: all,
+			Body:    string(body),
+		}},
+	}
+}
+
+// grpcCode is the CheckResponse status for a denial's HTTP status; Envoy
+// only looks at OK or not, but logs and other clients read it.
+func grpcCode(s typev3.StatusCode) codes.Code {
+	switch s {
+	case 401:
+		return codes.Unauthenticated
+	case 429:
+		return codes.ResourceExhausted
+	default:
+		return codes.InvalidArgument
+	}
+}
+
+// rateLimitHeaders appends to dst the x-ratelimit-* and retry-after
+// headers of the decision, as ShouldRateLimit sends them, and the
+// estimate marker.
+func rateLimitHeaders(c *call, dst []*corev3.HeaderValueOption) []*corev3.HeaderValueOption {
+	if c.dec != nil {
+		var buf [8]headers.Quota
+		qs := buf[:0]
+		for i := range c.dec.Statuses {
+			qs = append(qs, quota(&c.dec.Statuses[i]))
+		}
+		var hbuf [4]headers.Header
+		for _, h := range headers.Append(hbuf[:0], qs) {
+			dst = append(dst, option(h.Key, h.Value))
+		}
+	}
+	if c.partial {
+		dst = append(dst, option(HeaderEstimate, "partial-body"))
+	}
+	return dst
+}
+
+func quota(st *limit.Status) headers.Quota {
+	q := headers.Quota{Over: st.Code == limit.CodeOverLimit, Reset: st.ResetAfter}
+	if q.Over && st.RetryAfter > 0 {
+		q.Reset = st.RetryAfter
+	}
+	if l := st.Limit; l != nil {
+		q.HasLimit, q.Amount, q.Name, q.Remaining = true, l.Amount, l.Name, st.Remaining
+		q.WindowSeconds = uint64(l.Window() / time.Second)
+	}
+	return q
+}

@@ -1,0 +1,197 @@
+package extauthz
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestParseBody(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		give    string
+		partial bool
+		want    Body
+		wantErr *bodyError
+	}{
+		{name: "empty", give: "", want: Body{Choices: 1}},
+		{name: "white space", give: " \n\t", want: Body{Choices: 1}},
+		{name: "empty object", give: "{}", want: Body{Choices: 1}},
+		{
+			name: "chat with string content",
+			give: `{"model":"gpt-4o","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"héllo"}],"max_tokens":50}`,
+			want: Body{Model: "gpt-4o", MaxTokens: 50, HasMaxTokens: true, Choices: 1, PromptChars: 8 + 5},
+		},
+		{
+			name: "chat with parts: text counted, images not",
+			give: `{"messages":[{"role":"user","content":[{"type":"text","text":"abc"},{"type":"image_url","image_url":{"url":"data:xyz"}},"de"]}]}`,
+			want: Body{Choices: 1, PromptChars: 5},
+		},
+		{
+			name: "escapes count as the characters they stand for",
+			give: `{"messages":[{"content":"a\nb\u00e9"}]}`,
+			want: Body{Choices: 1, PromptChars: 4},
+		},
+		{
+			name: "null content and unknown fields are skipped",
+			give: `{"messages":[{"role":"assistant","content":null,"tool_calls":[{"function":{"arguments":"{}"}}]}],"tools":[{"a":[1,{"b":2}]}],"stream":true}`,
+			want: Body{Choices: 1},
+		},
+		{
+			name: "max_completion_tokens and max_tokens: the larger",
+			give: `{"max_tokens":10,"max_completion_tokens":300}`,
+			want: Body{MaxTokens: 300, HasMaxTokens: true, Choices: 1},
+		},
+		{name: "whole floats are whole numbers", give: `{"max_tokens":1e3,"n":2.0}`, want: Body{MaxTokens: 1000, HasMaxTokens: true, Choices: 2}},
+		{name: "null max_tokens is absent", give: `{"max_tokens":null}`, want: Body{Choices: 1}},
+		{name: "huge max_tokens is clamped", give: `{"max_tokens":1e300}`, want: Body{MaxTokens: maxCost, HasMaxTokens: true, Choices: 1}},
+		{name: "n is clamped", give: `{"n":99999999}`, want: Body{Choices: maxChoices}},
+		{name: "n of 0 is 1", give: `{"n":0}`, want: Body{Choices: 1}},
+		{
+			name: "prompt string",
+			give: `{"model":"m","prompt":"abcd"}`,
+			want: Body{Model: "m", Choices: 1, PromptChars: 4},
+		},
+		{
+			name: "prompt list of strings and of token IDs",
+			give: `{"prompt":["ab","cd",[1,2,3],4]}`,
+			want: Body{Choices: 1, PromptChars: 4, PromptTokens: 4},
+		},
+		{name: "the last model wins", give: `{"model":"a","model":"b"}`, want: Body{Model: "b", Choices: 1}},
+		{name: "null model", give: `{"model":null}`, want: Body{Choices: 1}},
+		{name: "messages of the wrong shape count nothing", give: `{"messages":"hi","prompt":{"x":"y"}}`, want: Body{Choices: 1}},
+		{name: "not JSON", give: `model=gpt`, wantErr: errNotJSON},
+		{name: "not an object", give: `["model"]`, wantErr: errNotObject},
+		{name: "a string", give: `"model"`, wantErr: errNotObject},
+		{name: "two values", give: `{}{}`, wantErr: errNotJSON},
+		{name: "trailing garbage", give: `{"model":"a"} x`, wantErr: errNotJSON},
+		{name: "truncated", give: `{"model":"a","messages":[{"content":"abc`, wantErr: errNotJSON},
+		{name: "model not a string", give: `{"model":4}`, wantErr: errModel},
+		{name: "model an object", give: `{"model":{"a":1}}`, wantErr: errModel},
+		{name: "model with a control character", give: `{"model":"a\u0000b"}`, wantErr: errModel},
+		{name: "negative max_tokens", give: `{"max_tokens":-1}`, wantErr: errMaxTokens},
+		{name: "fractional max_tokens", give: `{"max_tokens":1.5}`, wantErr: errMaxTokens},
+		{name: "string max_tokens", give: `{"max_tokens":"5"}`, wantErr: errMaxTokens},
+		{name: "negative n", give: `{"n":-2}`, wantErr: errChoices},
+		{
+			name:    "partial: what the prefix holds",
+			give:    `{"model":"gpt-4o","max_tokens":7,"messages":[{"content":"abcdef`,
+			partial: true,
+			want:    Body{Model: "gpt-4o", MaxTokens: 7, HasMaxTokens: true, Choices: 1},
+		},
+		{
+			name:    "partial: cut inside a key",
+			give:    `{"model":"gpt-4o","max_tok`,
+			partial: true,
+			want:    Body{Model: "gpt-4o", Choices: 1},
+		},
+		{name: "partial: still not JSON", give: `model=gpt`, partial: true, wantErr: errNotJSON},
+		{name: "partial: a bad field before the cut", give: `{"max_tokens":-1,"messages":[`, partial: true, wantErr: errMaxTokens},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got, err := ParseBody([]byte(tt.give), "model", tt.partial)
+			if tt.wantErr != nil {
+				if !errors.Is(err, tt.wantErr) {
+					t.Fatalf("ParseBody error = %v, want %v", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("ParseBody: %v", err)
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("ParseBody (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestParseBodyModelField(t *testing.T) {
+	t.Parallel()
+	got, err := ParseBody([]byte(`{"model":"a","engine":"b"}`), "engine", false)
+	if err != nil || got.Model != "b" {
+		t.Errorf("ParseBody = %+v, %v; want model b", got, err)
+	}
+	got, err = ParseBody([]byte(`{"model":"a"}`), "", false)
+	if err != nil || got.Model != "" {
+		t.Errorf("ParseBody with no model field = %+v, %v; want no model", got, err)
+	}
+}
+
+func TestEstimate(t *testing.T) {
+	t.Parallel()
+	set := &Settings{CharsPerToken: 4, DefaultMaxTokens: 256}
+	tests := []struct {
+		name      string
+		give      Body
+		partial   bool
+		bodyBytes int64
+		want      uint64
+	}{
+		{name: "default completion", give: Body{Choices: 1, PromptChars: 10}, want: 3 + 256},
+		{name: "max_tokens", give: Body{Choices: 1, PromptChars: 8, MaxTokens: 10, HasMaxTokens: true}, want: 2 + 10},
+		{name: "max_tokens 0", give: Body{Choices: 1, MaxTokens: 0, HasMaxTokens: true}, want: 0},
+		{name: "n completions", give: Body{Choices: 3, MaxTokens: 10, HasMaxTokens: true}, want: 30},
+		{name: "token IDs", give: Body{Choices: 1, PromptTokens: 7, HasMaxTokens: true}, want: 7},
+		{name: "partial counts every byte", give: Body{Choices: 1, PromptChars: 10, HasMaxTokens: true}, partial: true, bodyBytes: 1001, want: 251},
+		{name: "partial never under the text", give: Body{Choices: 1, PromptChars: 4000, HasMaxTokens: true}, partial: true, bodyBytes: 100, want: 1000},
+		{name: "clamped", give: Body{Choices: maxChoices, MaxTokens: maxCost, HasMaxTokens: true}, want: maxCost},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if got := estimate(&tt.give, set, tt.partial, tt.bodyBytes); got != tt.want {
+				t.Errorf("estimate = %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
+
+// FuzzBody: any bytes, complete or partial, give an answer without a
+// panic, in time linear in their length.
+func FuzzBody(f *testing.F) {
+	for _, s := range []string{
+		``, `{}`, `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`,
+		`{"messages":[{"content":[{"type":"text","text":"a"},"b",{"text":null}]}]}`,
+		`{"prompt":["a",[1,2],3,{"x":[]}],"n":2,"max_completion_tokens":1e3}`,
+		`{"model":"a\u0000"}`, `[[[[[[[[[[`, `{"messages":[[[[{`, `{"max_tokens":-0}`, `{"a":1}x`,
+		strings.Repeat(`{"a":`, 500),
+	} {
+		f.Add([]byte(s), false)
+		f.Add([]byte(s), true)
+	}
+	f.Fuzz(func(t *testing.T, data []byte, partial bool) {
+		if len(data) > 1<<16 {
+			return
+		}
+		start := time.Now()
+		b, err := ParseBody(data, "model", partial)
+		if err != nil {
+			var be *bodyError
+			if !errors.As(err, &be) {
+				t.Fatalf("ParseBody error %T %v is not a bodyError", err, err)
+			}
+			return
+		}
+		if b.Choices < 1 || b.Choices > maxChoices || b.MaxTokens > maxCost {
+			t.Fatalf("ParseBody = %+v out of range", b)
+		}
+		if b.PromptChars > uint64(len(data)) || b.PromptTokens > uint64(len(data)) {
+			t.Fatalf("ParseBody counted %d chars, %d tokens in %d bytes", b.PromptChars, b.PromptTokens, len(data))
+		}
+		if !printable(b.Model) {
+			t.Fatalf("model %q is not printable", b.Model)
+		}
+		// Linear work: far under a second even for the largest input, on
+		// the slowest CI machine with the race detector.
+		if d := time.Since(start); d > 2*time.Second {
+			t.Fatalf("ParseBody took %v on %d bytes", d, len(data))
+		}
+	})
+}

@@ -1,0 +1,231 @@
+package extauthz
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/tollgate-dev/tollgate/pkg/authn"
+	"github.com/tollgate-dev/tollgate/pkg/config"
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
+	"github.com/tollgate-dev/tollgate/pkg/limit/redisstore"
+	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
+	"github.com/tollgate-dev/tollgate/test/redistest"
+)
+
+// t0 is on a 180 s boundary, the bucket width of an hour's sliding window,
+// so resets and retries come out in round numbers.
+var t0 = time.Unix(1_800_000_000, 0)
+
+// testRules: every tenant gets 1000 requests a minute and, per model,
+// 10,000 tokens an hour.
+const testRules = `
+domain: ai
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 1000, name: tenant_requests}
+    descriptors:
+      - key: model
+        token_limit: {unit: hour, tokens_per_unit: 10000, name: tenant_model_tokens}
+`
+
+// Demo keys, at least 16 bytes each, as authn requires.
+const (
+	keyAcme  = "sk-acme-0123456789abcdef"
+	keyFree  = "sk-free-0123456789abcdef"
+	keySmall = "sk-small-0123456789abcdef"
+	keyOff   = "sk-off-0123456789abcdef0"
+)
+
+const testKeys = `
+tenants:
+  acme: {tier: premium}
+keys:
+  - {key: "` + keyAcme + `", tenant: acme, name: ci}
+  - {key: "` + keyFree + `", tenant: freeco, tier: free}
+  - {key: "` + keySmall + `", tenant: small, limits: {tenant_model_tokens: {amount: 2000}}}
+  - {key: "` + keyOff + `", tenant: acme, disabled: true}
+`
+
+const testSettings = `
+domain: ai
+keys_file: keys.yaml
+descriptors:
+  - [{key: tenant, from: tenant}]
+  - [{key: tenant, from: tenant}, {key: model, from: model}]
+model: {body_field: model, header: x-model}
+estimate: {chars_per_token: 4, default_max_tokens: 100, max_body_bytes: 4096}
+usage_header: x-usage-total-tokens
+`
+
+// newSettings parses an authz config and, when it names one, testKeys.
+func newSettings(t testing.TB, yaml string) *Settings {
+	t.Helper()
+	s, err := ParseSettings("authz.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatalf("ParseSettings: %v", err)
+	}
+	if s.KeysFile != "" {
+		if s.Keys, err = authn.Parse(s.KeysFile, []byte(testKeys)); err != nil {
+			t.Fatalf("keys: %v", err)
+		}
+	}
+	return s
+}
+
+func newRules(t testing.TB, yaml string) *limit.RuleSet {
+	t.Helper()
+	d, err := config.Parse("rules.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatalf("rules: %v", err)
+	}
+	rs, err := limit.NewRuleSet(d)
+	if err != nil {
+		t.Fatalf("rules: %v", err)
+	}
+	return rs
+}
+
+// storeKind makes a fresh store for one test.
+type storeKind struct {
+	name string
+	make func(t testing.TB) limit.Store
+}
+
+var storeKinds = []storeKind{
+	{"memstore", func(testing.TB) limit.Store { return memstore.New() }},
+	{"redis", func(t testing.TB) limit.Store {
+		srv := redistest.Start(t)
+		c, err := redisstore.NewClient(srv.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := redisstore.New(c)
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}},
+}
+
+type harness struct {
+	svc    *Service
+	client authv3.AuthorizationClient
+	clock  *storetest.FakeClock
+	reg    *prometheus.Registry
+}
+
+// newHarness serves a Service over real gRPC on a loopback port. Its
+// reservation IDs are the request ID and a counter.
+func newHarness(t testing.TB, store limit.Store, set *Settings, log *zap.Logger) *harness {
+	t.Helper()
+	clock := storetest.NewFakeClock(t0)
+	reg := prometheus.NewRegistry()
+	svc, err := New(limit.NewLimiter(store, clock, newRules(t, testRules)), set, log, reg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	var n atomic.Int64
+	svc.newID = func(id string) string { return fmt.Sprintf("%s.%d", id, n.Add(1)) }
+	return &harness{svc: svc, client: authv3.NewAuthorizationClient(serve(t, svc)), clock: clock, reg: reg}
+}
+
+// serve runs a gRPC server with svc on a loopback port until the test
+// ends and returns a connection to it.
+func serve(t testing.TB, svc interface{ Register(grpc.ServiceRegistrar) }) *grpc.ClientConn {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	svc.Register(srv)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+func (h *harness) check(t testing.TB, req *authv3.CheckRequest) *authv3.CheckResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := h.client.Check(ctx, req)
+	if err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	return resp
+}
+
+// checkRequest is a POST to /v1/chat/completions with headers (name,
+// value pairs) and body.
+func checkRequest(body string, kv ...string) *authv3.CheckRequest {
+	hs := map[string]string{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		hs[kv[i]] = kv[i+1]
+	}
+	return &authv3.CheckRequest{Attributes: &authv3.AttributeContext{
+		Request: &authv3.AttributeContext_Request{Http: &authv3.AttributeContext_HttpRequest{
+			Id: "req", Method: "POST", Path: "/v1/chat/completions?stream=false", Host: "api.example",
+			Headers: hs, Body: body, Size: int64(len(body)),
+		}},
+	}}
+}
+
+// chatBody asks model for maxTokens after a prompt of promptChars
+// characters: with 4 characters a token, it costs promptChars/4+maxTokens.
+func chatBody(model string, promptChars, maxTokens int) string {
+	prompt := make([]byte, promptChars)
+	for i := range prompt {
+		prompt[i] = 'a' + byte(i%26)
+	}
+	return fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}],"max_tokens":%d}`, model, prompt, maxTokens)
+}
+
+func bearer(key string) string { return "Bearer " + key }
+
+func hv(key, value string) *corev3.HeaderValueOption { return option(key, value) }
+
+// gather renders every counter as `name{labels}` -> value, and each
+// histogram as its `name_count`.
+func gather(t testing.TB, g prometheus.Gatherer) map[string]float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var ls []string
+			for _, l := range m.GetLabel() {
+				ls = append(ls, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			name := mf.GetName()
+			if len(ls) > 0 {
+				name += "{" + strings.Join(ls, ",") + "}"
+			}
+			switch {
+			case m.GetCounter() != nil:
+				out[name] = m.GetCounter().GetValue()
+			case m.GetHistogram() != nil:
+				out[name+"_count"] = float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return out
+}

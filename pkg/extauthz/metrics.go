@@ -1,0 +1,52 @@
+package extauthz
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metric label values.
+const (
+	labelUnknown = "unknown" // a domain not in the rules
+
+	resultOK              = "ok"
+	resultOverLimit       = "over_limit"
+	resultUnauthenticated = "unauthenticated"
+	resultBadRequest      = "bad_request"
+	resultError           = "error"
+)
+
+// metrics are the service's per-instance collectors, registered on the
+// Registerer the caller passes in. Labels never carry a key, a tenant or
+// a model: only the domain (when the rules know it) and the result.
+type metrics struct {
+	checks    *prometheus.CounterVec
+	duration  prometheus.Histogram
+	estimated prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_authz_checks_total",
+			Help: "ext_authz Check calls, by domain (\"unknown\" for domains not in the rules) and result (ok, over_limit, unauthenticated, bad_request, error).",
+		}, []string{"domain", "result"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tollgate_authz_check_duration_seconds",
+			Help:    "Time to answer one Check call: key lookup, body parsing and the decision with its store round trip.",
+			Buckets: []float64{.00001, .000025, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
+		}),
+		estimated: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tollgate_authz_estimated_tokens",
+			Help:    "Token cost Check estimated for each request it decided on (prompt plus the completion it may generate).",
+			Buckets: prometheus.ExponentialBuckets(16, 4, 10), // 16 .. ~4M
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.checks, m.duration, m.estimated} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register extauthz metrics: %w", err)
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,335 @@
+// Package extauthz serves Envoy's ext_authz Check (envoy.service.auth.v3),
+// the way in for Istio's AuthorizationPolicy CUSTOM. It is the only
+// package that imports the ext_authz protos: it works out who is calling
+// (an API key, or headers a trusted layer set), what is asked for (the
+// model, and a token estimate from the JSON body), asks the same
+// limit.Limiter ShouldRateLimit asks, and answers the way an AI API client
+// expects: OK with identity headers and a reservation in the dynamic
+// metadata, or a denial with an OpenAI-style JSON body.
+//
+// The reservation travels in the dynamic metadata (see package
+// reservation) to the access log, where pkg/accesslog settles it.
+//
+// A store failure is not a denial: Check returns gRPC Unavailable, as
+// ShouldRateLimit does, and Envoy applies failure_mode_allow (admit) or
+// status_on_error (deny, 403 unless set) as configured.
+package extauthz
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/tollgate-dev/tollgate/pkg/authn"
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+)
+
+// ContextDomain is the ext_authz context extension (a route's
+// check_settings.context_extensions) that overrides Settings.Domain.
+const ContextDomain = "tollgate.domain"
+
+// PartialBodyHeader is the header Envoy adds to a Check request whose body
+// it cut at max_request_bytes (allow_partial_message).
+const PartialBodyHeader = "x-envoy-auth-partial-body"
+
+// Decider answers admission questions; *limit.Limiter is one. Rules is
+// read only to tell known domains from unknown ones in metric labels.
+type Decider interface {
+	Decide(ctx context.Context, req *limit.Request) (*limit.Decision, error)
+	Rules() *limit.RuleSet
+}
+
+var _ Decider = (*limit.Limiter)(nil)
+
+// Service implements authv3.AuthorizationServer over a Decider.
+type Service struct {
+	authv3.UnimplementedAuthorizationServer
+
+	decider  Decider
+	settings atomic.Pointer[Settings]
+	log      *zap.Logger
+	metrics  *metrics
+	// newID names a reservation (reservationID; tests make it predictable).
+	newID func(requestID string) string
+}
+
+var _ authv3.AuthorizationServer = (*Service)(nil)
+
+// New returns a Service deciding with d under settings s, logging to log
+// (nil: nowhere) and registering its metrics on reg. d, s and reg are
+// Required; it fails when reg already holds metrics of the same names.
+func New(d Decider, s *Settings, log *zap.Logger, reg prometheus.Registerer) (*Service, error) {
+	if d == nil || s == nil || reg == nil {
+		return nil, errors.New("extauthz: a Decider, Settings and a Registerer are required")
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	svc := &Service{decider: d, log: log, metrics: m, newID: reservationID}
+	svc.settings.Store(s)
+	return svc, nil
+}
+
+// SetSettings swaps the settings atomically (a reload); calls in flight
+// finish on the old ones.
+func (s *Service) SetSettings(set *Settings) {
+	if set != nil {
+		s.settings.Store(set)
+	}
+}
+
+// Settings returns the settings in force.
+func (s *Service) Settings() *Settings { return s.settings.Load() }
+
+// Register adds the service to a gRPC server.
+func (s *Service) Register(r grpc.ServiceRegistrar) {
+	authv3.RegisterAuthorizationServer(r, s)
+}
+
+// call is what Check learned about one request, for its answer.
+type call struct {
+	domain  string
+	id      authn.Identity
+	model   string
+	partial bool
+	tokens  uint64
+	req     *limit.Request
+	dec     *limit.Decision
+}
+
+// Check answers one Envoy authorization check.
+func (s *Service) Check(ctx context.Context, in *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+	start := time.Now()
+	defer func() { s.metrics.duration.Observe(time.Since(start).Seconds()) }()
+
+	set := s.settings.Load()
+	c := &call{domain: set.Domain}
+	if d := in.GetAttributes().GetContextExtensions()[ContextDomain]; d != "" {
+		c.domain = d
+	}
+	err := s.decide(ctx, set, in, c)
+	resp, result, gerr := toAnswer(ctx, err, c)
+	s.observe(c, result, err)
+	return resp, gerr
+}
+
+// decide fills c and makes the decision; an error is a refusal (a
+// *problem) or a failure (anything else), which toAnswer maps.
+func (s *Service) decide(ctx context.Context, set *Settings, in *authv3.CheckRequest, c *call) error {
+	h := in.GetAttributes().GetRequest().GetHttp()
+	headers := h.GetHeaders()
+	get := func(name string) string { return headers[name] }
+
+	id, err := identify(set, get)
+	if err != nil {
+		return err
+	}
+	c.id = id
+
+	// A body Envoy did not send (no with_request_body on the route) but
+	// whose length it knows is estimated as a partial body with nothing
+	// in it: from its size, never as if it were empty. Envoy's size is
+	// the Content-Length, -1 when unknown.
+	n := int64(len(h.GetRawBody()) + len(h.GetBody()))
+	size := max(n, h.GetSize())
+	partial := get(PartialBodyHeader) == "true" || (n == 0 && size > 0)
+	body, err := readBody(set, h, size, partial)
+	if err != nil {
+		return err
+	}
+	c.partial = partial
+	c.model = body.Model
+	if c.model == "" && set.ModelHeader != "" {
+		c.model = get(set.ModelHeader)
+	}
+
+	descs, err := descriptors(set, c, h, get)
+	if err != nil {
+		return err
+	}
+	c.tokens = estimate(&body, set, partial, size)
+	if len(descs) == 0 {
+		return nil // nothing to limit this request by: admitted, no reservation
+	}
+	c.req = &limit.Request{
+		Domain:      c.domain,
+		Descriptors: descs,
+		Tokens:      c.tokens,
+		TokensSet:   true,
+		Overrides:   id.Overrides,
+		ID:          s.newID(h.GetId()),
+	}
+	c.dec, err = s.decider.Decide(ctx, c.req)
+	return err
+}
+
+// identify works out who is calling: the API key's identity or, when the
+// config allows calls without a key, the trusted headers'.
+func identify(set *Settings, get func(string) string) (authn.Identity, error) {
+	key, has := "", false
+	if set.Keys != nil || set.RequireAPIKey {
+		key, has = authn.KeyFromHeaders(get, set.APIKeyHeaders)
+	}
+	switch {
+	case has:
+		id, ok := set.Keys.Lookup(key)
+		if !ok {
+			return id, errUnknownKey
+		}
+		return id, nil
+	case set.RequireAPIKey:
+		return authn.Identity{}, errMissingKey
+	}
+	id := authn.Identity{Tenant: get(set.TenantHeader)}
+	if set.TierHeader != "" {
+		id.Tier = get(set.TierHeader)
+	}
+	if id.Tenant == "" {
+		return id, errMissingKey
+	}
+	return id, nil
+}
+
+// readBody parses the request body within the config's bounds; size is
+// the whole body's, of which Envoy may have sent only a prefix.
+func readBody(set *Settings, h *authv3.AttributeContext_HttpRequest, size int64, partial bool) (Body, error) {
+	if size > set.MaxBodyBytes {
+		return Body{Choices: 1}, &problem{status: 413, errCode: "request_too_large", msg: tooLargeMessage(set.MaxBodyBytes), result: resultBadRequest}
+	}
+	raw, str := h.GetRawBody(), h.GetBody()
+	var r io.Reader
+	if len(raw) > 0 {
+		r = bytes.NewReader(raw)
+	} else {
+		r = strings.NewReader(str)
+	}
+	b, err := parseBody(r, set.ModelBodyField, partial)
+	if err != nil {
+		var be *bodyError
+		if errors.As(err, &be) {
+			return b, &problem{status: 400, errCode: be.code, msg: be.msg, result: resultBadRequest}
+		}
+		return b, err
+	}
+	return b, nil
+}
+
+// descriptors builds the request's descriptors from the mapping. An entry
+// whose value is empty drops its descriptor; a value too long to be a
+// descriptor refuses the request, since dropping it would let a client
+// escape a limit by sending a long header.
+func descriptors(set *Settings, c *call, h *authv3.AttributeContext_HttpRequest, get func(string) string) ([]limit.Descriptor, error) {
+	out := make([]limit.Descriptor, 0, len(set.Descriptors))
+next:
+	for _, d := range set.Descriptors {
+		entries := make([]limit.Entry, len(d))
+		for i, e := range d {
+			v := value(e.Source, c, h, get)
+			if v == "" {
+				continue next
+			}
+			if len(v) > limit.MaxValueBytes {
+				return nil, errValueTooLong
+			}
+			entries[i] = limit.Entry{Key: e.Key, Value: v}
+		}
+		out = append(out, limit.Descriptor{Entries: entries})
+	}
+	return out, nil
+}
+
+func value(src Source, c *call, h *authv3.AttributeContext_HttpRequest, get func(string) string) string {
+	switch src.Kind {
+	case FromTenant:
+		return c.id.Tenant
+	case FromTier:
+		return c.id.Tier
+	case FromModel:
+		return c.model
+	case FromPath:
+		p := h.GetPath()
+		if i := strings.IndexAny(p, "?#"); i >= 0 {
+			p = p[:i]
+		}
+		return p
+	case FromMethod:
+		return h.GetMethod()
+	case FromHeader:
+		return get(src.Arg)
+	case FromLiteral:
+		return src.Arg
+	}
+	return ""
+}
+
+// reservationID names a request's reservation and concurrency leases. It
+// is random, so that no client can choose it: Envoy passes a client's
+// x-request-id through in a sidecar, and a client that reused one ID
+// would hold one concurrency lease for any number of requests. The
+// request's own ID, when it is short and printable, comes first so logs
+// and the access log can be matched up.
+func reservationID(requestID string) string {
+	var r [8]byte
+	_, _ = rand.Read(r[:]) // never fails (crypto/rand, Go 1.24+)
+	const maxPrefix = 128
+	if requestID == "" || len(requestID) > maxPrefix || !printable(requestID) {
+		return hex.EncodeToString(r[:])
+	}
+	b := make([]byte, 0, len(requestID)+1+2*len(r))
+	b = append(b, requestID...)
+	b = append(b, '.')
+	b = hex.AppendEncode(b, r[:])
+	return string(b)
+}
+
+// observe counts and logs one call. Nothing here names a key: the
+// identity's tenant and key name are not secrets, the key is never held.
+func (s *Service) observe(c *call, result string, err error) {
+	domain := labelUnknown
+	if s.decider.Rules().Domain(c.domain) != nil {
+		domain = c.domain
+	}
+	s.metrics.checks.WithLabelValues(domain, result).Inc()
+	if c.dec != nil {
+		s.metrics.estimated.Observe(float64(c.tokens))
+	}
+	switch result {
+	case resultError:
+		s.log.Warn("authz decision failed", zap.Error(err), zap.String("domain", safe(c.domain)))
+	case resultOK, resultOverLimit:
+		if ce := s.log.Check(zap.DebugLevel, "authz decision"); ce != nil {
+			ce.Write(zap.String("result", result), zap.String("domain", safe(c.domain)), zap.String("tenant", safe(c.id.Tenant)),
+				zap.String("key_name", safe(c.id.KeyName)), zap.String("model", safe(c.model)), zap.Uint64("estimated_tokens", c.tokens))
+		}
+	default:
+		if ce := s.log.Check(zap.DebugLevel, "authz refused"); ce != nil {
+			// err is a *problem: its text is the client's message, which
+			// never quotes a key or a body.
+			ce.Write(zap.String("result", result), zap.String("domain", safe(c.domain)), zap.String("reason", err.Error()))
+		}
+	}
+}
+
+// safe bounds what a client-chosen value can put in a log line.
+func safe(s string) string {
+	const max = 256
+	if len(s) > max {
+		return s[:max] + "..."
+	}
+	return s
+}
