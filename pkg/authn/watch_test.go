@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tollgate-dev/tollgate/pkg/config"
 )
 
 // These tests use the real filesystem and its notifications, which take
@@ -40,9 +42,9 @@ func startWatch(tb testing.TB, path string) *watcher {
 			case w.changes <- change{k, err}:
 			case <-ctx.Done():
 			}
-		}, watchHooks{
-			ready: func() { close(ready) },
-			reloaded: func(changed bool) {
+		}, config.WatchHooks{
+			Ready: func() { close(ready) },
+			Reloaded: func(changed bool) {
 				select {
 				case w.reloaded <- changed:
 				default:

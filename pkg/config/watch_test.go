@@ -2,6 +2,7 @@ package config
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -43,9 +44,9 @@ func startWatch(tb testing.TB, path string) *watcher {
 			case w.changes <- change{rs, err}:
 			case <-ctx.Done():
 			}
-		}, watchHooks{
-			ready: func() { close(ready) },
-			reloaded: func(changed bool) {
+		}, WatchHooks{
+			Ready: func() { close(ready) },
+			Reloaded: func(changed bool) {
 				select {
 				case w.reloaded <- changed:
 				default:
@@ -251,5 +252,64 @@ func TestWatchMissingPath(t *testing.T) {
 	err := Watch(context.Background(), filepath.Join(t.TempDir(), "nope"), func(*limit.RuleSet, error) {})
 	if !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("Watch error = %v, want one wrapping fs.ErrNotExist", err)
+	}
+}
+
+// TestWatchFilesNamedDir checks that a directory load names is watched
+// before Ready, as those in dirs are: a change made from Ready on, in
+// either directory, is reported after the first onChange.
+func TestWatchFilesNamedDir(t *testing.T) {
+	t.Parallel()
+	main, other := t.TempDir(), t.TempDir()
+	settings, keys := filepath.Join(main, "settings"), filepath.Join(other, "keys")
+	writeFile(t, settings, keys)
+	writeFile(t, keys, "1")
+	load := func() (string, [32]byte, []string, error) {
+		name, err := os.ReadFile(settings)
+		if err != nil {
+			return "", sha256.Sum256([]byte(err.Error())), nil, err
+		}
+		data, err := os.ReadFile(string(name))
+		return string(data), sha256.Sum256(data), []string{filepath.Dir(string(name))}, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	changes := make(chan string, 16)
+	done := make(chan error, 1)
+	go func() {
+		done <- WatchFilesWithHooks(ctx, []string{main}, load, func(v string, err error) {
+			if err != nil {
+				v = err.Error()
+			}
+			changes <- v
+		}, WatchHooks{Ready: func() {
+			if err := os.WriteFile(keys, []byte("2"), 0o644); err != nil {
+				t.Error(err)
+			}
+		}})
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("WatchFiles returned %v after cancel, want nil", err)
+		}
+	}()
+	for _, want := range []string{"1", "2"} {
+		select {
+		case got := <-changes:
+			if got != want {
+				t.Fatalf("onChange got %q, want %q", got, want)
+			}
+		case <-time.After(waitFor):
+			t.Fatalf("no onChange %q within %v", want, waitFor)
+		}
+	}
+}
+
+func TestWatchFilesMissingDir(t *testing.T) {
+	t.Parallel()
+	load := func() (int, [32]byte, []string, error) { return 0, [32]byte{1}, nil, nil }
+	err := WatchFiles(context.Background(), []string{filepath.Join(t.TempDir(), "nope")}, load, func(int, error) {})
+	if !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("WatchFiles error = %v, want one wrapping fs.ErrNotExist", err)
 	}
 }

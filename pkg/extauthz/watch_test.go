@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tollgate-dev/tollgate/pkg/config"
 )
 
 // The watch tests use the real filesystem and its notifications, which
@@ -32,7 +34,7 @@ func startWatch(t *testing.T, path string) (<-chan change, change) {
 			case changes <- change{s, err}:
 			case <-ctx.Done():
 			}
-		}, watchHooks{ready: func() { close(ready) }})
+		}, config.WatchHooks{Ready: func() { close(ready) }})
 	}()
 	t.Cleanup(func() {
 		cancel()
