@@ -270,13 +270,19 @@ func (p *bodyParser) message() error {
 	if t != json.Delim('{') {
 		return p.rest(t)
 	}
+	return p.members("content", p.content)
+}
+
+// members reads the rest of an object whose '{' was read, handing the
+// value of member name to read and skipping every other value.
+func (p *bodyParser) members(name string, read func() error) error {
 	for p.dec.More() {
 		kt, err := p.dec.Token()
 		if err != nil {
 			return err
 		}
-		if kt == "content" {
-			err = p.content()
+		if kt == name {
+			err = read()
 		} else {
 			err = p.skip()
 		}
@@ -321,21 +327,7 @@ func (p *bodyParser) part() error {
 	if t != json.Delim('{') {
 		return p.rest(t)
 	}
-	for p.dec.More() {
-		kt, err := p.dec.Token()
-		if err != nil {
-			return err
-		}
-		if kt == "text" {
-			err = p.text()
-		} else {
-			err = p.skip()
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return p.end('}')
+	return p.members("text", p.text)
 }
 
 // text counts a string value and skips any other.
