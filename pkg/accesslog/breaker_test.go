@@ -1,0 +1,39 @@
+package accesslog
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/pkg/breaker"
+	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
+	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
+)
+
+func TestBreakerObserverOpens(t *testing.T) {
+	t.Parallel()
+	now := time.UnixMilli(1_700_000_000_000)
+	br, err := breaker.New(breaker.Config{Key: "model", FailureThreshold: 2, Window: time.Minute, OpenFor: time.Minute}, memstore.NewBreakers())
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := NewBreakerObserver(storetest.NewFakeClock(now), nil, 0, br)
+	ctx := context.Background()
+	outcomes := []Outcome{
+		{Status: 503, Model: "gpt-4o"},                         // no upstream: a denial, ignored
+		{Status: 500, UpstreamCluster: "gpu", Model: "llama"},  // another breaker
+		{Status: 504, UpstreamCluster: "gpu", Model: "gpt-4o"}, // failure 1
+		{Status: 200, UpstreamCluster: "gpu", Model: "gpt-4o"}, // success
+		{Status: 500, UpstreamCluster: "gpu", Tenant: "acme"},  // no model
+		{Status: 502, UpstreamCluster: "gpu", Model: "gpt-4o"}, // failure 2
+	}
+	for i := range outcomes {
+		obs.Observe(ctx, &outcomes[i])
+	}
+	for name, want := range map[string]breaker.State{"gpt-4o": breaker.Open, "llama": breaker.Closed} {
+		st, err := br.State(ctx, now, name)
+		if err != nil || st.State != want {
+			t.Errorf("State(%q) = %+v, %v; want %v", name, st, err, want)
+		}
+	}
+}

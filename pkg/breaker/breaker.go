@@ -1,0 +1,261 @@
+// Package breaker is the circuit breaker per upstream (usually per model),
+// with its state in the store so that every replica agrees on it.
+//
+// One Breaker serves one Config: one breaker per value of the configured
+// descriptor key. Its state machine (Cell) is:
+//
+//   - closed: every request is allowed. Each failure reported by any
+//     replica's access log is kept with its time; FailureThreshold failures
+//     within Window (a failure at t counts while now - t < Window) open it.
+//   - open: every request is denied, with RetryAfter the time left, until
+//     OpenFor has passed since it opened.
+//   - half-open: at most HalfOpenProbes requests are in flight as probes,
+//     cluster-wide. Each holds a slot with a lease of ProbeLease; a slot
+//     frees when its probe reports success, or when its lease runs out (the
+//     outcome was lost). CloseAfter probe successes close the breaker
+//     (failures forgotten); any probe failure opens it again for OpenFor.
+//
+// A probe is named by its ProbeID ("<opened-at ms>.<n>"), which the
+// decision hands out and the access log entry must bring back: outcomes
+// without one, or with one from an earlier half-open period, do not move a
+// half-open breaker (they come from requests admitted before it opened).
+// A probe's failure counts even after its lease ran out; its success only
+// while its slot is held, so an outcome delivered twice counts once. In
+// the closed state a probe's outcome counts as any other. Outcomes while
+// open are ignored.
+//
+// Open goes to half-open lazily: the first Allow at or after the open
+// period's end writes the change (and so counts the transition once,
+// cluster-wide); State reports it as half-open before then.
+//
+// Every state is in the Store (memstore, or Redis with one small Lua
+// script per operation and one hash-tagged key per breaker), so failures
+// reported to one replica open the breaker for every replica at their next
+// decision. The cost: Allow is one store round trip per decision, closed
+// breakers included (a read, no write). Folding that read into the
+// decision's own limit script is the planned optimisation.
+//
+// A breaker that is open or half-open and sees no write for Retain is
+// forgotten (it is closed again): this bounds the store's memory whatever
+// names clients send.
+//
+// # Metrics
+//
+// The package stays free of Prometheus: the composition root exports
+//
+//	tollgate_breaker_state{key, breaker}   gauge, 0 closed, 1 half-open, 2 open (Snapshot)
+//	tollgate_breaker_transitions_total{from, to}   counter (Transitions)
+//
+// The breaker label is a descriptor value, so it is bounded: a Breaker
+// tracks at most MaxTracked names (the first ones seen; a closed one makes
+// room for one that opens), and Untracked counts the rest. A transition is
+// counted by the replica whose store call made it, so the sum over
+// replicas is the cluster's count.
+package breaker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+)
+
+// Defaults and bounds.
+const (
+	// DefaultProbeLease is how long a probe holds its slot without an
+	// outcome. Set ProbeLease above the route's timeout.
+	DefaultProbeLease = time.Minute
+	// Retain is how long an open or half-open breaker with no write is
+	// kept past its open period and its probes' leases.
+	Retain = time.Hour
+	// MaxTracked caps the names a Breaker keeps for Snapshot and metrics.
+	MaxTracked = 1000
+)
+
+// State is a breaker's state; its value is the state gauge's.
+type State uint8
+
+// The states.
+const (
+	Closed   State = 0
+	HalfOpen State = 1
+	Open     State = 2
+)
+
+func (s State) String() string {
+	switch s {
+	case Closed:
+		return "closed"
+	case HalfOpen:
+		return "half_open"
+	case Open:
+		return "open"
+	}
+	return "state(" + strconv.Itoa(int(s)) + ")"
+}
+
+// Config is one breaker declaration: one breaker per value of Key.
+//
+// A failure is a response with status 5xx or 408, or with status 0 (no
+// response was sent) when Timeout is set and the request lasted at least
+// Timeout. Any other status is a success (a 4xx is the client's fault,
+// and a 429 the upstream limiting, not failing); status 0 shorter than
+// Timeout says nothing and is ignored. See Classify.
+type Config struct {
+	// Key is the descriptor key whose value names the breaker, usually
+	// "model" (Required).
+	Key string
+	// FailureThreshold is how many failures within Window open the
+	// breaker (Required, >= 1).
+	FailureThreshold uint64
+	// Window is how long a failure counts (Required, >= 1ms).
+	Window time.Duration
+	// OpenFor is how long the breaker stays open before it goes half-open
+	// (Required, >= 1ms).
+	OpenFor time.Duration
+	// HalfOpenProbes is how many probes may be in flight cluster-wide
+	// while half-open (Optional; default 1).
+	HalfOpenProbes uint64
+	// CloseAfter is how many probe successes close it (Optional; default
+	// HalfOpenProbes).
+	CloseAfter uint64
+	// ProbeLease is how long a probe holds its slot without an outcome
+	// (Optional; default DefaultProbeLease).
+	ProbeLease time.Duration
+	// Timeout makes a request without a response (status 0) that lasted
+	// at least this long a failure (Optional; default 0: never).
+	Timeout time.Duration
+}
+
+// withDefaults fills the optional fields and checks the rest.
+func (c Config) withDefaults() (Config, error) {
+	if c.HalfOpenProbes == 0 {
+		c.HalfOpenProbes = 1
+	}
+	if c.CloseAfter == 0 {
+		c.CloseAfter = c.HalfOpenProbes
+	}
+	if c.ProbeLease == 0 {
+		c.ProbeLease = DefaultProbeLease
+	}
+	var errs []error
+	if c.Key == "" {
+		errs = append(errs, errors.New("key is required"))
+	}
+	if c.FailureThreshold == 0 {
+		errs = append(errs, errors.New("failure_threshold must be at least 1"))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"window", c.Window}, {"open_for", c.OpenFor}, {"probe_lease", c.ProbeLease}} {
+		if d.v < time.Millisecond {
+			errs = append(errs, fmt.Errorf("%s must be at least 1ms, not %v", d.name, d.v))
+		}
+	}
+	if c.Timeout < 0 {
+		errs = append(errs, fmt.Errorf("timeout must not be negative, not %v", c.Timeout))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return c, fmt.Errorf("breaker %q: %w", c.Key, err)
+	}
+	return c, nil
+}
+
+// Params is what a Store needs of a Config, all durations >= 1ms.
+type Params struct {
+	FailureThreshold uint64
+	Window           time.Duration
+	OpenFor          time.Duration
+	HalfOpenProbes   uint64
+	CloseAfter       uint64
+	ProbeLease       time.Duration
+}
+
+func (c Config) params() Params {
+	return Params{
+		FailureThreshold: c.FailureThreshold,
+		Window:           c.Window,
+		OpenFor:          c.OpenFor,
+		HalfOpenProbes:   c.HalfOpenProbes,
+		CloseAfter:       c.CloseAfter,
+		ProbeLease:       c.ProbeLease,
+	}
+}
+
+// Verdict is the answer to Allow.
+type Verdict struct {
+	Allowed bool
+	// Probe is set when the request was admitted as a half-open probe;
+	// ProbeID must then come back with its outcome.
+	Probe   bool
+	ProbeID string
+	// RetryAfter is set when the request is denied: the rest of the open
+	// period, or, half-open, the time until the first probe lease ends.
+	RetryAfter time.Duration
+	// State is the breaker's state at the decision.
+	State State
+}
+
+// Status describes one breaker at an instant, for /debug and metrics.
+type Status struct {
+	State State
+	// Failures counted in the window (closed).
+	Failures uint64
+	// OpenUntil is when an open breaker goes half-open (zero otherwise).
+	OpenUntil time.Time
+	// Probes in flight and probe successes so far (half-open).
+	Probes    uint64
+	Successes uint64
+}
+
+// Transition is a change of state made by one store call; From == To
+// means none.
+type Transition struct {
+	From, To State
+}
+
+// Changed reports whether t is a change of state.
+func (t Transition) Changed() bool { return t.From != t.To }
+
+// Store keeps breakers' state where every replica sees it. key is from
+// StoreKey. Each method is atomic per key and follows Cell exactly.
+type Store interface {
+	Allow(ctx context.Context, now time.Time, key string, p Params) (Verdict, Transition, error)
+	Record(ctx context.Context, now time.Time, key string, p Params, success bool, probeID string) (Transition, error)
+	State(ctx context.Context, now time.Time, key string, p Params) (Status, error)
+}
+
+// StoreKey is the store key of the breaker named name for descriptor key
+// descKey. Like limit.Key it starts with a hash tag that is a hash of the
+// two (so a brace in a value cannot move it) and writes each string with
+// its length in front.
+func StoreKey(descKey, name string) string {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(descKey))
+	_, _ = h.Write([]byte{0})
+	_, _ = h.Write([]byte(name))
+	b := make([]byte, 0, 32+len(descKey)+len(name))
+	b = append(b, "tg:{"...)
+	b = fmt.Appendf(b, "%016x", h.Sum64())
+	b = append(b, "}:b:"...)
+	b = strconv.AppendInt(b, int64(len(descKey)), 10)
+	b = append(b, ':')
+	b = append(b, descKey...)
+	b = strconv.AppendInt(b, int64(len(name)), 10)
+	b = append(b, ':')
+	b = append(b, name...)
+	return string(b)
+}
+
+// checkName rejects names a descriptor could not carry.
+func checkName(name string) error {
+	if len(name) > limit.MaxValueBytes {
+		return fmt.Errorf("%w: breaker name is %d bytes, at most %d", limit.ErrInvalid, len(name), limit.MaxValueBytes)
+	}
+	return nil
+}

@@ -1,0 +1,212 @@
+package breaker_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/pkg/breaker"
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
+	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
+)
+
+var t0 = time.UnixMilli(1_700_000_000_000)
+
+func cfg() breaker.Config {
+	return breaker.Config{Key: "model", FailureThreshold: 2, Window: time.Minute, OpenFor: 30 * time.Second, Timeout: 10 * time.Second}
+}
+
+func TestClassify(t *testing.T) {
+	t.Parallel()
+	o := func(status uint32, d time.Duration) breaker.Outcome {
+		return breaker.Outcome{Status: status, Duration: d, Upstream: "gpu", Name: "m"}
+	}
+	tests := []struct {
+		name        string
+		give        breaker.Outcome
+		wantSuccess bool
+		wantOK      bool
+	}{
+		{name: "200", give: o(200, time.Second), wantSuccess: true, wantOK: true},
+		{name: "429 from the upstream", give: o(429, time.Second), wantSuccess: true, wantOK: true},
+		{name: "404", give: o(404, time.Second), wantSuccess: true, wantOK: true},
+		{name: "500", give: o(500, time.Second), wantOK: true},
+		{name: "503", give: o(503, time.Second), wantOK: true},
+		{name: "504", give: o(504, time.Second), wantOK: true},
+		{name: "408", give: o(408, time.Second), wantOK: true},
+		{name: "no response past the timeout", give: o(0, 10*time.Second), wantOK: true},
+		{name: "no response before the timeout", give: o(0, 9*time.Second)},
+		{name: "no upstream", give: breaker.Outcome{Status: 503, Name: "m"}},
+		{name: "no name", give: breaker.Outcome{Status: 503, Upstream: "gpu"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s, ok := cfg().Classify(tt.give)
+			if s != tt.wantSuccess || ok != tt.wantOK {
+				t.Errorf("Classify = %v, %v; want %v, %v", s, ok, tt.wantSuccess, tt.wantOK)
+			}
+		})
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		give func(*breaker.Config)
+		want string
+	}{
+		{name: "no key", give: func(c *breaker.Config) { c.Key = "" }, want: "key is required"},
+		{name: "no threshold", give: func(c *breaker.Config) { c.FailureThreshold = 0 }, want: "failure_threshold must be at least 1"},
+		{name: "no window", give: func(c *breaker.Config) { c.Window = 0 }, want: "window must be at least 1ms"},
+		{name: "no open_for", give: func(c *breaker.Config) { c.OpenFor = time.Microsecond }, want: "open_for must be at least 1ms"},
+		{name: "negative timeout", give: func(c *breaker.Config) { c.Timeout = -1 }, want: "timeout must not be negative"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := cfg()
+			tt.give(&c)
+			_, err := breaker.New(c, memstore.NewBreakers())
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("New: %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+	b, err := breaker.New(cfg(), memstore.NewBreakers())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := b.Config()
+	if got.HalfOpenProbes != 1 || got.CloseAfter != 1 || got.ProbeLease != breaker.DefaultProbeLease {
+		t.Errorf("defaults: %+v", got)
+	}
+}
+
+func TestStoreKeyHashTag(t *testing.T) {
+	t.Parallel()
+	a := breaker.StoreKey("model", "a}b{")
+	if tag := limit.HashTag(a); len(tag) != 16 {
+		t.Errorf("hash tag of %q is %q", a, tag)
+	}
+	if breaker.StoreKey("mo", "del") == breaker.StoreKey("mod", "el") {
+		t.Error("keys collide")
+	}
+}
+
+// TestBreakerObserveOpensForAll: failures observed through one replica's
+// Breaker deny the next decision on another's, and the transitions and
+// snapshots follow.
+func TestBreakerObserveOpensForAll(t *testing.T) {
+	t.Parallel()
+	store := memstore.NewBreakers()
+	clock := storetest.NewFakeClock(t0)
+	ctx := context.Background()
+	a, err := breaker.New(cfg(), store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := breaker.New(cfg(), store)
+	fail := breaker.Outcome{Status: 502, Upstream: "gpu", Name: "gpt-4o"}
+	for range 2 {
+		if err := a.Observe(ctx, clock.Now(), fail); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v, err := b.Allow(ctx, clock.Now(), "gpt-4o")
+	if err != nil || v.Allowed || v.State != breaker.Open || v.RetryAfter != 30*time.Second {
+		t.Fatalf("Allow on B = %+v, %v; want open for 30s", v, err)
+	}
+	if v, _ := b.Allow(ctx, clock.Now(), "llama"); !v.Allowed {
+		t.Fatalf("another model is denied: %+v", v)
+	}
+	if v, _ := b.Allow(ctx, clock.Now(), ""); !v.Allowed {
+		t.Fatalf("no name is denied: %+v", v)
+	}
+	snap := a.Snapshot(clock.Now())
+	if len(snap) != 1 || snap[0].State != breaker.Open || !snap[0].OpenUntil.Equal(t0.Add(30*time.Second)) {
+		t.Fatalf("A's snapshot = %+v", snap)
+	}
+	now := clock.Advance(30 * time.Second)
+	if snap := a.Snapshot(now); snap[0].State != breaker.HalfOpen {
+		t.Fatalf("A's snapshot after the open period = %+v", snap)
+	}
+	p, _ := b.Allow(ctx, now, "gpt-4o")
+	if !p.Probe {
+		t.Fatalf("no probe: %+v", p)
+	}
+	if err := a.Observe(ctx, now, breaker.Outcome{Status: 200, Upstream: "gpu", Name: "gpt-4o", ProbeID: p.ProbeID}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := b.State(ctx, now, "gpt-4o")
+	if err != nil || st.State != breaker.Closed {
+		t.Fatalf("State = %+v, %v; want closed", st, err)
+	}
+	count := func(br *breaker.Breaker) string {
+		var s []string
+		for _, c := range br.Transitions() {
+			s = append(s, fmt.Sprintf("%v>%v=%d", c.From, c.To, c.N))
+		}
+		return strings.Join(s, " ")
+	}
+	if got, want := count(a), "closed>open=1 open>half_open=0 half_open>open=0 half_open>closed=1"; got != want {
+		t.Errorf("A's transitions: %s, want %s", got, want)
+	}
+	if got, want := count(b), "closed>open=0 open>half_open=1 half_open>open=0 half_open>closed=0"; got != want {
+		t.Errorf("B's transitions: %s, want %s", got, want)
+	}
+}
+
+func TestBreakerTracksBoundedNames(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := cfg()
+	c.FailureThreshold = 1
+	b, err := breaker.New(c, memstore.NewBreakers())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range breaker.MaxTracked + 10 {
+		if _, err := b.Allow(ctx, t0, fmt.Sprint("m", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(b.Snapshot(t0)); n != breaker.MaxTracked {
+		t.Fatalf("%d tracked, want %d", n, breaker.MaxTracked)
+	}
+	if b.Untracked() != 10 {
+		t.Fatalf("Untracked = %d, want 10", b.Untracked())
+	}
+	// An opening breaker makes room by dropping a closed one.
+	fail := breaker.Outcome{Status: 500, Upstream: "gpu", Name: "new"}
+	if err := b.Observe(ctx, t0, fail); err != nil {
+		t.Fatal(err)
+	}
+	snap := b.Snapshot(t0)
+	open := 0
+	for _, n := range snap {
+		if n.State == breaker.Open {
+			open++
+			if n.Name != "new" {
+				t.Errorf("open breaker %q", n.Name)
+			}
+		}
+	}
+	if len(snap) != breaker.MaxTracked || open != 1 {
+		t.Fatalf("%d tracked, %d open; want %d, 1", len(snap), open, breaker.MaxTracked)
+	}
+}
+
+func TestBreakerRejectsLongNames(t *testing.T) {
+	t.Parallel()
+	b, _ := breaker.New(cfg(), memstore.NewBreakers())
+	_, err := b.Allow(context.Background(), t0, strings.Repeat("x", limit.MaxValueBytes+1))
+	if !errors.Is(err, limit.ErrInvalid) {
+		t.Fatalf("Allow: %v, want ErrInvalid", err)
+	}
+}

@@ -1,0 +1,321 @@
+// Package breakertest is the conformance suite every breaker.Store passes.
+//
+// The suite passes time explicitly (a fake instant per subtest), so it runs
+// unchanged against a store whose state lives elsewhere, such as Redis.
+// Every subtest uses its own breaker key, and "replicas": several Store
+// values on one backend (for Redis, each with its own client), which must
+// see each other's writes at once.
+package breakertest
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/pkg/breaker"
+)
+
+// base is the suite's time origin.
+var base = time.UnixMilli(1_700_000_000_000)
+
+// params: 3 failures within 10s open it for 5s; 2 probes, 2 successes to
+// close, leases of 4s.
+var params = breaker.Params{
+	FailureThreshold: 3,
+	Window:           10 * time.Second,
+	OpenFor:          5 * time.Second,
+	HalfOpenProbes:   2,
+	CloseAfter:       2,
+	ProbeLease:       4 * time.Second,
+}
+
+// Open returns n replicas sharing one fresh backend.
+type Open func(tb testing.TB, n int) []breaker.Store
+
+// Run runs the suite against the backends open makes.
+func Run(t *testing.T, open Open) {
+	t.Run("Transitions", func(t *testing.T) { t.Parallel(); testTransitions(t, open) })
+	t.Run("WindowAgesOut", func(t *testing.T) { t.Parallel(); testWindow(t, open) })
+	t.Run("ProbeFailureReopens", func(t *testing.T) { t.Parallel(); testProbeFailure(t, open) })
+	t.Run("LostProbeFreesSlot", func(t *testing.T) { t.Parallel(); testLostProbe(t, open) })
+	t.Run("IgnoredOutcomes", func(t *testing.T) { t.Parallel(); testIgnored(t, open) })
+	t.Run("ConcurrentProbes", func(t *testing.T) { t.Parallel(); testConcurrentProbes(t, open) })
+	t.Run("Expiry", func(t *testing.T) { t.Parallel(); testExpiry(t, open) })
+}
+
+type env struct {
+	tb  testing.TB
+	rs  []breaker.Store
+	key string
+	p   breaker.Params
+}
+
+func newEnv(tb testing.TB, open Open, n int) *env {
+	tb.Helper()
+	return &env{tb: tb, rs: open(tb, n), key: breaker.StoreKey("model", tb.Name()), p: params}
+}
+
+func at(ms int64) time.Time { return base.Add(time.Duration(ms) * time.Millisecond) }
+
+func (e *env) allow(r int, t int64) (breaker.Verdict, breaker.Transition) {
+	e.tb.Helper()
+	v, tr, err := e.rs[r].Allow(context.Background(), at(t), e.key, e.p)
+	if err != nil {
+		e.tb.Fatalf("Allow at %d: %v", t, err)
+	}
+	return v, tr
+}
+
+func (e *env) record(r int, t int64, success bool, id string) breaker.Transition {
+	e.tb.Helper()
+	tr, err := e.rs[r].Record(context.Background(), at(t), e.key, e.p, success, id)
+	if err != nil {
+		e.tb.Fatalf("Record at %d: %v", t, err)
+	}
+	return tr
+}
+
+func (e *env) state(r int, t int64) breaker.Status {
+	e.tb.Helper()
+	st, err := e.rs[r].State(context.Background(), at(t), e.key, e.p)
+	if err != nil {
+		e.tb.Fatalf("State at %d: %v", t, err)
+	}
+	return st
+}
+
+func tr(from, to breaker.State) breaker.Transition { return breaker.Transition{From: from, To: to} }
+
+func (e *env) wantVerdict(what string, got breaker.Verdict, want breaker.Verdict) {
+	e.tb.Helper()
+	if want.Probe && got.ProbeID == "" {
+		e.tb.Errorf("%s: probe without an ID", what)
+	}
+	got.ProbeID, want.ProbeID = "", ""
+	if got != want {
+		e.tb.Errorf("%s = %+v, want %+v", what, got, want)
+	}
+}
+
+func (e *env) wantTransition(what string, got, want breaker.Transition) {
+	e.tb.Helper()
+	if got != want {
+		e.tb.Errorf("%s: transition %v -> %v, want %v -> %v", what, got.From, got.To, want.From, want.To)
+	}
+}
+
+func (e *env) wantStatus(what string, got, want breaker.Status) {
+	e.tb.Helper()
+	if !got.OpenUntil.Equal(want.OpenUntil) || got.State != want.State || got.Failures != want.Failures ||
+		got.Probes != want.Probes || got.Successes != want.Successes {
+		e.tb.Errorf("%s = %+v, want %+v", what, got, want)
+	}
+}
+
+const (
+	closed = breaker.Closed
+	half   = breaker.HalfOpen
+	opn    = breaker.Open
+)
+
+// testTransitions walks closed -> open -> half-open -> closed, each step
+// taken on one replica and seen by the others at once.
+func testTransitions(t *testing.T, open Open) {
+	e := newEnv(t, open, 3)
+	v, trn := e.allow(0, 0)
+	e.wantVerdict("fresh allow", v, breaker.Verdict{Allowed: true, State: closed})
+	e.wantTransition("fresh allow", trn, tr(closed, closed))
+	e.wantStatus("fresh state", e.state(1, 0), breaker.Status{State: closed})
+
+	e.wantTransition("failure 1", e.record(0, 1000, false, ""), tr(closed, closed))
+	e.wantTransition("success", e.record(1, 1500, true, ""), tr(closed, closed))
+	e.wantTransition("failure 2", e.record(1, 2000, false, ""), tr(closed, closed))
+	e.wantStatus("two failures", e.state(2, 2000), breaker.Status{State: closed, Failures: 2})
+	v, _ = e.allow(2, 2500)
+	e.wantVerdict("allow after two failures", v, breaker.Verdict{Allowed: true, State: closed})
+
+	e.wantTransition("failure 3", e.record(2, 3000, false, ""), tr(closed, opn))
+	// Replicas 0 and 1 see it open at their next decision.
+	v, trn = e.allow(0, 3000)
+	e.wantVerdict("allow on A when open", v, breaker.Verdict{State: opn, RetryAfter: 5 * time.Second})
+	e.wantTransition("allow on A when open", trn, tr(opn, opn))
+	v, _ = e.allow(1, 7999)
+	e.wantVerdict("allow on B just before half-open", v, breaker.Verdict{State: opn, RetryAfter: time.Millisecond})
+	e.wantStatus("open state", e.state(2, 4000), breaker.Status{State: opn, OpenUntil: at(8000)})
+	e.wantStatus("state after the open period, before any allow", e.state(2, 8000), breaker.Status{State: half})
+
+	// Half-open: two probes cluster-wide, the third is told when the first
+	// lease ends.
+	p1, trn := e.allow(1, 8000)
+	e.wantVerdict("probe 1", p1, breaker.Verdict{Allowed: true, Probe: true, State: half})
+	e.wantTransition("probe 1", trn, tr(opn, half))
+	p2, trn := e.allow(2, 8500)
+	e.wantVerdict("probe 2", p2, breaker.Verdict{Allowed: true, Probe: true, State: half})
+	e.wantTransition("probe 2", trn, tr(half, half))
+	if p1.ProbeID == p2.ProbeID {
+		t.Errorf("probes share the ID %q", p1.ProbeID)
+	}
+	v, _ = e.allow(0, 9000)
+	e.wantVerdict("third request while half-open", v, breaker.Verdict{State: half, RetryAfter: 3 * time.Second})
+	e.wantStatus("half-open state", e.state(0, 9000), breaker.Status{State: half, Probes: 2})
+
+	e.wantTransition("probe 1 succeeds", e.record(0, 9100, true, p1.ProbeID), tr(half, half))
+	e.wantTransition("probe 1 reported twice", e.record(1, 9150, true, p1.ProbeID), tr(half, half))
+	e.wantStatus("one success", e.state(0, 9200), breaker.Status{State: half, Probes: 1, Successes: 1})
+	// The success freed its slot.
+	p3, _ := e.allow(0, 9300)
+	e.wantVerdict("probe 3", p3, breaker.Verdict{Allowed: true, Probe: true, State: half})
+	e.wantTransition("probe 2 succeeds", e.record(2, 9400, true, p2.ProbeID), tr(half, closed))
+	e.wantStatus("closed again", e.state(1, 9400), breaker.Status{State: closed})
+	v, _ = e.allow(1, 9500)
+	e.wantVerdict("allow after closing", v, breaker.Verdict{Allowed: true, State: closed})
+	// The failures before opening are forgotten; a probe's late failure
+	// counts as any failure.
+	e.wantTransition("late probe failure", e.record(0, 9600, false, p3.ProbeID), tr(closed, closed))
+	e.wantStatus("one failure", e.state(1, 9600), breaker.Status{State: closed, Failures: 1})
+}
+
+// testWindow: a failure counts while now - t < Window.
+func testWindow(t *testing.T, open Open) {
+	e := newEnv(t, open, 2)
+	e.record(0, 0, false, "")
+	e.record(1, 5000, false, "")
+	e.wantTransition("third failure as the first leaves the window", e.record(0, 10000, false, ""), tr(closed, closed))
+	e.wantStatus("two counted", e.state(1, 10000), breaker.Status{State: closed, Failures: 2})
+	e.wantStatus("one counted", e.state(1, 15000), breaker.Status{State: closed, Failures: 1})
+	e.wantTransition("third failure within the window", e.record(1, 14999, false, ""), tr(closed, opn))
+}
+
+func (e *env) openAt(t int64) {
+	e.tb.Helper()
+	for i := range e.p.FailureThreshold {
+		e.record(int(i)%len(e.rs), t, false, "")
+	}
+	if st := e.state(0, t); st.State != opn {
+		e.tb.Fatalf("after %d failures: %+v", e.p.FailureThreshold, st)
+	}
+}
+
+// testProbeFailure: any probe failure opens it again for OpenFor; the old
+// period's probes then move nothing.
+func testProbeFailure(t *testing.T, open Open) {
+	e := newEnv(t, open, 2)
+	e.openAt(0)
+	p1, _ := e.allow(0, 5000)
+	p2, _ := e.allow(1, 5000)
+	e.record(0, 5500, true, p1.ProbeID)
+	e.wantTransition("probe 2 fails", e.record(1, 6000, false, p2.ProbeID), tr(half, opn))
+	v, _ := e.allow(0, 6000)
+	e.wantVerdict("allow after reopening", v, breaker.Verdict{State: opn, RetryAfter: 5 * time.Second})
+	e.wantTransition("old probe failure while open", e.record(0, 6100, false, p1.ProbeID), tr(opn, opn))
+	q1, trn := e.allow(1, 11000)
+	e.wantTransition("half-open again", trn, tr(opn, half))
+	if q1.ProbeID == p1.ProbeID || q1.ProbeID == p2.ProbeID {
+		t.Errorf("a new period reused probe ID %q", q1.ProbeID)
+	}
+	e.wantTransition("old probe failure while half-open", e.record(0, 11100, false, p2.ProbeID), tr(half, half))
+	e.wantTransition("old probe success while half-open", e.record(0, 11100, true, p1.ProbeID), tr(half, half))
+	e.wantStatus("unmoved", e.state(0, 11100), breaker.Status{State: half, Probes: 1})
+}
+
+// testLostProbe: a probe without an outcome holds its slot for its lease.
+func testLostProbe(t *testing.T, open Open) {
+	e := newEnv(t, open, 2)
+	e.p.HalfOpenProbes, e.p.CloseAfter = 1, 1
+	e.openAt(0)
+	p1, _ := e.allow(0, 5000)
+	v, _ := e.allow(1, 8999)
+	e.wantVerdict("slot held", v, breaker.Verdict{State: half, RetryAfter: time.Millisecond})
+	p2, _ := e.allow(1, 9000)
+	e.wantVerdict("slot freed by the lease", p2, breaker.Verdict{Allowed: true, Probe: true, State: half})
+	e.wantTransition("the lost probe's late success", e.record(0, 9100, true, p1.ProbeID), tr(half, half))
+	e.wantTransition("the new probe's success", e.record(1, 9200, true, p2.ProbeID), tr(half, closed))
+
+	// A lost probe's late failure still reopens.
+	e.openAt(20000)
+	q1, _ := e.allow(0, 25000)
+	q2, _ := e.allow(0, 29000)
+	if !q2.Probe {
+		t.Fatalf("no probe after the lease: %+v", q2)
+	}
+	e.wantTransition("the lost probe's late failure", e.record(1, 29500, false, q1.ProbeID), tr(half, opn))
+}
+
+// testIgnored: outcomes without a probe ID while half-open, and every
+// outcome while open, move nothing; successes do not reset the count.
+func testIgnored(t *testing.T, open Open) {
+	e := newEnv(t, open, 1)
+	e.record(0, 0, false, "")
+	e.record(0, 10, true, "")
+	e.wantStatus("a success keeps failures", e.state(0, 20), breaker.Status{State: closed, Failures: 1})
+	e.openAt(100)
+	e.wantTransition("failure while open", e.record(0, 200, false, ""), tr(opn, opn))
+	e.wantTransition("failure after the open period, before any allow", e.record(0, 5100, false, ""), tr(opn, opn))
+	e.allow(0, 5100)
+	e.wantTransition("failure without a probe ID", e.record(0, 5200, false, ""), tr(half, half))
+	e.wantTransition("failure with a bad probe ID", e.record(0, 5200, false, "x"), tr(half, half))
+	e.wantStatus("still half-open", e.state(0, 5300), breaker.Status{State: half, Probes: 1})
+}
+
+// testConcurrentProbes: replicas racing for probes get exactly
+// HalfOpenProbes of them.
+func testConcurrentProbes(t *testing.T, open Open) {
+	const replicas, each = 8, 10
+	e := newEnv(t, open, replicas)
+	e.p.HalfOpenProbes, e.p.CloseAfter = 3, 3
+	e.openAt(0)
+	var (
+		wg  sync.WaitGroup
+		mu  sync.Mutex
+		ids = map[string]bool{}
+		bad []breaker.Verdict
+	)
+	for r := range replicas {
+		wg.Go(func() {
+			for range each {
+				v, _, err := e.rs[r].Allow(context.Background(), at(6000), e.key, e.p)
+				if err != nil {
+					t.Errorf("Allow: %v", err)
+					return
+				}
+				mu.Lock()
+				switch {
+				case v.Allowed && v.Probe && !ids[v.ProbeID]:
+					ids[v.ProbeID] = true
+				case v.Allowed:
+					bad = append(bad, v)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if len(ids) != 3 || len(bad) > 0 {
+		t.Fatalf("%d distinct probes admitted (want 3), %d bad verdicts: %+v", len(ids), len(bad), bad)
+	}
+	n := 0
+	for id := range ids {
+		n++
+		want := tr(half, half)
+		if n == 3 {
+			want = tr(half, closed)
+		}
+		e.wantTransition("probe success", e.record(n%replicas, 6500, true, id), want)
+	}
+}
+
+// testExpiry: state lives as long as it matters, and a quiet open
+// breaker is forgotten Retain after its period.
+func testExpiry(t *testing.T, open Open) {
+	e := newEnv(t, open, 1)
+	e.record(0, 0, false, "")
+	e.wantStatus("failure counted", e.state(0, 9999), breaker.Status{State: closed, Failures: 1})
+	e.wantStatus("failure aged out", e.state(0, 10000), breaker.Status{State: closed})
+	e.openAt(20000)
+	r := breaker.Retain.Milliseconds()
+	e.wantStatus("kept through Retain", e.state(0, 25000+r-1), breaker.Status{State: half})
+	e.allow(0, 25000+r-1)
+	// The allow wrote a probe with a lease: Retain counts from its end.
+	e.wantStatus("kept past the probe's lease", e.state(0, 29000+r-1), breaker.Status{State: half})
+}

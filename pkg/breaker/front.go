@@ -1,0 +1,225 @@
+package breaker
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Breaker is the breakers of one Config, on a Store. It keeps, for
+// Snapshot and metrics, the last state it saw of each name (at most
+// MaxTracked names) and counts the transitions its store calls made.
+// Safe for concurrent use.
+type Breaker struct {
+	cfg   Config
+	p     Params
+	store Store
+
+	tracked   sync.Map // name -> *seen
+	mu        sync.Mutex
+	n         atomic.Int64 // entries in tracked; written under mu
+	untracked atomic.Uint64
+	trans     [3][3]atomic.Uint64
+}
+
+// seen is the last state a Breaker saw of one name.
+type seen struct {
+	state atomic.Uint32
+	until atomic.Int64 // Unix ms, when state is Open
+}
+
+// New returns the Breaker of cfg on store, with cfg's defaults filled.
+func New(cfg Config, store Store) (*Breaker, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if store == nil {
+		return nil, fmt.Errorf("breaker %q: a Store is required", cfg.Key)
+	}
+	return &Breaker{cfg: cfg, p: cfg.params(), store: store}, nil
+}
+
+// Config returns the configuration, defaults filled.
+func (b *Breaker) Config() Config { return b.cfg }
+
+// Allow decides whether a request to the upstream name may go: one store
+// call. An empty name (the descriptor has no such entry) is allowed
+// without one.
+func (b *Breaker) Allow(ctx context.Context, now time.Time, name string) (Verdict, error) {
+	if name == "" {
+		return Verdict{Allowed: true}, nil
+	}
+	if err := checkName(name); err != nil {
+		return Verdict{}, err
+	}
+	v, tr, err := b.store.Allow(ctx, now, StoreKey(b.cfg.Key, name), b.p)
+	if err != nil {
+		return Verdict{}, fmt.Errorf("breaker %s=%q: allow: %w", b.cfg.Key, name, err)
+	}
+	b.count(tr)
+	var until int64
+	if v.State == Open {
+		until = now.Add(v.RetryAfter).UnixMilli()
+	}
+	b.see(name, v.State, until)
+	return v, nil
+}
+
+// Record takes the outcome of a request to name; probeID is the
+// Verdict's ProbeID for a probe, else empty.
+func (b *Breaker) Record(ctx context.Context, now time.Time, name string, success bool, probeID string) error {
+	if name == "" {
+		return nil
+	}
+	if err := checkName(name); err != nil {
+		return err
+	}
+	tr, err := b.store.Record(ctx, now, StoreKey(b.cfg.Key, name), b.p, success, probeID)
+	if err != nil {
+		return fmt.Errorf("breaker %s=%q: record: %w", b.cfg.Key, name, err)
+	}
+	b.count(tr)
+	if tr.Changed() {
+		var until int64
+		if tr.To == Open {
+			until = now.Add(b.cfg.OpenFor).UnixMilli()
+		}
+		b.see(name, tr.To, until)
+	}
+	return nil
+}
+
+// State reads name's state from the store.
+func (b *Breaker) State(ctx context.Context, now time.Time, name string) (Status, error) {
+	if err := checkName(name); err != nil {
+		return Status{}, err
+	}
+	st, err := b.store.State(ctx, now, StoreKey(b.cfg.Key, name), b.p)
+	if err != nil {
+		return Status{}, fmt.Errorf("breaker %s=%q: state: %w", b.cfg.Key, name, err)
+	}
+	var until int64
+	if st.State == Open {
+		until = st.OpenUntil.UnixMilli()
+	}
+	b.see(name, st.State, until)
+	return st, nil
+}
+
+// Observe records o's outcome, if it says anything: see Classify.
+func (b *Breaker) Observe(ctx context.Context, now time.Time, o Outcome) error {
+	success, ok := b.cfg.Classify(o)
+	if !ok {
+		return nil
+	}
+	return b.Record(ctx, now, o.Name, success, o.ProbeID)
+}
+
+func (b *Breaker) count(tr Transition) {
+	if tr.Changed() && tr.From <= Open && tr.To <= Open {
+		b.trans[tr.From][tr.To].Add(1)
+	}
+}
+
+// see notes name's state. Known names cost a lock-free load; a new name
+// takes the lock, and once MaxTracked names are kept it gets in only when
+// it is not closed and a closed one can make room.
+func (b *Breaker) see(name string, st State, until int64) {
+	if v, ok := b.tracked.Load(name); ok {
+		e := v.(*seen)
+		e.until.Store(until)
+		e.state.Store(uint32(st))
+		return
+	}
+	if st == Closed && b.n.Load() >= MaxTracked {
+		b.untracked.Add(1)
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.n.Load() >= MaxTracked {
+		if st == Closed || !b.evictClosed() {
+			b.untracked.Add(1)
+			return
+		}
+	}
+	e := new(seen)
+	e.until.Store(until)
+	e.state.Store(uint32(st))
+	if _, loaded := b.tracked.LoadOrStore(name, e); !loaded {
+		b.n.Add(1)
+	}
+}
+
+// evictClosed drops one closed name; b.mu is held.
+func (b *Breaker) evictClosed() bool {
+	done := false
+	b.tracked.Range(func(k, v any) bool {
+		if State(v.(*seen).state.Load()) == Closed {
+			b.tracked.Delete(k)
+			b.n.Add(-1)
+			done = true
+			return false
+		}
+		return true
+	})
+	return done
+}
+
+// Named is one breaker in a Snapshot.
+type Named struct {
+	Key, Name string
+	State     State
+	// OpenUntil is set for an open breaker.
+	OpenUntil time.Time
+}
+
+// Snapshot lists the tracked breakers, sorted by name, as this replica
+// last saw them, moved on to now (an open one whose period has ended
+// shows half-open). It reads no store: /debug wanting the store's view of
+// one breaker calls State.
+func (b *Breaker) Snapshot(now time.Time) []Named {
+	var out []Named
+	b.tracked.Range(func(k, v any) bool {
+		e := v.(*seen)
+		n := Named{Key: b.cfg.Key, Name: k.(string), State: State(e.state.Load())}
+		if n.State == Open {
+			if u := e.until.Load(); now.UnixMilli() < u {
+				n.OpenUntil = time.UnixMilli(u)
+			} else {
+				n.State = HalfOpen
+			}
+		}
+		out = append(out, n)
+		return true
+	})
+	slices.SortFunc(out, func(a, b Named) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// TransitionCount is how many times this replica's store calls moved a
+// breaker of this Config from From to To.
+type TransitionCount struct {
+	From, To State
+	N        uint64
+}
+
+// Transitions lists the possible transitions with their counts, zeros
+// included, so a counter exists from the start.
+func (b *Breaker) Transitions() []TransitionCount {
+	pairs := [...]Transition{{Closed, Open}, {Open, HalfOpen}, {HalfOpen, Open}, {HalfOpen, Closed}}
+	out := make([]TransitionCount, len(pairs))
+	for i, t := range pairs {
+		out[i] = TransitionCount{From: t.From, To: t.To, N: b.trans[t.From][t.To].Load()}
+	}
+	return out
+}
+
+// Untracked counts the times a name was left out of the tracked set
+// because it was full.
+func (b *Breaker) Untracked() uint64 { return b.untracked.Load() }

@@ -1,0 +1,202 @@
+-- breaker.lua runs one circuit breaker operation atomically: breaker.Cell's
+-- Allow, Record or Status (pkg/breaker/cell.go), step for step. Time comes
+-- from the caller; the script never reads the server clock.
+--
+-- KEYS[1]: the breaker's key (breaker.StoreKey).
+-- ARGV: mode ("allow", "record" or "state"), now (Unix ms), failure
+-- threshold, window (ms), open for (ms), half-open probes, close after,
+-- probe lease (ms), success ("1" or "0", record), probe ID (record).
+--
+-- State: a hash. "s": "o" open or "h" half-open (absent: closed); "u":
+-- when an open breaker goes half-open; "g": when it opened (the probe
+-- IDs' prefix); "q": the last probe number; "k": probe successes; "f":
+-- the failure times, "t1,t2,..."; "p": the probe slots, "id=deadline,...".
+-- A fresh (closed, no failures) breaker has no key. Every write sets the
+-- key to expire ttlMargin after Cell.Expiry: Redis expires keys by its own
+-- clock, and the replicas that pass now may be a little behind it.
+--
+-- Reply: {state (0 closed, 1 half-open, 2 open), transition from (-1:
+-- none; else to is the state), allowed (1 or 0), probe ID, retry after
+-- (ms), failures, open until (ms), probes, successes}. The last four are
+-- Status's, set by "state" only.
+
+local ttlMargin = 1000
+
+local mode = ARGV[1]
+local now = tonumber(ARGV[2])
+local threshold = tonumber(ARGV[3])
+local window = tonumber(ARGV[4])
+local openFor = tonumber(ARGV[5])
+local maxProbes = tonumber(ARGV[6])
+local closeAfter = tonumber(ARGV[7])
+local lease = tonumber(ARGV[8])
+local retain = tonumber(ARGV[9])
+local success = ARGV[10] == '1'
+local probeID = ARGV[11] or ''
+if now == nil or threshold == nil or window == nil or openFor == nil or maxProbes == nil or
+    closeAfter == nil or lease == nil or retain == nil then
+  return redis.error_reply('ERR tollgate breaker: bad arguments')
+end
+
+local function fmtint(x) return string.format('%d', x) end
+
+local CLOSED, HALF, OPEN = 0, 1, 2
+local key = KEYS[1]
+
+-- Load.
+local c = {state = CLOSED, untl = 0, opened = 0, seq = 0, succ = 0, fails = {}, probes = {}}
+local flat = redis.call('HGETALL', key)
+local h = {}
+for i = 1, #flat, 2 do h[flat[i]] = flat[i + 1] end
+if h.s == 'o' then c.state = OPEN elseif h.s == 'h' then c.state = HALF end
+c.untl = tonumber(h.u or '0')
+c.opened = tonumber(h.g or '0')
+c.seq = tonumber(h.q or '0')
+c.succ = tonumber(h.k or '0')
+for t in string.gmatch(h.f or '', '(-?%d+)') do c.fails[#c.fails + 1] = tonumber(t) end
+for id, d in string.gmatch(h.p or '', '([^=,]+)=(-?%d+)') do
+  c.probes[#c.probes + 1] = {id, tonumber(d)}
+end
+
+local dirty = false
+
+local function fresh()
+  c = {state = CLOSED, untl = 0, opened = 0, seq = 0, succ = 0, fails = {}, probes = {}}
+end
+
+local function open()
+  fresh()
+  c.state, c.untl, c.opened = OPEN, now + openFor, now
+end
+
+local function save()
+  local exp = 0
+  if c.state == CLOSED then
+    for _, t in ipairs(c.fails) do
+      if t + window > exp then exp = t + window end
+    end
+  else
+    exp = c.untl
+    for _, x in ipairs(c.probes) do
+      if x[2] > exp then exp = x[2] end
+    end
+    exp = exp + retain
+  end
+  redis.call('DEL', key)
+  if exp <= now then return end
+  local set = {}
+  if c.state == OPEN then
+    set[#set + 1] = 's'; set[#set + 1] = 'o'
+  elseif c.state == HALF then
+    set[#set + 1] = 's'; set[#set + 1] = 'h'
+  end
+  if c.untl ~= 0 then set[#set + 1] = 'u'; set[#set + 1] = fmtint(c.untl) end
+  if c.opened ~= 0 then set[#set + 1] = 'g'; set[#set + 1] = fmtint(c.opened) end
+  if c.seq ~= 0 then set[#set + 1] = 'q'; set[#set + 1] = fmtint(c.seq) end
+  if c.succ ~= 0 then set[#set + 1] = 'k'; set[#set + 1] = fmtint(c.succ) end
+  if #c.fails > 0 then
+    local parts = {}
+    for i, t in ipairs(c.fails) do parts[i] = fmtint(t) end
+    set[#set + 1] = 'f'; set[#set + 1] = table.concat(parts, ',')
+  end
+  if #c.probes > 0 then
+    local parts = {}
+    for i, x in ipairs(c.probes) do parts[i] = x[1] .. '=' .. fmtint(x[2]) end
+    set[#set + 1] = 'p'; set[#set + 1] = table.concat(parts, ',')
+  end
+  if #set == 0 then set = {'s', 'c'} end
+  redis.call('HSET', key, unpack(set))
+  redis.call('PEXPIRE', key, fmtint(exp - now + ttlMargin))
+end
+
+local out = {0, -1, 0, '', 0, 0, 0, 0, 0}
+
+if mode == 'allow' then
+  if c.state == OPEN and now >= c.untl then
+    c.state, c.succ, c.probes = HALF, 0, {}
+    out[2] = OPEN
+    dirty = true
+  end
+  out[1] = c.state
+  if c.state == OPEN then
+    out[5] = c.untl - now
+  elseif c.state == HALF then
+    local live = {}
+    for _, x in ipairs(c.probes) do
+      if x[2] > now then live[#live + 1] = x else dirty = true end
+    end
+    c.probes = live
+    if #live < maxProbes then
+      c.seq = c.seq + 1
+      local id = fmtint(c.opened) .. '.' .. fmtint(c.seq)
+      c.probes[#c.probes + 1] = {id, now + lease}
+      out[3], out[4] = 1, id
+      dirty = true
+    else
+      local first = live[1][2]
+      for _, x in ipairs(live) do
+        if x[2] < first then first = x[2] end
+      end
+      out[5] = first - now
+    end
+  else
+    out[3] = 1
+  end
+elseif mode == 'record' then
+  local from = c.state
+  if c.state == CLOSED then
+    if not success then
+      local kept = {}
+      for _, t in ipairs(c.fails) do
+        if t > now - window then kept[#kept + 1] = t end
+      end
+      kept[#kept + 1] = now
+      c.fails = kept
+      dirty = true
+      if #kept >= threshold then open() end
+    end
+  elseif c.state == HALF then
+    local opened = string.match(probeID, '^([^.]*)%.')
+    if opened ~= nil and opened == fmtint(c.opened) then
+      if not success then
+        open()
+        dirty = true
+      else
+        for i, x in ipairs(c.probes) do
+          if x[1] == probeID then
+            table.remove(c.probes, i)
+            c.succ = c.succ + 1
+            if c.succ >= closeAfter then fresh() end
+            dirty = true
+            break
+          end
+        end
+      end
+    end
+  end
+  out[1] = c.state
+  if c.state ~= from then out[2] = from end
+elseif mode == 'state' then
+  if c.state == OPEN and now < c.untl then
+    out[1], out[7] = OPEN, c.untl
+  elseif c.state == OPEN then
+    out[1] = HALF
+  elseif c.state == HALF then
+    local live = 0
+    for _, x in ipairs(c.probes) do
+      if x[2] > now then live = live + 1 end
+    end
+    out[1], out[8], out[9] = HALF, live, c.succ
+  else
+    local n = 0
+    for _, t in ipairs(c.fails) do
+      if t > now - window then n = n + 1 end
+    end
+    out[6] = n
+  end
+else
+  return redis.error_reply('ERR tollgate breaker: unknown mode')
+end
+
+if dirty then save() end
+return out
