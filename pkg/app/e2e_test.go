@@ -181,8 +181,8 @@ func TestServeEndToEnd(t *testing.T) {
 
 	_, metrics := e.get("/metrics")
 	for _, want := range []string{
-		`tollgate_rls_decisions_total{domain="e2e",result="ok",rule="tenant"} 3`,
-		`tollgate_rls_decisions_total{domain="e2e",result="over_limit",rule="tenant"} 1`,
+		`tollgate_rls_decisions_total{domain="e2e",result="ok",rule="tenant",tier="none"} 3`,
+		`tollgate_rls_decisions_total{domain="e2e",result="over_limit",rule="tenant",tier="none"} 1`,
 		`tollgate_rls_decision_duration_seconds_count 4`,
 		`tollgate_config_reloads_total{result="failure"} 0`,
 		`tollgate_build_info{version="v0.0.0-test"} 1`,

@@ -25,7 +25,21 @@ type storeView struct {
 type domainView struct {
 	Name        string     `json:"domain"`
 	Source      string     `json:"source,omitempty"`
+	Tiers       *tiersView `json:"tiers,omitempty"`
 	Descriptors []ruleView `json:"descriptors"`
+}
+
+type tiersView struct {
+	Key     string             `json:"key"`
+	Default string             `json:"default"`
+	Plans   map[string]float64 `json:"plans"`
+}
+
+func newTiersView(t *limit.Tiers) *tiersView {
+	if t == nil {
+		return nil
+	}
+	return &tiersView{Key: t.Key, Default: t.Default, Plans: t.Plans}
 }
 
 type ruleView struct {
@@ -62,7 +76,7 @@ func newConfigView(version, rulesPath, redisURL string, rs *limit.RuleSet) confi
 		Domains: []domainView{},
 	}
 	for _, d := range rs.Domains() {
-		v.Domains = append(v.Domains, domainView{Name: d.Name, Source: d.Source, Descriptors: ruleViews(d.Descriptors)})
+		v.Domains = append(v.Domains, domainView{Name: d.Name, Source: d.Source, Tiers: newTiersView(d.Tiers), Descriptors: ruleViews(d.Descriptors)})
 	}
 	return v
 }

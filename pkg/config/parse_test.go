@@ -192,7 +192,46 @@ testdata/bad/max_concurrent_bad.yaml:7: descriptors[1].max_concurrent.lease: 100
 		{
 			name: "top level is a list",
 			give: "top_level_list.yaml",
-			want: `testdata/bad/top_level_list.yaml:1: want a mapping with keys domain|algorithm|descriptors, got a list`,
+			want: `testdata/bad/top_level_list.yaml:1: want a mapping with keys domain|algorithm|descriptors|tiers, got a list`,
+		},
+		{
+			name: "tiers without key, default or plans",
+			give: "tiers_missing.yaml",
+			want: `testdata/bad/tiers_missing.yaml:2: tiers: key is required
+testdata/bad/tiers_missing.yaml:2: tiers: plans is required
+testdata/bad/tiers_missing.yaml:2: tiers: default is required`,
+		},
+		{
+			name: "tiers default not a plan",
+			give: "tiers_default_not_plan.yaml",
+			want: `testdata/bad/tiers_default_not_plan.yaml:4: tiers.default: "gold" is not one of the plans (premium|standard|free)`,
+		},
+		{
+			name: "tiers multipliers out of range, not numbers, repeated",
+			give: "tiers_bad_multiplier.yaml",
+			want: `testdata/bad/tiers_bad_multiplier.yaml:6: tiers.plans.premium: 1001 is more than 1000
+testdata/bad/tiers_bad_multiplier.yaml:7: tiers.plans.standard: want a number such as 2 or 0.5, got the string "three"
+testdata/bad/tiers_bad_multiplier.yaml:8: tiers.plans.free: 0 is not more than 0
+testdata/bad/tiers_bad_multiplier.yaml:9: tiers.plans.trial: -0.5 is not more than 0
+testdata/bad/tiers_bad_multiplier.yaml:10: tiers.plans.broken: want a finite number, got .nan
+testdata/bad/tiers_bad_multiplier.yaml:11: tiers.plans.premium: plan repeated (first at line 6)`,
+		},
+		{
+			name: "tiers unknown key",
+			give: "tiers_unknown_key.yaml",
+			want: `testdata/bad/tiers_unknown_key.yaml:3: tiers.keys: unknown key; did you mean key?
+testdata/bad/tiers_unknown_key.yaml:3: tiers: key is required`,
+		},
+		{
+			name: "tiers plans not a mapping",
+			give: "tiers_plans_not_mapping.yaml",
+			want: `testdata/bad/tiers_plans_not_mapping.yaml:5: tiers.plans: want a mapping of plan names to multipliers, got a list`,
+		},
+		{
+			name: "a rule on the tier key, declared before tiers",
+			give: "tiers_rule_uses_key.yaml",
+			want: `testdata/bad/tiers_rule_uses_key.yaml:6: descriptors[0].descriptors[0].key: tier is the tiers.key; tier entries are read for the plan multiplier and removed before matching
+testdata/bad/tiers_rule_uses_key.yaml:11: descriptors[2].key: tier is the tiers.key; tier entries are read for the plan multiplier and removed before matching`,
 		},
 		{
 			name: "the same domain in two files",
@@ -445,6 +484,42 @@ func TestParseLimits(t *testing.T) {
 			got.Children = nil
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("rule = %s\nwant   %s", ruleString(got), ruleString(tt.want))
+			}
+		})
+	}
+}
+
+func TestParseTiers(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		give string
+		want *limit.Tiers
+	}{
+		{name: "none", give: "", want: nil},
+		{
+			name: "plans with a fraction and a hex integer",
+			give: "tiers: {key: tier, default: free, plans: {premium: 3, standard: 2, free: 1, trial: 0.5, bulk: 0x10}}\n",
+			want: &limit.Tiers{Key: "tier", Default: "free", Plans: map[string]float64{"premium": 3, "standard": 2, "free": 1, "trial": 0.5, "bulk": 16}},
+		},
+		{
+			name: "the most a plan may multiply by",
+			give: "tiers: {key: plan, default: x, plans: {x: 1000}}\n",
+			want: &limit.Tiers{Key: "plan", Default: "x", Plans: map[string]float64{"x": 1000}},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			d, err := Parse("t.yaml", []byte("domain: d\n"+tt.give+"descriptors:\n  - {key: tenant, rate_limit: {unit: minute, requests_per_unit: 1}}\n"))
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			if !reflect.DeepEqual(d.Tiers, tt.want) {
+				t.Errorf("Tiers = %+v, want %+v", d.Tiers, tt.want)
+			}
+			if _, err := limit.NewRuleSet(d); err != nil {
+				t.Errorf("NewRuleSet: %v", err)
 			}
 		})
 	}

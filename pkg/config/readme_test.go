@@ -32,7 +32,7 @@ func TestReadmeRules(t *testing.T) {
 	if err != nil {
 		t.Fatalf("README rule example does not load:\n%v", err)
 	}
-	if d.Name != "inference" || len(d.Descriptors) == 0 {
-		t.Fatalf("parsed %q with %d descriptors", d.Name, len(d.Descriptors))
+	if d.Name != "inference" || len(d.Descriptors) == 0 || d.Tiers == nil {
+		t.Fatalf("parsed %q with %d descriptors and tiers %v, want the tiers documented too", d.Name, len(d.Descriptors), d.Tiers)
 	}
 }

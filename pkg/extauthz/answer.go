@@ -138,8 +138,11 @@ func metadata(c *call) *structpb.Struct {
 			Domain:      c.req.Domain,
 			Descriptors: c.req.Descriptors,
 			Overrides:   c.req.Overrides,
-			Tokens:      r.Tokens,
-			At:          r.At,
+			// The plan the decision was made under, which Reconcile
+			// must measure against; "" for a domain without tiers.
+			Tier:   c.dec.Tier,
+			Tokens: r.Tokens,
+			At:     r.At,
 		}))
 	}
 	return &structpb.Struct{Fields: f}

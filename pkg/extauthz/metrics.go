@@ -9,6 +9,7 @@ import (
 // Metric label values.
 const (
 	labelUnknown = "unknown" // a domain not in the rules
+	labelNoTier  = "none"    // no decision, or a domain without tiers
 
 	resultOK              = "ok"
 	resultOverLimit       = "over_limit"
@@ -19,7 +20,8 @@ const (
 
 // metrics are the service's per-instance collectors, registered on the
 // Registerer the caller passes in. Labels never carry a key, a tenant or
-// a model: only the domain (when the rules know it) and the result.
+// a model: only the domain (when the rules know it), the plan the rules
+// chose, and the result.
 type metrics struct {
 	checks    *prometheus.CounterVec
 	duration  prometheus.Histogram
@@ -30,8 +32,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_authz_checks_total",
-			Help: "ext_authz Check calls, by domain (\"unknown\" for domains not in the rules) and result (ok, over_limit, unauthenticated, bad_request, error).",
-		}, []string{"domain", "result"}),
+			Help: "ext_authz Check calls, by domain (\"unknown\" for domains not in the rules), tier (the plan the rules' tiers chose; \"none\" without tiers or a decision) and result (ok, over_limit, unauthenticated, bad_request, error).",
+		}, []string{"domain", "tier", "result"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "tollgate_authz_check_duration_seconds",
 			Help:    "Time to answer one Check call: key lookup, body parsing and the decision with its store round trip.",

@@ -173,6 +173,10 @@ func (s *Service) decide(ctx context.Context, set *Settings, in *authv3.CheckReq
 		TokensSet:   true,
 		Overrides:   id.Overrides,
 		ID:          s.newID(h.GetId()),
+		// The plan multiplier comes from who is calling (the key's tier,
+		// or the trusted header's); a tier entry the descriptors mapping
+		// builds agrees with it, and is removed before matching anyway.
+		Tier: id.Tier,
 	}
 	c.dec, err = s.decider.Decide(ctx, c.req)
 	return err
@@ -304,7 +308,14 @@ func (s *Service) observe(c *call, result string, err error) {
 	if s.decider.Rules().Domain(c.domain) != nil {
 		domain = c.domain
 	}
-	s.metrics.checks.WithLabelValues(domain, result).Inc()
+	// The tier label is the plan the Limiter chose, a name from the
+	// rules, never the identity's value, so it stays bounded; "none"
+	// when no decision was made or the domain has no tiers.
+	tier := labelNoTier
+	if c.dec != nil && c.dec.Tier != "" {
+		tier = c.dec.Tier
+	}
+	s.metrics.checks.WithLabelValues(domain, tier, result).Inc()
 	if c.dec != nil {
 		s.metrics.estimated.Observe(float64(c.tokens))
 	}

@@ -308,10 +308,10 @@ func TestCheckTokenBudget(t *testing.T) {
 			if resp := h.check(t, checkRequest(chatBody("gpt-4o", 400, 900), "authorization", bearer(keyFree))); resp.GetOkResponse() == nil {
 				t.Errorf("another tenant: %v", resp)
 			}
-			if got := gather(t, h.reg)[`tollgate_authz_checks_total{domain="ai",result="`+resultOverLimit+`"}`]; got != 1 {
+			if got := gather(t, h.reg)[`tollgate_authz_checks_total{domain="ai",result="`+resultOverLimit+`",tier="none"}`]; got != 1 {
 				t.Errorf("over_limit checks = %v, want 1", got)
 			}
-			if got := gather(t, h.reg)[`tollgate_authz_checks_total{domain="ai",result="`+resultOK+`"}`]; got != 11 {
+			if got := gather(t, h.reg)[`tollgate_authz_checks_total{domain="ai",result="`+resultOK+`",tier="none"}`]; got != 11 {
 				t.Errorf("ok checks = %v, want 11", got)
 			}
 		})
@@ -363,7 +363,7 @@ func TestCheckStoreFailureIsUnavailable(t *testing.T) {
 	if status.Code(err) != codes.Unavailable || strings.Contains(err.Error(), "10.0.0.7") {
 		t.Errorf("Check = %v, want Unavailable without the store's error text", err)
 	}
-	if got := gather(t, h.reg)[`tollgate_authz_checks_total{domain="ai",result="`+resultError+`"}`]; got != 1 {
+	if got := gather(t, h.reg)[`tollgate_authz_checks_total{domain="ai",result="`+resultError+`",tier="none"}`]; got != 1 {
 		t.Errorf("error checks = %v, want 1", got)
 	}
 }
@@ -377,7 +377,7 @@ func TestCheckContextDomain(t *testing.T) {
 	if resp := h.check(t, req); resp.GetOkResponse() == nil {
 		t.Fatalf("Check = %v", resp)
 	}
-	if got := gather(t, h.reg)[`tollgate_authz_checks_total{domain="unknown",result="ok"}`]; got != 1 {
+	if got := gather(t, h.reg)[`tollgate_authz_checks_total{domain="unknown",result="ok",tier="none"}`]; got != 1 {
 		t.Errorf("ok checks in unknown domains = %v, want 1", got)
 	}
 }

@@ -24,7 +24,8 @@ func (c Code) String() string {
 }
 
 // Override is a limit sent with the descriptor (Envoy's
-// RateLimitDescriptor.limit); it replaces the rule's request limit.
+// RateLimitDescriptor.limit); it replaces the rule's request limit. It is
+// explicit per request, so a plan multiplier does not scale it.
 type Override struct {
 	Amount     uint64
 	Unit       Unit
@@ -58,6 +59,9 @@ type Request struct {
 	// ID identifies the request for its reservation and concurrency
 	// leases (ext_authz sets it); empty for RLS.
 	ID string
+	// Tier is the caller's plan (ext_authz sets it from the identity).
+	// When set it wins over a tier entry in the descriptors; see Tiers.
+	Tier string
 }
 
 // Reservation is what an admitted request holds until its outcome is
@@ -73,7 +77,8 @@ type Reservation struct {
 type Status struct {
 	Code Code
 	// Limit is the limit reported for the descriptor (the one that denied,
-	// else the one with the least room left); nil when none applies.
+	// else the one with the least room left), with the plan multiplier
+	// applied: the effective limit. nil when none applies.
 	Limit      *Limit
 	Remaining  uint64
 	ResetAfter time.Duration
@@ -95,6 +100,9 @@ type Decision struct {
 	// Reservation is set when an admitted request with an ID reserved
 	// tokens or took a concurrency lease.
 	Reservation *Reservation
+	// Tier is the plan the request was decided under (see Tiers): one of
+	// the domain's plan names, or "" when the domain has no tiers.
+	Tier string
 }
 
 // Limiter matches requests against the current rules and applies the
@@ -148,6 +156,7 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	if err != nil {
 		return nil, err
 	}
+	dec.Tier = b.tier
 	if len(b.charges) == 0 {
 		return dec, nil
 	}
@@ -249,7 +258,7 @@ func (l *Limiter) Reconcile(ctx context.Context, req *Request, at time.Time, res
 	// The mark shares the first counter's hash tag, so on Cluster it sits
 	// in a slot this decision already touches.
 	charges = append(charges, Charge{
-		Key:       onceKey(req.Domain, req.Descriptors[0].Entries, req.ID),
+		Key:       onceKey(req.Domain, b.first, req.ID),
 		Algorithm: Once,
 		Window:    max(reconcileMarkTTL, b.lease),
 		Cost:      1,
@@ -304,24 +313,64 @@ type built struct {
 	reserves bool
 	tokens   uint64        // the tokens reserved on each token limit
 	lease    time.Duration // the longest concurrency lease taken
+	tier     string        // the request's plan, "" without tiers
+	first    []Entry       // the first descriptor's entries, tier entries removed
 }
 
 // build matches req's descriptors and returns their charges. In reconcile
 // mode it returns the request's token limits (cost left for Reconcile to
 // set) and concurrency leases only. statuses receives the matched rules.
+//
+// With tiers, every limit is scaled by the request's plan multiplier
+// (after the key's or tenant's override, before the descriptor's own
+// limit, which is not scaled), and tier entries are removed from each
+// descriptor before it is matched and keyed. A descriptor of tier entries
+// only is then empty and matches nothing.
 func build(dom *Domain, req *Request, m mode, statuses []Status) (built, error) {
 	var b built
+	var micro uint64
+	b.tier, micro = dom.plan(req)
+	// ents[i] is descriptor i's entries as matched and keyed; the slice is
+	// made only when a descriptor carries a tier entry.
+	var ents [][]Entry
+	if dom.Tiers != nil {
+		for i := range req.Descriptors {
+			e := req.Descriptors[i].Entries
+			if s := stripTier(e, dom.Tiers.Key); len(s) != len(e) {
+				if ents == nil {
+					ents = make([][]Entry, len(req.Descriptors))
+					for j := range i {
+						ents[j] = req.Descriptors[j].Entries
+					}
+				}
+				e = s
+			}
+			if ents != nil {
+				ents[i] = e
+			}
+		}
+	}
+	entriesOf := func(i int) []Entry {
+		if ents != nil {
+			return ents[i]
+		}
+		return req.Descriptors[i].Entries
+	}
+	b.first = entriesOf(0)
 	// Match every descriptor first: replaces needs all of them.
 	rules := make([]*Rule, len(req.Descriptors))
 	var replaced map[string]bool
 	var keyEntries map[int][]Entry // descriptors counted under a share_threshold wildcard
 	for i := range req.Descriptors {
-		r, shared := dom.match(req.Descriptors[i].Entries)
+		if len(entriesOf(i)) == 0 {
+			continue // tier entries only: nothing to match
+		}
+		r, shared := dom.match(entriesOf(i))
 		if shared != 0 {
 			if keyEntries == nil {
 				keyEntries = map[int][]Entry{}
 			}
-			keyEntries[i] = dom.sharedEntries(req.Descriptors[i].Entries, shared)
+			keyEntries[i] = dom.sharedEntries(entriesOf(i), shared)
 		}
 		rules[i] = r
 		statuses[i].Rule = r
@@ -341,9 +390,14 @@ func build(dom *Domain, req *Request, m mode, statuses []Status) (built, error) 
 		if r != nil && r.Unlimited {
 			continue
 		}
+		ents := entriesOf(i)
+		if len(ents) == 0 {
+			continue // tier entries only, its own limit included: see above
+		}
 		rate, tokens := (*Limit)(nil), (*Limit)(nil)
 		if r != nil {
-			rate, tokens = overridden(r.RateLimit, req.Overrides), overridden(r.TokenLimit, req.Overrides)
+			rate = scaled(overridden(r.RateLimit, req.Overrides), micro)
+			tokens = scaled(overridden(r.TokenLimit, req.Overrides), micro)
 		}
 		if d.Override != nil {
 			ov := &Limit{Kind: Requests, Amount: d.Override.Amount, Unit: d.Override.Unit, Multiplier: d.Override.Multiplier}
@@ -368,7 +422,6 @@ func build(dom *Domain, req *Request, m mode, statuses []Status) (built, error) 
 			statuses[i].Replaced = true
 			tokens = nil
 		}
-		ents := d.Entries
 		if ke, ok := keyEntries[i]; ok {
 			ents = ke
 		}
@@ -378,7 +431,7 @@ func build(dom *Domain, req *Request, m mode, statuses []Status) (built, error) 
 			b.charges = append(b.charges, Charge{
 				Key:       Key(Requests, Concurrency, r.Lease, req.Domain, ents),
 				Algorithm: Concurrency,
-				Amount:    r.MaxConcurrent,
+				Amount:    scale(r.MaxConcurrent, micro),
 				Window:    r.Lease,
 				Cost:      1,
 				Member:    req.ID,

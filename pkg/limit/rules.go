@@ -2,6 +2,8 @@ package limit
 
 import (
 	"fmt"
+	"math"
+	"math/bits"
 	"sort"
 	"strings"
 	"time"
@@ -58,8 +60,137 @@ type Domain struct {
 	Descriptors []*Rule
 	// Source is where the domain was loaded from, for errors and /debug.
 	Source string
+	// Tiers, when set, scales every matched limit by the request's plan.
+	Tiers *Tiers
 
 	root Rule
+}
+
+// MaxMultiplier is the largest plan multiplier: far above any real plan,
+// low enough that a scaled limit stays exact where Redis counts.
+const MaxMultiplier = 1000
+
+// Tiers are a domain's plans: each multiplies every limit a request of
+// that plan matches (rate_limit, token_limit, burst, max_concurrent, and
+// a key's or tenant's own amounts), so premium can get three times what
+// free gets from one set of rules.
+//
+// The plan is Request.Tier when set (ext_authz takes it from the caller's
+// identity), else the value of the first entry named Key in the request's
+// descriptors, in order (RLS). A request with no plan, or one not in
+// Plans, gets Default, which should be the most restrictive plan so that
+// a client cannot gain by sending a made-up tier or none.
+//
+// Entries named Key are removed from every descriptor before matching and
+// before counter keys are built: rules are written without them, and a
+// tenant whose plan changes keeps its counters, since only the amount
+// they are checked against changes.
+type Tiers struct {
+	// Key is the descriptor entry that carries the plan (Required).
+	Key string
+	// Default is the plan of a request without a known one (Required;
+	// one of Plans).
+	Default string
+	// Plans maps each plan to its multiplier, in (0, MaxMultiplier]
+	// (Required; at least one). Multipliers count to the millionth.
+	Plans map[string]float64
+}
+
+// validate checks t on its own; NewRuleSet checks the rules against it.
+func (t *Tiers) validate() error {
+	if t.Key == "" {
+		return fmt.Errorf("tiers: key is empty")
+	}
+	if len(t.Plans) == 0 {
+		return fmt.Errorf("tiers: no plans")
+	}
+	for name, m := range t.Plans {
+		if name == "" {
+			return fmt.Errorf("tiers: a plan has an empty name")
+		}
+		if !(m > 0 && m <= MaxMultiplier) {
+			return fmt.Errorf("tiers: plan %q: multiplier %v is outside (0, %d]", name, m, MaxMultiplier)
+		}
+	}
+	if _, ok := t.Plans[t.Default]; !ok {
+		return fmt.Errorf("tiers: default %q is not one of the plans", t.Default)
+	}
+	return nil
+}
+
+// plan returns the plan req gets and its multiplier in millionths:
+// ("", 1e6) when d has no tiers.
+func (d *Domain) plan(req *Request) (string, uint64) {
+	t := d.Tiers
+	if t == nil {
+		return "", microOne
+	}
+	name := req.Tier
+	if name == "" {
+	find:
+		for i := range req.Descriptors {
+			for _, e := range req.Descriptors[i].Entries {
+				if e.Key == t.Key {
+					name = e.Value
+					break find
+				}
+			}
+		}
+	}
+	m, ok := t.Plans[name]
+	if !ok {
+		name, m = t.Default, t.Plans[t.Default]
+	}
+	return name, uint64(math.Round(m * microOne))
+}
+
+// microOne is a multiplier of 1 in millionths.
+const microOne = 1_000_000
+
+// scale returns floor(n x micro / 1e6), exactly, and at least 1 when n is:
+// a plan multiplier never turns a limit into one that denies everything.
+func scale(n, micro uint64) uint64 {
+	if n == 0 || micro == microOne {
+		return n
+	}
+	const maxScaled = 1 << 53 // exact in a float64, as Lua counts
+	n = min(n, maxScaled)
+	hi, lo := bits.Mul64(n, micro) // < 2^53 x 2^30: hi < 1e6, so Div64 cannot panic
+	q, _ := bits.Div64(hi, lo, microOne)
+	return min(max(q, 1), maxScaled)
+}
+
+// scaled returns l with its amount and burst scaled, or l itself when the
+// multiplier is 1, so the common case allocates nothing.
+func scaled(l *Limit, micro uint64) *Limit {
+	if l == nil || micro == microOne {
+		return l
+	}
+	c := *l
+	c.Amount = scale(l.Amount, micro)
+	c.Burst = scale(l.Burst, micro)
+	return &c
+}
+
+// stripTier returns entries without those named key; entries itself when
+// there are none, so descriptors without a tier entry cost nothing.
+func stripTier(entries []Entry, key string) []Entry {
+	n := 0
+	for _, e := range entries {
+		if e.Key == key {
+			n++
+		}
+	}
+	if n == 0 {
+		return entries
+	}
+	out := make([]Entry, 0, len(entries)-n)
+	for _, e := range entries {
+		if e.Key != key {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // RuleSet is an immutable, indexed set of domains. Build it with
@@ -84,11 +215,33 @@ func NewRuleSet(domains ...*Domain) (*RuleSet, error) {
 		if err := index(&d.root, ""); err != nil {
 			return nil, fmt.Errorf("domain %q: %w", d.Name, err)
 		}
+		if d.Tiers != nil {
+			if err := d.Tiers.validate(); err != nil {
+				return nil, fmt.Errorf("domain %q: %w", d.Name, err)
+			}
+			if id := usesKey(d.Descriptors, d.Tiers.Key); id != "" {
+				return nil, fmt.Errorf("domain %q: rule %s matches the tiers key %q, whose entries are removed before matching", d.Name, id, d.Tiers.Key)
+			}
+		}
 		rs.domains[d.Name] = d
 		rs.names = append(rs.names, d.Name)
 	}
 	sort.Strings(rs.names)
 	return rs, nil
+}
+
+// usesKey returns the ID of a rule in rules, at any depth, that matches
+// entries named key, or "".
+func usesKey(rules []*Rule, key string) string {
+	for _, r := range rules {
+		if r.Key == key {
+			return r.ID
+		}
+		if id := usesKey(r.Children, key); id != "" {
+			return id
+		}
+	}
+	return ""
 }
 
 func index(r *Rule, prefix string) error {

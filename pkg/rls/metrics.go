@@ -14,6 +14,7 @@ const (
 	labelUnknown  = "unknown"  // domain not in the rules; result of a descriptor no rule matched
 	labelNone     = "none"     // rule label when no rule matched
 	labelOverride = "override" // rule label when only the descriptor's own limit applied
+	labelNoTier   = "none"     // tier label when the domain has no tiers
 
 	resultOK         = "ok"
 	resultOverLimit  = "over_limit"
@@ -34,8 +35,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_rls_decisions_total",
-			Help: "Descriptor decisions answered over RLS, by domain (\"unknown\" for domains not in the rules), matched rule ID (\"none\", \"override\") and result (ok, over_limit, shadow_over, unknown when no rule matched).",
-		}, []string{"domain", "rule", "result"}),
+			Help: "Descriptor decisions answered over RLS, by domain (\"unknown\" for domains not in the rules), matched rule ID (\"none\", \"override\"), tier (a plan of the domain's tiers, \"none\" without tiers) and result (ok, over_limit, shadow_over, unknown when no rule matched).",
+		}, []string{"domain", "rule", "tier", "result"}),
 		detailed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_rls_detailed_decisions_total",
 			Help: "Descriptor decisions of rules with detailed_metric, labelled with the descriptor's key=value entries.",
@@ -69,10 +70,16 @@ func (m *metrics) observe(domain string, known bool, req *limit.Request, dec *li
 	if !known {
 		domain = labelUnknown
 	}
+	// Decision.Tier is a plan name from the rules, never the client's
+	// value, so the label stays bounded.
+	tier := dec.Tier
+	if tier == "" {
+		tier = labelNoTier
+	}
 	for i := range dec.Statuses {
 		st := &dec.Statuses[i]
 		rule, result := labels(st)
-		m.decisions.WithLabelValues(domain, rule, result).Inc()
+		m.decisions.WithLabelValues(domain, rule, tier, result).Inc()
 		if st.Rule != nil && st.Rule.DetailedMetric && i < len(req.Descriptors) {
 			m.detailed.WithLabelValues(domain, rule, descriptorLabel(req.Descriptors[i].Entries), result).Inc()
 		}

@@ -476,14 +476,14 @@ func TestMetrics(t *testing.T) {
 
 	got := gather(t, f.reg)
 	want := map[string]float64{
-		`tollgate_rls_decisions_total{domain="ai",result="ok",rule="tenant"}`:                                                          1,
-		`tollgate_rls_decisions_total{domain="ai",result="over_limit",rule="tenant"}`:                                                  1,
-		`tollgate_rls_decisions_total{domain="ai",result="ok",rule="tenant.model_gpt-4o"}`:                                             1,
-		`tollgate_rls_decisions_total{domain="ai",result="unknown",rule="none"}`:                                                       1,
-		`tollgate_rls_decisions_total{domain="ai",result="ok",rule="override"}`:                                                        1,
-		`tollgate_rls_decisions_total{domain="ai",result="ok",rule="shadow"}`:                                                          1,
-		`tollgate_rls_decisions_total{domain="ai",result="shadow_over",rule="shadow"}`:                                                 1,
-		`tollgate_rls_decisions_total{domain="unknown",result="unknown",rule="none"}`:                                                  1,
+		`tollgate_rls_decisions_total{domain="ai",result="ok",rule="tenant",tier="none"}`:                                              1,
+		`tollgate_rls_decisions_total{domain="ai",result="over_limit",rule="tenant",tier="none"}`:                                      1,
+		`tollgate_rls_decisions_total{domain="ai",result="ok",rule="tenant.model_gpt-4o",tier="none"}`:                                 1,
+		`tollgate_rls_decisions_total{domain="ai",result="unknown",rule="none",tier="none"}`:                                           1,
+		`tollgate_rls_decisions_total{domain="ai",result="ok",rule="override",tier="none"}`:                                            1,
+		`tollgate_rls_decisions_total{domain="ai",result="ok",rule="shadow",tier="none"}`:                                              1,
+		`tollgate_rls_decisions_total{domain="ai",result="shadow_over",rule="shadow",tier="none"}`:                                     1,
+		`tollgate_rls_decisions_total{domain="unknown",result="unknown",rule="none",tier="none"}`:                                      1,
 		`tollgate_rls_detailed_decisions_total{descriptor="tenant=b,model=gpt-4o",domain="ai",result="ok",rule="tenant.model_gpt-4o"}`: 1,
 		`tollgate_store_errors_total`:                  1,
 		`tollgate_rls_invalid_requests_total`:          1,

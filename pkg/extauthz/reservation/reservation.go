@@ -45,9 +45,14 @@ const MaxEncodedBytes = 64 << 10
 // maxOverrides bounds the overrides a ticket may carry.
 const maxOverrides = 1024
 
-// version 1: the fields of Reservation in order, strings and counts as
-// uvarints, At as a zigzag varint of Unix milliseconds.
-const version1 = 1
+// version 1: the fields of Reservation in order up to Overrides, strings
+// and counts as uvarints, At as a zigzag varint of Unix milliseconds.
+// version 2: version 1 followed by Tier, written only when Tier is set,
+// so a ticket without one is what it was before tiers. Decode reads both.
+const (
+	version1 = 1
+	version2 = 2
+)
 
 // Reservation is what Reconcile needs to settle one admitted request.
 type Reservation struct {
@@ -62,23 +67,31 @@ type Reservation struct {
 	Tokens uint64
 	// At is when Decide reserved them, to the millisecond.
 	At time.Time
+	// Tier is the request's limit.Request.Tier: the plan whose
+	// multiplier sized the limits the reservation was taken on, which a
+	// refund must be measured against too.
+	Tier string
 }
 
 // Request is the limit.Request to pass Reconcile.
 func (r *Reservation) Request() *limit.Request {
-	return &limit.Request{Domain: r.Domain, Descriptors: r.Descriptors, Overrides: r.Overrides, ID: r.ID}
+	return &limit.Request{Domain: r.Domain, Descriptors: r.Descriptors, Overrides: r.Overrides, ID: r.ID, Tier: r.Tier}
 }
 
 // Encode returns r as a compact, URL-safe string.
 func Encode(r *Reservation) string {
-	n := 24 + len(r.ID) + len(r.Domain)
+	n := 26 + len(r.ID) + len(r.Domain) + len(r.Tier)
 	for _, d := range r.Descriptors {
 		for _, e := range d.Entries {
 			n += 4 + len(e.Key) + len(e.Value)
 		}
 	}
 	b := make([]byte, 0, n)
-	b = append(b, version1)
+	v := byte(version1)
+	if r.Tier != "" {
+		v = version2
+	}
+	b = append(b, v)
 	b = binary.AppendVarint(b, r.At.UnixMilli())
 	b = binary.AppendUvarint(b, r.Tokens)
 	b = appendString(b, r.ID)
@@ -99,6 +112,9 @@ func Encode(r *Reservation) string {
 		b = binary.AppendUvarint(b, o.Amount)
 		b = binary.AppendUvarint(b, uint64(o.Unit))
 		b = binary.AppendUvarint(b, uint64(o.Multiplier))
+	}
+	if v == version2 {
+		b = appendString(b, r.Tier)
 	}
 	return base64.RawURLEncoding.EncodeToString(b)
 }
@@ -122,11 +138,12 @@ func Decode(s string) (*Reservation, error) {
 		return nil, fmt.Errorf("%w: not base64url", ErrInvalid)
 	}
 	d := decoder{b: b}
-	if v := d.readByte(); v != version1 {
+	v := d.readByte()
+	if v != version1 && v != version2 {
 		if d.err != nil {
 			return nil, d.err
 		}
-		return nil, fmt.Errorf("%w: version %d, want %d", ErrInvalid, v, version1)
+		return nil, fmt.Errorf("%w: version %d, want %d or %d", ErrInvalid, v, version1, version2)
 	}
 	r := &Reservation{}
 	r.At = time.UnixMilli(d.varint())
@@ -166,6 +183,9 @@ func Decode(s string) (*Reservation, error) {
 			}
 			r.Overrides[name] = o
 		}
+	}
+	if v >= version2 {
+		r.Tier = d.string(limit.MaxValueBytes, "tier")
 	}
 	if d.err == nil && len(d.b) > 0 {
 		d.fail("%d bytes after the end", len(d.b))

@@ -48,6 +48,11 @@ func TestRoundTrip(t *testing.T) {
 			},
 		},
 		{name: "empty", give: &Reservation{At: time.UnixMilli(0)}},
+		{
+			name: "with a tier",
+			give: &Reservation{ID: "r", Domain: "d", At: time.UnixMilli(2), Tier: "premium",
+				Descriptors: []limit.Descriptor{{Entries: entries("tenant", "acme")}}},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -73,8 +78,8 @@ func TestRoundTrip(t *testing.T) {
 func TestRequest(t *testing.T) {
 	t.Parallel()
 	r := &Reservation{ID: "i", Domain: "d", Tokens: 9, At: time.UnixMilli(1),
-		Descriptors: []limit.Descriptor{{Entries: entries("a", "b")}}, Overrides: map[string]limit.Override{"x": {Amount: 1}}}
-	want := &limit.Request{ID: "i", Domain: "d", Descriptors: r.Descriptors, Overrides: r.Overrides}
+		Descriptors: []limit.Descriptor{{Entries: entries("a", "b")}}, Overrides: map[string]limit.Override{"x": {Amount: 1}}, Tier: "free"}
+	want := &limit.Request{ID: "i", Domain: "d", Descriptors: r.Descriptors, Overrides: r.Overrides, Tier: "free"}
 	if diff := cmp.Diff(want, r.Request()); diff != "" {
 		t.Errorf("Request (-want +got):\n%s", diff)
 	}
@@ -93,7 +98,8 @@ func TestDecodeRejects(t *testing.T) {
 		{name: "empty", give: "", want: "invalid reservation ticket: truncated"},
 		{name: "not base64url", give: "a+b/", want: "invalid reservation ticket: not base64url"},
 		{name: "padded", give: good + "=", want: "invalid reservation ticket: not base64url"},
-		{name: "another version", give: enc(2, 0, 0), want: "invalid reservation ticket: version 2, want 1"},
+		{name: "another version", give: enc(3, 0, 0), want: "invalid reservation ticket: version 3, want 1 or 2"},
+		{name: "version 2 without its tier", give: enc(append([]byte{2}, raw[1:]...)...), want: "invalid reservation ticket: truncated or overlong number"},
 		{name: "truncated", give: enc(raw[:len(raw)-1]...), want: "invalid reservation ticket: truncated or overlong number"},
 		{name: "truncated in a string", give: enc(raw[:len(raw)-2]...), want: "invalid reservation ticket: truncated entry value"},
 		{name: "trailing bytes", give: enc(append(raw[:len(raw):len(raw)], 0)...), want: "invalid reservation ticket: 1 bytes after the end"},
