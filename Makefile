@@ -30,8 +30,15 @@ redis: ## Install redis-server when it is missing (tests start their own servers
 	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server; }
 	@# Debian's package starts a system service on :6379; tests never use it.
 
+.PHONY: prometheus
+prometheus: ## Install prometheus when it is missing (test/prometheus starts its own on a free port).
+	@command -v prometheus >/dev/null 2>&1 || { \
+	  echo "prometheus not found: installing it with apt-get"; \
+	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus; }
+	@# Under systemd Debian's package starts a service on :9090; tests never use it.
+
 .PHONY: test
-test: redis ## Vet, then run every test (with the race detector) against real redis-server processes.
+test: redis prometheus ## Vet, then run every test (with the race detector) against real redis-server and prometheus processes.
 	$(GO) vet ./...
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
