@@ -14,8 +14,8 @@ import (
 // breakers. A breaker's name is the outcome's value of its descriptor
 // key: Model for "model", Tenant for "tenant", Tier for "tier"; a breaker
 // on any other key learns nothing here, since an Outcome carries no other
-// values. Outcome carries no probe ID yet, so half-open breakers close
-// only once Check's metadata brings it (see breaker.Outcome.ProbeID).
+// values. A probe's outcome carries its probe ID (Outcome.Probes, by the
+// breaker's key), so that half-open breakers can close.
 type BreakerObserver struct {
 	breakers []*breaker.Breaker
 	clock    limit.Clock
@@ -46,7 +46,9 @@ func (b *BreakerObserver) Observe(ctx context.Context, o *Outcome) {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(ctx, b.timeout)
-		err := br.Observe(ctx, now, breaker.Outcome{Status: o.Status, Duration: o.Duration, Upstream: o.UpstreamCluster, Name: name})
+		err := br.Observe(ctx, now, breaker.Outcome{
+			Status: o.Status, Duration: o.Duration, Upstream: o.UpstreamCluster, Name: name, ProbeID: o.Probes[br.Config().Key],
+		})
 		cancel()
 		if err != nil {
 			b.log.Warn("breaker outcome not recorded", zap.Error(err), zap.String("key", br.Config().Key))

@@ -37,3 +37,32 @@ func TestBreakerObserverOpens(t *testing.T) {
 		}
 	}
 }
+
+// TestBreakerObserverProbe: a probe's outcome carries its probe ID by
+// the breaker's key, and its success closes a half-open breaker; the
+// same success without the ID would not.
+func TestBreakerObserverProbe(t *testing.T) {
+	t.Parallel()
+	t0 := time.UnixMilli(1_700_000_000_000)
+	clock := storetest.NewFakeClock(t0)
+	br, err := breaker.New(breaker.Config{Key: "model", FailureThreshold: 1, Window: time.Minute, OpenFor: time.Second}, memstore.NewBreakers())
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := NewBreakerObserver(clock, nil, 0, br)
+	ctx := context.Background()
+	obs.Observe(ctx, &Outcome{Status: 500, UpstreamCluster: "gpu", Model: "m", Final: true})
+	clock.Advance(time.Second)
+	v, err := br.Allow(ctx, clock.Now(), "m")
+	if err != nil || !v.Probe {
+		t.Fatalf("Allow after open_for = %+v, %v; want a probe", v, err)
+	}
+	obs.Observe(ctx, &Outcome{Status: 200, UpstreamCluster: "gpu", Model: "m", Final: true})
+	if st, _ := br.State(ctx, clock.Now(), "m"); st.State != breaker.HalfOpen {
+		t.Fatalf("a success without the probe ID moved the breaker to %v", st.State)
+	}
+	obs.Observe(ctx, &Outcome{Status: 200, UpstreamCluster: "gpu", Model: "m", Final: true, Probes: map[string]string{"model": v.ProbeID}})
+	if st, _ := br.State(ctx, clock.Now(), "m"); st.State != breaker.Closed {
+		t.Fatalf("the probe's success left the breaker %v, want closed", st.State)
+	}
+}

@@ -16,8 +16,8 @@
 // fact without the reservation's window, but works where no access log
 // stream is configured.
 //
-// Every entry's outcome also goes to an Observer, for the circuit breaker
-// and the pressure score.
+// Every request's final entry's outcome also goes to an Observer, for the
+// circuit breaker and the pressure score.
 //
 // The service trusts its callers as ShouldRateLimit does (a descriptor
 // with is_negative_hits refunds there): anyone who can reach the gRPC port
@@ -38,6 +38,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tollgate-dev/tollgate/pkg/extauthz/reservation"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
@@ -66,10 +67,20 @@ type Outcome struct {
 	// Tenant, Tier and Model come from Check's dynamic metadata; empty
 	// for a request Check did not see.
 	Tenant, Tier, Model string
+	// Probes are the circuit breaker probes the request was admitted as:
+	// breaker key -> probe ID, from Check's dynamic metadata or the rate
+	// limit filter's (see reservation.FieldProbes); nil for none. A
+	// request can probe several breakers (one per key), hence a map.
+	Probes map[string]string
+	// Final is set for the request's last entry. The Observer sees only
+	// final entries (intermediate and periodic ones are skipped, so a
+	// long stream counts once), so it is always true there; it is kept
+	// for Observers that also serve other sources.
+	Final bool
 }
 
-// Observer learns the outcome of every finished request: the circuit
-// breaker and the pressure score plug in here. Observe runs on the
+// Observer learns the outcome of every finished request, once, from its
+// final entry: the circuit breaker and the pressure score plug in here. Observe runs on the
 // stream's goroutine, so it must be quick; o is valid during the call.
 type Observer interface {
 	Observe(ctx context.Context, o *Outcome)
@@ -82,7 +93,8 @@ type Options struct {
 	// estimated and only their leases are released). SetUsageHeader
 	// changes it later.
 	UsageHeader string
-	// Observer receives every entry's outcome (Optional).
+	// Observer receives every request's outcome, from its final entry
+	// (Optional).
 	Observer Observer
 	// Timeout bounds the settling of one entry (Optional; default 2s).
 	Timeout time.Duration
@@ -162,8 +174,10 @@ func (s *Service) StreamAccessLogs(stream grpc.ClientStreamingServer[alsv3.Strea
 // entry handles one HTTP entry; garbage is counted, never fatal.
 func (s *Service) entry(ctx context.Context, e *datav3.HTTPAccessLogEntry) {
 	common := e.GetCommonProperties()
-	meta := common.GetMetadata().GetFilterMetadata()[reservation.MetadataNamespace].GetFields()
-	if s.observer != nil {
+	filters := common.GetMetadata().GetFilterMetadata()
+	meta := filters[reservation.MetadataNamespace].GetFields()
+	isFinal := final(common)
+	if s.observer != nil && isFinal {
 		o := Outcome{
 			Status:          e.GetResponse().GetResponseCode().GetValue(),
 			Duration:        common.GetDuration().AsDuration(),
@@ -171,11 +185,14 @@ func (s *Service) entry(ctx context.Context, e *datav3.HTTPAccessLogEntry) {
 			Tenant:          meta[reservation.FieldTenant].GetStringValue(),
 			Tier:            meta[reservation.FieldTier].GetStringValue(),
 			Model:           meta[reservation.FieldModel].GetStringValue(),
+			Final:           true,
 		}
+		o.Probes = probes(o.Probes, meta)
+		o.Probes = probes(o.Probes, filters[reservation.RateLimitNamespace].GetFields())
 		s.observer.Observe(ctx, &o)
 	}
 	ticket := meta[reservation.Field].GetStringValue()
-	if ticket == "" || !final(common) {
+	if ticket == "" || !isFinal {
 		s.metrics.entries.WithLabelValues(resultIgnored).Inc()
 		return
 	}
@@ -215,6 +232,20 @@ func (s *Service) entry(ctx context.Context, e *datav3.HTTPAccessLogEntry) {
 			s.metrics.tokens.WithLabelValues(directionCharge).Add(float64(actual - r.Tokens))
 		}
 	}
+}
+
+// probes adds to dst the probe IDs of meta's FieldProbes struct; dst is
+// made only when there are some.
+func probes(dst map[string]string, meta map[string]*structpb.Value) map[string]string {
+	for k, v := range meta[reservation.FieldProbes].GetStructValue().GetFields() {
+		if id := v.GetStringValue(); id != "" && k != "" {
+			if dst == nil {
+				dst = make(map[string]string, 1)
+			}
+			dst[k] = id
+		}
+	}
+	return dst
 }
 
 // final says whether the entry is the request's last: an intermediate or

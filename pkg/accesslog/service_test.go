@@ -188,6 +188,7 @@ func TestStreamAccessLogs(t *testing.T) {
 		err         error
 		wantCalls   []call
 		wantMetrics map[string]float64
+		notFinal    bool // the observer must not see it
 	}{
 		{
 			name: "usage from the header is reconciled", give: entry(ticketMeta(testTicket), 200, "x-usage", " 700 "), done: true,
@@ -235,8 +236,8 @@ func TestStreamAccessLogs(t *testing.T) {
 			name: "metadata without a ticket is ignored",
 			give: entry(map[string]*structpb.Value{"tenant": structpb.NewStringValue("acme")}, 200), wantMetrics: map[string]float64{"ignored": 1},
 		},
-		{name: "an intermediate entry is ignored", give: intermediate, wantMetrics: map[string]float64{"ignored": 1}},
-		{name: "a periodic entry is ignored", give: periodic, wantMetrics: map[string]float64{"ignored": 1}},
+		{name: "an intermediate entry is ignored", give: intermediate, wantMetrics: map[string]float64{"ignored": 1}, notFinal: true},
+		{name: "a periodic entry is ignored", give: periodic, wantMetrics: map[string]float64{"ignored": 1}, notFinal: true},
 		{
 			name: "a domain the rules dropped is ignored", give: entry(ticketMeta(&otherDomain), 200),
 			wantMetrics: map[string]float64{"ignored": 1},
@@ -267,8 +268,10 @@ func TestStreamAccessLogs(t *testing.T) {
 			if diff := cmp.Diff(tt.wantMetrics, counters(t, reg)); diff != "" {
 				t.Errorf("metrics (-want +got):\n%s", diff)
 			}
-			if len(obs.outcomes) != 1 {
-				t.Fatalf("observer saw %d outcomes, want 1", len(obs.outcomes))
+			// The observer sees final entries only: a stream's
+			// intermediate entries would count its outcome twice.
+			if want := map[bool]int{false: 1, true: 0}[tt.notFinal]; len(obs.outcomes) != want {
+				t.Fatalf("observer saw %d outcomes, want %d", len(obs.outcomes), want)
 			}
 		})
 	}
@@ -281,14 +284,32 @@ func TestObserverOutcome(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	probeMeta := ticketMeta(testTicket)
+	probeMeta[reservation.FieldProbes] = structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+		"model": structpb.NewStringValue("1700000000000.1"),
+	}})
+	probe := entry(probeMeta, 200)
+	rlsProbe := entry(nil, 503)
+	rlsProbe.CommonProperties.Metadata = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
+		reservation.RateLimitNamespace: {Fields: map[string]*structpb.Value{
+			reservation.FieldProbes: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+				"tenant": structpb.NewStringValue("5.2"),
+			}}),
+		}},
+	}}
+	intermediate := entry(probeMeta, 200)
+	intermediate.CommonProperties.IntermediateLogEntry = true
 	send(t, alsv3.NewAccessLogServiceClient(serve(t, svc)),
 		[]*datav3.HTTPAccessLogEntry{entry(ticketMeta(testTicket), 502), entry(nil, 200)},
-		[]*datav3.HTTPAccessLogEntry{{}},
+		[]*datav3.HTTPAccessLogEntry{{}, intermediate, probe, rlsProbe},
 	)
 	want := []Outcome{
-		{Status: 502, Duration: 1500 * time.Millisecond, UpstreamCluster: "llm", Tenant: "acme", Tier: "gold", Model: "gpt-4o"},
-		{Status: 200, Duration: 1500 * time.Millisecond, UpstreamCluster: "llm"},
-		{},
+		{Status: 502, Duration: 1500 * time.Millisecond, UpstreamCluster: "llm", Tenant: "acme", Tier: "gold", Model: "gpt-4o", Final: true},
+		{Status: 200, Duration: 1500 * time.Millisecond, UpstreamCluster: "llm", Final: true},
+		{Final: true},
+		{Status: 200, Duration: 1500 * time.Millisecond, UpstreamCluster: "llm", Tenant: "acme", Tier: "gold", Model: "gpt-4o", Final: true,
+			Probes: map[string]string{"model": "1700000000000.1"}},
+		{Status: 503, Duration: 1500 * time.Millisecond, UpstreamCluster: "llm", Final: true, Probes: map[string]string{"tenant": "5.2"}},
 	}
 	if diff := cmp.Diff(want, obs.outcomes); diff != "" {
 		t.Errorf("outcomes (-want +got):\n%s", diff)

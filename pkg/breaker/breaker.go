@@ -55,7 +55,6 @@ package breaker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"strconv"
@@ -68,7 +67,7 @@ import (
 const (
 	// DefaultProbeLease is how long a probe holds its slot without an
 	// outcome. Set ProbeLease above the route's timeout.
-	DefaultProbeLease = time.Minute
+	DefaultProbeLease = limit.DefaultProbeLease
 	// Retain is how long an open or half-open breaker with no write is
 	// kept past its open period and its probes' leases.
 	Retain = time.Hour
@@ -98,73 +97,11 @@ func (s State) String() string {
 	return "state(" + strconv.Itoa(int(s)) + ")"
 }
 
-// Config is one breaker declaration: one breaker per value of Key.
-//
-// A failure is a response with status 5xx or 408, or with status 0 (no
-// response was sent) when Timeout is set and the request lasted at least
-// Timeout. Any other status is a success (a 4xx is the client's fault,
-// and a 429 the upstream limiting, not failing); status 0 shorter than
-// Timeout says nothing and is ignored. See Classify.
-type Config struct {
-	// Key is the descriptor key whose value names the breaker, usually
-	// "model" (Required).
-	Key string
-	// FailureThreshold is how many failures within Window open the
-	// breaker (Required, >= 1).
-	FailureThreshold uint64
-	// Window is how long a failure counts (Required, >= 1ms).
-	Window time.Duration
-	// OpenFor is how long the breaker stays open before it goes half-open
-	// (Required, >= 1ms).
-	OpenFor time.Duration
-	// HalfOpenProbes is how many probes may be in flight cluster-wide
-	// while half-open (Optional; default 1).
-	HalfOpenProbes uint64
-	// CloseAfter is how many probe successes close it (Optional; default
-	// HalfOpenProbes).
-	CloseAfter uint64
-	// ProbeLease is how long a probe holds its slot without an outcome
-	// (Optional; default DefaultProbeLease).
-	ProbeLease time.Duration
-	// Timeout makes a request without a response (status 0) that lasted
-	// at least this long a failure (Optional; default 0: never).
-	Timeout time.Duration
-}
-
-// withDefaults fills the optional fields and checks the rest.
-func (c Config) withDefaults() (Config, error) {
-	if c.HalfOpenProbes == 0 {
-		c.HalfOpenProbes = 1
-	}
-	if c.CloseAfter == 0 {
-		c.CloseAfter = c.HalfOpenProbes
-	}
-	if c.ProbeLease == 0 {
-		c.ProbeLease = DefaultProbeLease
-	}
-	var errs []error
-	if c.Key == "" {
-		errs = append(errs, errors.New("key is required"))
-	}
-	if c.FailureThreshold == 0 {
-		errs = append(errs, errors.New("failure_threshold must be at least 1"))
-	}
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{{"window", c.Window}, {"open_for", c.OpenFor}, {"probe_lease", c.ProbeLease}} {
-		if d.v < time.Millisecond {
-			errs = append(errs, fmt.Errorf("%s must be at least 1ms, not %v", d.name, d.v))
-		}
-	}
-	if c.Timeout < 0 {
-		errs = append(errs, fmt.Errorf("timeout must not be negative, not %v", c.Timeout))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return c, fmt.Errorf("breaker %q: %w", c.Key, err)
-	}
-	return c, nil
-}
+// Config is one breaker declaration: one breaker per value of Key. It is
+// limit.BreakerConfig, so that pkg/config fills it and a limit.Domain
+// holds it; its Validate and WithDefaults are there. See Classify for
+// what counts as a failure.
+type Config = limit.BreakerConfig
 
 // Params is what a Store needs of a Config, all durations >= 1ms.
 type Params struct {
@@ -176,7 +113,7 @@ type Params struct {
 	ProbeLease       time.Duration
 }
 
-func (c Config) params() Params {
+func params(c Config) Params {
 	return Params{
 		FailureThreshold: c.FailureThreshold,
 		Window:           c.Window,
@@ -227,6 +164,9 @@ func (t Transition) Changed() bool { return t.From != t.To }
 type Store interface {
 	Allow(ctx context.Context, now time.Time, key string, p Params) (Verdict, Transition, error)
 	Record(ctx context.Context, now time.Time, key string, p Params, success bool, probeID string) (Transition, error)
+	// Release frees the half-open slot of probeID without counting an
+	// outcome: the probe never went upstream.
+	Release(ctx context.Context, now time.Time, key string, p Params, probeID string) error
 	State(ctx context.Context, now time.Time, key string, p Params) (Status, error)
 }
 

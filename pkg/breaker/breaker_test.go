@@ -46,7 +46,7 @@ func TestClassify(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			s, ok := cfg().Classify(tt.give)
+			s, ok := breaker.Classify(cfg(), tt.give)
 			if s != tt.wantSuccess || ok != tt.wantOK {
 				t.Errorf("Classify = %v, %v; want %v, %v", s, ok, tt.wantSuccess, tt.wantOK)
 			}

@@ -102,6 +102,17 @@ func (c *Cell) Record(now int64, p Params, success bool, probeID string) Transit
 	return Transition{From: c.State, To: c.State}
 }
 
+// Release frees the half-open slot of probeID, counting nothing; any
+// other state, or a probe ID not holding a slot, is left as it is.
+func (c *Cell) Release(probeID string) {
+	if c.State != HalfOpen {
+		return
+	}
+	if i := slices.IndexFunc(c.Probes, func(x Probe) bool { return x.ID == probeID }); i >= 0 {
+		c.Probes = slices.Delete(c.Probes, i, i+1)
+	}
+}
+
 func (c *Cell) open(now int64, p Params) {
 	*c = Cell{State: Open, Until: now + ms(p.OpenFor), Opened: now}
 }

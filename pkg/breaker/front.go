@@ -34,14 +34,14 @@ type seen struct {
 
 // New returns the Breaker of cfg on store, with cfg's defaults filled.
 func New(cfg Config, store Store) (*Breaker, error) {
-	cfg, err := cfg.withDefaults()
+	cfg, err := cfg.WithDefaults()
 	if err != nil {
 		return nil, err
 	}
 	if store == nil {
 		return nil, fmt.Errorf("breaker %q: a Store is required", cfg.Key)
 	}
-	return &Breaker{cfg: cfg, p: cfg.params(), store: store}, nil
+	return &Breaker{cfg: cfg, p: params(cfg), store: store}, nil
 }
 
 // Config returns the configuration, defaults filled.
@@ -94,6 +94,23 @@ func (b *Breaker) Record(ctx context.Context, now time.Time, name string, succes
 	return nil
 }
 
+// Release frees the half-open slot a probe of name holds, without
+// counting an outcome: the request it was given to was refused later in
+// the decision and never went upstream. An unknown or stale probeID
+// changes nothing.
+func (b *Breaker) Release(ctx context.Context, now time.Time, name, probeID string) error {
+	if name == "" || probeID == "" {
+		return nil
+	}
+	if err := checkName(name); err != nil {
+		return err
+	}
+	if err := b.store.Release(ctx, now, StoreKey(b.cfg.Key, name), b.p, probeID); err != nil {
+		return fmt.Errorf("breaker %s=%q: release: %w", b.cfg.Key, name, err)
+	}
+	return nil
+}
+
 // State reads name's state from the store.
 func (b *Breaker) State(ctx context.Context, now time.Time, name string) (Status, error) {
 	if err := checkName(name); err != nil {
@@ -113,7 +130,7 @@ func (b *Breaker) State(ctx context.Context, now time.Time, name string) (Status
 
 // Observe records o's outcome, if it says anything: see Classify.
 func (b *Breaker) Observe(ctx context.Context, now time.Time, o Outcome) error {
-	success, ok := b.cfg.Classify(o)
+	success, ok := Classify(b.cfg, o)
 	if !ok {
 		return nil
 	}

@@ -19,10 +19,15 @@ type Outcome struct {
 	ProbeID string
 }
 
-// Classify says whether o is a success or a failure under c's rule (see
-// Config), and ok = false when it says nothing: no name, no upstream, or
-// no response within Timeout.
-func (c Config) Classify(o Outcome) (success, ok bool) {
+// Classify says whether o is a success or a failure under c's rule, and
+// ok = false when it says nothing: no name, no upstream, or no response
+// within Timeout.
+//
+// A failure is a response with status 5xx or 408, or with status 0 (no
+// response was sent) when c.Timeout is set and the request lasted at
+// least that long. Any other status is a success (a 4xx is the client's
+// fault, and a 429 the upstream limiting, not failing).
+func Classify(c Config, o Outcome) (success, ok bool) {
 	switch {
 	case o.Name == "" || o.Upstream == "":
 		return false, false

@@ -33,6 +33,28 @@
 //	  key: tier                        #   (Required) the descriptor entry that carries the plan; rules must not use it
 //	  default: free                    #   (Required) the plan of a request with none or an unknown one; one of plans
 //	  plans: {premium: 3, free: 1}     #   (Required) plan -> multiplier of every matched limit, > 0 and at most 1000
+//	shedding:                          # (Optional) tier shedding by pressure; default none
+//	  steps:                           #   (Optional) ascending thresholds; a step adds to the ones below it
+//	    - above: 0.7                   #     (Required) pressure in [0,1] from which the step applies
+//	      shed: [free]                 #     (Optional) tiers refused
+//	      admit_only: [premium]        #     (Optional) the only tiers admitted
+//	      limit_factor: 0.7            #     (Optional) scales every limit, in (0,1]; default 1
+//	      burst: false                 #     (Optional) false: token buckets get a burst of 1; default true
+//	      continuous: false            #     (Optional) limit x limit_factor x (1 - pressure); default false
+//	  hysteresis: 0.05                 #   (Optional) a step is left below above - hysteresis, in [0,1); default 0
+//	  hold: 30s                        #   (Optional) a step is left no sooner than this; also Retry-After; default 0 (1s)
+//	  shadow: false                    #   (Optional) count what would be shed, shed nothing; default false
+//	  min_factor: 0.1                  #   (Required with a continuous step) floor of the continuous factor, in (0,1]
+//	  scope: global                    #   (Optional) global|model: the pressure a request reads; default global
+//	breakers:                          # (Optional) circuit breakers shared by all replicas; default none
+//	  - key: model                     #   (Required) one breaker per value of this descriptor entry; one per key
+//	    failure_threshold: 5           #   (Required) failures (5xx, 408, timeouts) within window that open it
+//	    window: 60s                    #   (Required) how long a failure counts
+//	    open_for: 30s                  #   (Required) open this long, then half-open
+//	    half_open_probes: 1            #   (Optional) probes in flight cluster-wide while half-open; default 1
+//	    close_after: 1                 #   (Optional) probe successes that close it; default half_open_probes
+//	    probe_lease: 1m                #   (Optional) a probe's slot without an outcome; default 1m
+//	    timeout: 0s                    #   (Optional) no response after this long is a failure; default 0 (never)
 //
 // share_threshold (Optional, wildcard values only, as in
 // envoyproxy/ratelimit) makes every value the prefix matches share one
@@ -77,8 +99,11 @@ const (
 
 // The keys each mapping accepts, in the order error messages list them.
 var (
-	fileKeys       = []string{"domain", "algorithm", "descriptors", "tiers"}
+	fileKeys       = []string{"domain", "algorithm", "descriptors", "tiers", "shedding", "breakers"}
 	tiersKeys      = []string{"key", "default", "plans"}
+	sheddingKeys   = []string{"steps", "hysteresis", "hold", "shadow", "min_factor", "scope"}
+	stepKeys       = []string{"above", "shed", "admit_only", "limit_factor", "burst", "continuous"}
+	breakerKeys    = []string{"key", "failure_threshold", "window", "open_for", "half_open_probes", "close_after", "probe_lease", "timeout"}
 	descriptorKeys = []string{
 		"key", "value", "rate_limit", "token_limit", "shadow_mode", "detailed_metric", "descriptors",
 		"quota_mode", "value_to_metric", "share_threshold", "max_concurrent",
@@ -301,6 +326,12 @@ func (w *walker) domain(root *yaml.Node) (*limit.Domain, int) {
 	}
 	if n, has := f["descriptors"]; has {
 		d.Descriptors = w.rules(n, "descriptors", 1)
+	}
+	if n, has := f["shedding"]; has {
+		d.Shedding = w.shedding(n)
+	}
+	if n, has := f["breakers"]; has {
+		d.Breakers = w.breakers(n)
 	}
 	if !ok {
 		return nil, 0
@@ -845,4 +876,224 @@ func (w *walker) multiplier(n *yaml.Node, path string) (float64, bool) {
 		return m, true
 	}
 	return 0, false
+}
+
+// fields remembers the node of each path read under one value, so that
+// the problems its Check reports point at their line.
+type fields map[string]*yaml.Node
+
+// report adds each of problems, found in the value read at base from
+// node n, at the line of its field (or of its nearest parent read).
+func (w *walker) report(n *yaml.Node, base string, at fields, problems []limit.FieldError) {
+	for _, p := range problems {
+		node, path := n, p.Path
+		for q := path; q != ""; {
+			if v, ok := at[q]; ok {
+				node = v
+				break
+			}
+			i := strings.LastIndexAny(q, ".[")
+			if i < 0 {
+				break
+			}
+			q = q[:i]
+		}
+		w.addf(node, join(base, path), "%s", p.Msg)
+	}
+}
+
+// shedding reads the file's shedding policy and checks it with
+// limit.Shedding.Check. It returns nil when anything is wrong.
+func (w *walker) shedding(n *yaml.Node) *limit.Shedding {
+	const path = "shedding"
+	before := len(w.problems)
+	f, _ := w.mapping(n, path, sheddingKeys)
+	if f == nil {
+		return nil
+	}
+	n = w.resolve(n)
+	s := &limit.Shedding{}
+	at := fields{}
+	if v, has := f["steps"]; has {
+		v = w.resolve(v)
+		if v.Kind != yaml.SequenceNode {
+			w.addf(v, path+".steps", "want a list of steps, got %s", describe(v))
+		} else {
+			for i, c := range v.Content {
+				p := fmt.Sprintf("steps[%d]", i)
+				at[p] = w.resolve(c)
+				s.Steps = append(s.Steps, w.step(c, path+"."+p, p, at))
+			}
+		}
+	}
+	if v, has := f["hysteresis"]; has {
+		at["hysteresis"] = v
+		s.Hysteresis, _ = w.float(v, path+".hysteresis")
+	}
+	if v, has := f["hold"]; has {
+		at["hold"] = v
+		s.Hold, _ = w.duration(v, path+".hold")
+	}
+	if v, has := f["min_factor"]; has {
+		at["min_factor"] = v
+		s.MinFactor, _ = w.float(v, path+".min_factor")
+	}
+	if v, has := f["scope"]; has {
+		at["scope"] = v
+		s.Scope, _ = w.str(v, path+".scope")
+	}
+	s.Shadow = w.flag(f, "shadow", path)
+	if len(w.problems) != before {
+		return nil
+	}
+	w.report(n, path, at, s.Check())
+	if len(w.problems) != before {
+		return nil
+	}
+	return s
+}
+
+func (w *walker) step(n *yaml.Node, path, rel string, at fields) limit.ShedStep {
+	var st limit.ShedStep
+	f, _ := w.mapping(n, path, stepKeys)
+	if f == nil {
+		return st
+	}
+	if v, has := f["above"]; !has {
+		w.addf(w.resolve(n), path, "above is required")
+	} else {
+		at[rel+".above"] = v
+		st.Above, _ = w.float(v, path+".above")
+	}
+	if v, has := f["limit_factor"]; has {
+		at[rel+".limit_factor"] = v
+		st.LimitFactor, _ = w.float(v, path+".limit_factor")
+	}
+	if v, has := f["shed"]; has {
+		st.Shed = w.strings(v, path+".shed", rel+".shed", at)
+	}
+	if v, has := f["admit_only"]; has {
+		st.AdmitOnly = w.strings(v, path+".admit_only", rel+".admit_only", at)
+	}
+	if _, has := f["burst"]; has {
+		st.NoBurst = !w.flag(f, "burst", path)
+	}
+	st.Continuous = w.flag(f, "continuous", path)
+	return st
+}
+
+// strings reads a list of strings, remembering each item's node.
+func (w *walker) strings(n *yaml.Node, path, rel string, at fields) []string {
+	n = w.resolve(n)
+	if n.Kind != yaml.SequenceNode {
+		w.addf(n, path, "want a list of tiers, got %s", describe(n))
+		return nil
+	}
+	out := make([]string, 0, len(n.Content))
+	for i, c := range n.Content {
+		p := fmt.Sprintf("[%d]", i)
+		at[rel+p] = c
+		s, _ := w.str(c, path+p)
+		out = append(out, s)
+	}
+	return out
+}
+
+// breakers reads the file's breakers and checks each with
+// limit.BreakerConfig.Check. It returns nil when anything is wrong.
+func (w *walker) breakers(n *yaml.Node) []limit.BreakerConfig {
+	const path = "breakers"
+	before := len(w.problems)
+	n = w.resolve(n)
+	if n.Kind != yaml.SequenceNode {
+		w.addf(n, path, "want a list of breakers, got %s", describe(n))
+		return nil
+	}
+	out := make([]limit.BreakerConfig, 0, len(n.Content))
+	keys := map[string]int{}
+	for i, c := range n.Content {
+		p := fmt.Sprintf("%s[%d]", path, i)
+		b, ok := w.breaker(c, p)
+		if !ok {
+			continue
+		}
+		if first, dup := keys[b.Key]; dup {
+			w.addf(w.resolve(c), p+".key", "%q has a breaker already (line %d); one breaker per key", b.Key, first)
+			continue
+		}
+		if b.Key == w.tierKey {
+			w.addf(w.resolve(c), p+".key", "%s is the tiers.key; tier entries are removed before matching", b.Key)
+			continue
+		}
+		keys[b.Key] = w.resolve(c).Line
+		out = append(out, b)
+	}
+	if len(w.problems) != before {
+		return nil
+	}
+	return out
+}
+
+func (w *walker) breaker(n *yaml.Node, path string) (limit.BreakerConfig, bool) {
+	var b limit.BreakerConfig
+	before := len(w.problems)
+	f, _ := w.mapping(n, path, breakerKeys)
+	if f == nil {
+		return b, false
+	}
+	n = w.resolve(n)
+	at := fields{}
+	if v, has := f["key"]; has {
+		at["key"] = v
+		b.Key, _ = w.str(v, path+".key")
+	}
+	for _, u := range []struct {
+		name string
+		to   *uint64
+	}{{"failure_threshold", &b.FailureThreshold}, {"half_open_probes", &b.HalfOpenProbes}, {"close_after", &b.CloseAfter}} {
+		if v, has := f[u.name]; has {
+			at[u.name] = v
+			*u.to, _ = w.uint(v, path+"."+u.name, 1, 1<<32)
+		}
+	}
+	for _, d := range []struct {
+		name string
+		to   *time.Duration
+	}{{"window", &b.Window}, {"open_for", &b.OpenFor}, {"probe_lease", &b.ProbeLease}, {"timeout", &b.Timeout}} {
+		if v, has := f[d.name]; has {
+			at[d.name] = v
+			*d.to, _ = w.duration(v, path+"."+d.name)
+		}
+	}
+	if len(w.problems) != before {
+		return b, false
+	}
+	w.report(n, path, at, b.Check())
+	return b, len(w.problems) == before
+}
+
+// float reads a finite number.
+func (w *walker) float(n *yaml.Node, path string) (float64, bool) {
+	n = w.resolve(n)
+	var v float64
+	if n.Kind != yaml.ScalarNode || (n.ShortTag() != "!!int" && n.ShortTag() != "!!float") || n.Decode(&v) != nil ||
+		math.IsNaN(v) || math.IsInf(v, 0) {
+		w.addf(n, path, "want a number such as 0.7, got %s", describe(n))
+		return 0, false
+	}
+	return v, true
+}
+
+// duration reads a Go duration such as 30s or 1m.
+func (w *walker) duration(n *yaml.Node, path string) (time.Duration, bool) {
+	s, ok := w.str(n, path)
+	if !ok {
+		return 0, false
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		w.addf(n, path, "%q is not a duration such as 30s or 10m", s)
+		return 0, false
+	}
+	return d, true
 }

@@ -192,7 +192,7 @@ testdata/bad/max_concurrent_bad.yaml:7: descriptors[1].max_concurrent.lease: 100
 		{
 			name: "top level is a list",
 			give: "top_level_list.yaml",
-			want: `testdata/bad/top_level_list.yaml:1: want a mapping with keys domain|algorithm|descriptors|tiers, got a list`,
+			want: `testdata/bad/top_level_list.yaml:1: want a mapping with keys domain|algorithm|descriptors|tiers|shedding|breakers, got a list`,
 		},
 		{
 			name: "tiers without key, default or plans",
@@ -237,6 +237,66 @@ testdata/bad/tiers_rule_uses_key.yaml:11: descriptors[2].key: tier is the tiers.
 			name: "the same domain in two files",
 			give: "dupdomain",
 			want: `testdata/bad/dupdomain/b.yaml:2: domain: "edge" is already the domain of testdata/bad/dupdomain/a.yaml; a domain lives in one file`,
+		},
+		{
+			name: "shedding not ascending",
+			give: "shedding_not_ascending.yaml",
+			want: `testdata/bad/shedding_not_ascending.yaml:6: shedding.steps[1].above: 0.7 is not above steps[0].above 0.8`,
+		},
+		{
+			name: "shedding unknown step key",
+			give: "shedding_unknown_step_key.yaml",
+			want: `testdata/bad/shedding_unknown_step_key.yaml:5: shedding.steps[0].limit_facter: unknown key; did you mean limit_factor?`,
+		},
+		{
+			name: "shedding bad scope",
+			give: "shedding_bad_scope.yaml",
+			want: `testdata/bad/shedding_bad_scope.yaml:3: shedding.scope: "tenant" is not one of global|model`,
+		},
+		{
+			name: "shedding bad hold",
+			give: "shedding_bad_hold.yaml",
+			want: `testdata/bad/shedding_bad_hold.yaml:3: shedding.hold: "soon" is not a duration such as 30s or 10m`,
+		},
+		{
+			name: "shedding factor range",
+			give: "shedding_factor_range.yaml",
+			want: `testdata/bad/shedding_factor_range.yaml:5: shedding.steps[0].limit_factor: 1.5 is not in (0,1] (0: unchanged)`,
+		},
+		{
+			name: "shedding duplicate tier",
+			give: "shedding_duplicate_tier.yaml",
+			want: `testdata/bad/shedding_duplicate_tier.yaml:7: shedding.steps[0].admit_only[1]: tier "premium" listed twice`,
+		},
+		{
+			name: "shedding not number",
+			give: "shedding_not_number.yaml",
+			want: `testdata/bad/shedding_not_number.yaml:4: shedding.steps[0].above: want a number such as 0.7, got the string "high"`,
+		},
+		{
+			name: "breaker no threshold",
+			give: "breaker_no_threshold.yaml",
+			want: `testdata/bad/breaker_no_threshold.yaml:3: breakers[0].failure_threshold: failure_threshold must be at least 1`,
+		},
+		{
+			name: "breaker duplicate key",
+			give: "breaker_duplicate_key.yaml",
+			want: `testdata/bad/breaker_duplicate_key.yaml:7: breakers[1].key: "model" has a breaker already (line 3); one breaker per key`,
+		},
+		{
+			name: "breaker bad window",
+			give: "breaker_bad_window.yaml",
+			want: `testdata/bad/breaker_bad_window.yaml:5: breakers[0].window: window must be at least 1ms, not 0s`,
+		},
+		{
+			name: "breaker tier key",
+			give: "breaker_tier_key.yaml",
+			want: `testdata/bad/breaker_tier_key.yaml:7: breakers[0].key: tier is the tiers.key; tier entries are removed before matching`,
+		},
+		{
+			name: "breakers not list",
+			give: "breakers_not_list.yaml",
+			want: `testdata/bad/breakers_not_list.yaml:3: breakers: want a list of breakers, got a mapping`,
 		},
 	}
 	for _, tt := range tests {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -71,6 +72,10 @@ func toAnswer(ctx context.Context, err error, c *call) (*authv3.CheckResponse, s
 	switch {
 	case err == nil && (c.dec == nil || c.dec.Code == limit.CodeOK):
 		return okResponse(c), resultOK, nil
+	case err == nil && c.dec.Reason == limit.ReasonShed:
+		return unavailableResponse(c, "overloaded", "The service is overloaded; requests of your plan are paused"), resultShed, nil
+	case err == nil && c.dec.Reason == limit.ReasonBreaker:
+		return unavailableResponse(c, "upstream_unavailable", "The model is failing and temporarily unavailable"), resultBreakerOpen, nil
 	case err == nil:
 		return overLimitResponse(c), resultOverLimit, nil
 	case errors.As(err, &p):
@@ -128,6 +133,13 @@ func metadata(c *call) *structpb.Struct {
 			f[kv.k] = structpb.NewStringValue(kv.v)
 		}
 	}
+	if c.dec != nil && len(c.dec.Probes) > 0 {
+		pf := make(map[string]*structpb.Value, len(c.dec.Probes))
+		for _, p := range c.dec.Probes {
+			pf[p.Key] = structpb.NewStringValue(p.ID)
+		}
+		f[reservation.FieldProbes] = structpb.NewStructValue(&structpb.Struct{Fields: pf})
+	}
 	if c.dec != nil && c.dec.Reservation != nil {
 		r := c.dec.Reservation
 		f[reservation.FieldReservationID] = structpb.NewStringValue(r.ID)
@@ -167,6 +179,25 @@ func overLimitResponse(c *call) *authv3.CheckResponse {
 	}
 	p.msg += ". Retry after " + strconv.FormatInt(max(1, headers.CeilSeconds(retry)), 10) + " seconds."
 	return deniedResponse(p, c)
+}
+
+// unavailableResponse answers a request refused before any limit (tier
+// shedding or an open breaker): 503, which OpenAI clients retry, with
+// Retry-After and x-tollgate-reason. The type is OpenAI's own for a 503
+// ("server_error"), so clients classify it as they would the upstream's.
+func unavailableResponse(c *call, code, msg string) *authv3.CheckResponse {
+	secs := max(1, headers.CeilSeconds(c.dec.RetryAfter))
+	p := &problem{status: 503, errType: "server_error", errCode: code,
+		msg: msg + ". Retry after " + strconv.FormatInt(secs, 10) + " seconds."}
+	resp := deniedResponse(p, c)
+	d := resp.GetDeniedResponse()
+	// The statuses' waits (the decision's) usually gave Retry-After
+	// already; a decision without statuses still needs one.
+	if !slices.ContainsFunc(d.Headers, func(h *corev3.HeaderValueOption) bool { return h.GetHeader().GetKey() == headers.RetryAfter }) {
+		d.Headers = append(d.Headers, option(headers.RetryAfter, strconv.FormatInt(secs, 10)))
+	}
+	d.Headers = append(d.Headers, option(headers.Reason, c.dec.Reason.String()))
+	return resp
 }
 
 // denial describes what denied dec: the kind of limit, its name, and how
@@ -238,6 +269,8 @@ func grpcCode(s typev3.StatusCode) codes.Code {
 		return codes.Unauthenticated
 	case 429:
 		return codes.ResourceExhausted
+	case 503:
+		return codes.Unavailable
 	default:
 		return codes.InvalidArgument
 	}

@@ -16,6 +16,11 @@ const (
 	resultUnauthenticated = "unauthenticated"
 	resultBadRequest      = "bad_request"
 	resultError           = "error"
+	// Refusals before any limit, and a shadow shedding policy's would-be
+	// refusals; the same values as tollgate_rls_decisions_total's.
+	resultShed        = "shed"
+	resultShadowShed  = "shadow_shed"
+	resultBreakerOpen = "breaker_open"
 )
 
 // metrics are the service's per-instance collectors, registered on the
@@ -32,7 +37,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_authz_checks_total",
-			Help: "ext_authz Check calls, by domain (\"unknown\" for domains not in the rules), tier (the plan the rules' tiers chose; \"none\" without tiers or a decision) and result (ok, over_limit, unauthenticated, bad_request, error).",
+			Help: "ext_authz Check calls, by domain (\"unknown\" for domains not in the rules), tier (the plan the rules' tiers chose; \"none\" without tiers or a decision) and result (ok, over_limit, unauthenticated, bad_request, error; shed and breaker_open when tier shedding or a circuit breaker refused the request before any limit, shadow_shed when a shadow shedding policy would have).",
 		}, []string{"domain", "tier", "result"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "tollgate_authz_check_duration_seconds",

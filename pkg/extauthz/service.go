@@ -124,6 +124,9 @@ func (s *Service) Check(ctx context.Context, in *authv3.CheckRequest) (*authv3.C
 	}
 	err := s.decide(ctx, set, in, c)
 	resp, result, gerr := toAnswer(ctx, err, c)
+	if result == resultOK && c.dec != nil && c.dec.ShadowShed {
+		result = resultShadowShed
+	}
 	s.observe(c, result, err)
 	return resp, gerr
 }
@@ -177,6 +180,9 @@ func (s *Service) decide(ctx context.Context, set *Settings, in *authv3.CheckReq
 		// or the trusted header's); a tier entry the descriptors mapping
 		// builds agrees with it, and is removed before matching anyway.
 		Tier: id.Tier,
+		// The model picks the pressure scope and the breaker on "model"
+		// even when the descriptors mapping leaves it out.
+		Model: c.model,
 	}
 	c.dec, err = s.decider.Decide(ctx, c.req)
 	return err
@@ -322,7 +328,7 @@ func (s *Service) observe(c *call, result string, err error) {
 	switch result {
 	case resultError:
 		s.log.Warn("authz decision failed", zap.Error(err), zap.String("domain", safe(c.domain)))
-	case resultOK, resultOverLimit:
+	case resultOK, resultOverLimit, resultShed, resultShadowShed, resultBreakerOpen:
 		if ce := s.log.Check(zap.DebugLevel, "authz decision"); ce != nil {
 			ce.Write(zap.String("result", result), zap.String("domain", safe(c.domain)), zap.String("tenant", safe(c.id.Tenant)),
 				zap.String("key_name", safe(c.id.KeyName)), zap.String("model", safe(c.model)), zap.Uint64("estimated_tokens", c.tokens))

@@ -62,6 +62,11 @@ type Request struct {
 	// Tier is the caller's plan (ext_authz sets it from the identity).
 	// When set it wins over a tier entry in the descriptors; see Tiers.
 	Tier string
+	// Model is the model the request is for (ext_authz sets it); when
+	// empty, the descriptors' "model" entry is. It picks the pressure
+	// scope (Shedding.Scope model) and, for breakers on "model", the
+	// breaker.
+	Model string
 }
 
 // Reservation is what an admitted request holds until its outcome is
@@ -103,23 +108,48 @@ type Decision struct {
 	// Tier is the plan the request was decided under (see Tiers): one of
 	// the domain's plan names, or "" when the domain has no tiers.
 	Tier string
+	// Reason is why Code is CodeOverLimit: ReasonShed and ReasonBreaker
+	// refuse before any limit is charged (every status is then over limit
+	// with no Limit); ReasonNone when admitted.
+	Reason Reason
+	// RetryAfter is, for ReasonShed and ReasonBreaker, how long to wait:
+	// the policy's Hold (or DefaultShedRetryAfter), or the breaker's open
+	// period left. For ReasonLimit the statuses carry it.
+	RetryAfter time.Duration
+	// ShadowShed: a shadow-mode shedding policy would have refused the
+	// request. It was decided as if there were no shedding.
+	ShadowShed bool
+	// Probes are the half-open breakers' probes the admitted request
+	// holds; their outcomes must be reported with the probe IDs.
+	Probes []Probe
 }
 
 // Limiter matches requests against the current rules and applies the
 // charges to its Store in one call, all or nothing.
+//
+// Before the limits it applies, in DESIGN.md's order, the domain's tier
+// shedding (WithShedder) and circuit breakers (WithBreakers): a request
+// they refuse is charged nothing.
 type Limiter struct {
-	rules atomic.Pointer[RuleSet]
-	store Store
-	clock Clock
+	rules    atomic.Pointer[RuleSet]
+	store    Store
+	clock    Clock
+	shedder  Shedder
+	breakers Breakers
 }
 
 // NewLimiter returns a Limiter over store; rules may be nil (everything is
 // then unknown and allowed) and can be swapped later with SetRules.
-func NewLimiter(store Store, clock Clock, rules *RuleSet) *Limiter {
+// Without WithShedder and WithBreakers, domains' shedding and breakers are
+// ignored.
+func NewLimiter(store Store, clock Clock, rules *RuleSet, opts ...Option) *Limiter {
 	if clock == nil {
 		clock = SystemClock{}
 	}
 	l := &Limiter{store: store, clock: clock}
+	for _, o := range opts {
+		o(l)
+	}
 	if rules != nil {
 		l.rules.Store(rules)
 	}
@@ -139,7 +169,16 @@ type plan struct {
 }
 
 // Decide answers req. It returns an error wrapping ErrInvalid for a
-// malformed request, and the store's error when the store fails.
+// malformed request, and the store's error when the store (or a
+// breaker's) fails.
+//
+// The steps, each skipped when the domain does not configure it: the
+// tier's shedding under the current pressure (refused: ReasonShed); each
+// breaker whose key the request carries (open: ReasonBreaker; half-open:
+// maybe a probe); the limits, scaled by the plan multiplier and then by
+// the pressure's limit factor. A probe taken for a request the limits
+// then refuse is released: the request never goes upstream, so no
+// outcome would ever free its slot before the lease ends.
 func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	if err := checkRequest(req); err != nil {
 		return nil, err
@@ -152,22 +191,42 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	if dom == nil {
 		return dec, nil
 	}
-	b, err := build(dom, req, admit, dec.Statuses)
+	adj, shed := l.shed(dom, req, dec)
+	if shed {
+		dec.Tier, _ = dom.plan(req)
+		refuse(dec, ReasonShed, dom.Shedding.RetryAfter())
+		return dec, nil
+	}
+	b, err := build(dom, req, admit, dec.Statuses, adj)
 	if err != nil {
 		return nil, err
 	}
 	dec.Tier = b.tier
+	now := l.clock.Now()
+	if len(dom.Breakers) > 0 {
+		if ok, err := l.allowBreakers(ctx, now, dom, req, dec); err != nil || !ok {
+			if err != nil {
+				return nil, err
+			}
+			return dec, nil
+		}
+	}
 	if len(b.charges) == 0 {
 		return dec, nil
 	}
-	now := l.clock.Now()
 	res := make([]Result, len(b.charges))
 	admitted, err := l.store.Apply(ctx, now, b.charges, res)
 	if err != nil {
+		if len(dec.Probes) > 0 {
+			l.release(ctx, now, dom, dec)
+		}
 		return nil, fmt.Errorf("apply %d charges: %w", len(b.charges), err)
 	}
 	if !admitted {
-		dec.Code = CodeOverLimit
+		dec.Code, dec.Reason = CodeOverLimit, ReasonLimit
+		if len(dec.Probes) > 0 {
+			l.release(ctx, now, dom, dec)
+		}
 	}
 	for k, p := range b.plans {
 		if p.limit == nil {
@@ -230,7 +289,7 @@ func (l *Limiter) Reconcile(ctx context.Context, req *Request, at time.Time, res
 	if dom == nil {
 		return false, nil
 	}
-	b, err := build(dom, req, reconcile, make([]Status, len(req.Descriptors)))
+	b, err := build(dom, req, reconcile, make([]Status, len(req.Descriptors)), noAdjust)
 	if err != nil {
 		return false, err
 	}
@@ -326,7 +385,12 @@ type built struct {
 // limit, which is not scaled), and tier entries are removed from each
 // descriptor before it is matched and keyed. A descriptor of tier entries
 // only is then empty and matches nothing.
-func build(dom *Domain, req *Request, m mode, statuses []Status) (built, error) {
+//
+// adj, the pressure's limit factor and burst switch, scales every limit
+// after the plan multiplier (floored, at least 1), and with noBurst gives
+// every token bucket a burst of 1. A descriptor's own limit is not scaled
+// by either.
+func build(dom *Domain, req *Request, m mode, statuses []Status, adj adjust) (built, error) {
 	var b built
 	var micro uint64
 	b.tier, micro = dom.plan(req)
@@ -396,8 +460,8 @@ func build(dom *Domain, req *Request, m mode, statuses []Status) (built, error) 
 		}
 		rate, tokens := (*Limit)(nil), (*Limit)(nil)
 		if r != nil {
-			rate = scaled(overridden(r.RateLimit, req.Overrides), micro)
-			tokens = scaled(overridden(r.TokenLimit, req.Overrides), micro)
+			rate = adj.apply(scaled(overridden(r.RateLimit, req.Overrides), micro))
+			tokens = adj.apply(scaled(overridden(r.TokenLimit, req.Overrides), micro))
 		}
 		if d.Override != nil {
 			ov := &Limit{Kind: Requests, Amount: d.Override.Amount, Unit: d.Override.Unit, Multiplier: d.Override.Multiplier}
@@ -431,7 +495,7 @@ func build(dom *Domain, req *Request, m mode, statuses []Status) (built, error) 
 			b.charges = append(b.charges, Charge{
 				Key:       Key(Requests, Concurrency, r.Lease, req.Domain, ents),
 				Algorithm: Concurrency,
-				Amount:    scale(r.MaxConcurrent, micro),
+				Amount:    scale(scale(r.MaxConcurrent, micro), adj.micro),
 				Window:    r.Lease,
 				Cost:      1,
 				Member:    req.ID,

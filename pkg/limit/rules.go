@@ -62,6 +62,12 @@ type Domain struct {
 	Source string
 	// Tiers, when set, scales every matched limit by the request's plan.
 	Tiers *Tiers
+	// Shedding, when set, sheds tiers and shrinks limits by pressure
+	// (with a Limiter made WithShedder).
+	Shedding *Shedding
+	// Breakers are the domain's circuit breakers, one per key (with a
+	// Limiter made WithBreakers).
+	Breakers []BreakerConfig
 
 	root Rule
 }
@@ -222,6 +228,9 @@ func NewRuleSet(domains ...*Domain) (*RuleSet, error) {
 			if id := usesKey(d.Descriptors, d.Tiers.Key); id != "" {
 				return nil, fmt.Errorf("domain %q: rule %s matches the tiers key %q, whose entries are removed before matching", d.Name, id, d.Tiers.Key)
 			}
+		}
+		if err := d.checkAdmission(); err != nil {
+			return nil, fmt.Errorf("domain %q: %w", d.Name, err)
 		}
 		rs.domains[d.Name] = d
 		rs.names = append(rs.names, d.Name)

@@ -21,13 +21,13 @@
 //
 //	tollgate_pressure_score{scope}         Snapshot().Combined
 //	tollgate_pressure_level{scope}         Outcome().Level (-1: no step)
-//	tollgate_shed_decisions_total{tier,reason}  counted by the decision
-//	                                       path, reason shed|shadow
+//
+// Shed decisions are counted by the adapters that answer them, in their
+// decision counters' result label (shed, shadow_shed, breaker_open):
+// tollgate_rls_decisions_total and tollgate_authz_checks_total.
 package pressure
 
 import (
-	"errors"
-	"fmt"
 	"math"
 	"slices"
 	"sync"
@@ -37,95 +37,14 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
-// Step is one shedding threshold. Steps are cumulative: while step i is
-// active, every step below it applies too, so a step names only what it
-// adds (DESIGN.md's 0.8 step shrinks limits and keeps free shed).
-type Step struct {
-	// Above is the pressure at which the step starts to apply (Required),
-	// in [0,1].
-	Above float64
-	// Shed are the tiers refused while the step is active (Optional).
-	Shed []string
-	// AdmitOnly, when set, are the only tiers admitted while the step is
-	// active (Optional). Several active steps admit their intersection.
-	AdmitOnly []string
-	// LimitFactor scales every limit, in (0,1]; 0 means unchanged
-	// (Optional). Several active steps give the smallest.
-	LimitFactor float64
-	// NoBurst turns token bucket bursts off: the decision path gives
-	// every token bucket a burst of 1 while it is set (Optional).
-	NoBurst bool
-	// Continuous scales the step's factor by (1 - pressure), floored at
-	// Policy.MinFactor: limit x LimitFactor x (1 - pressure) (Optional).
-	Continuous bool
-}
+// Step is one shedding threshold; see limit.ShedStep. The type lives in
+// pkg/limit so that pkg/config fills it and a limit.Domain holds it.
+type Step = limit.ShedStep
 
-// Policy is the shedding configuration of a scope.
-type Policy struct {
-	// Steps, in ascending order of Above (Optional; none: never shed).
-	Steps []Step
-	// Hysteresis: an active step is left only once pressure falls below
-	// its Above - Hysteresis (Optional, default 0), in [0,1).
-	Hysteresis float64
-	// Hold: a step is entered as soon as pressure reaches it, and left
-	// no sooner than Hold after the last change of step (Optional,
-	// default 0). So the admitted tiers loosen at most once per Hold.
-	Hold time.Duration
-	// Shadow reports what the policy would shed and applies nothing
-	// (Optional).
-	Shadow bool
-	// MinFactor floors a Continuous step's factor (Required with a
-	// Continuous step), in (0,1].
-	MinFactor float64
-}
-
-// Validate checks the policy; its errors name the field, as in
-// `steps[1].above: 0.6 is not above steps[0].above 0.7`.
-func (p *Policy) Validate() error {
-	var errs []error
-	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
-	in01 := func(v float64) bool { return !math.IsNaN(v) && v >= 0 && v <= 1 }
-	continuous := false
-	for i, s := range p.Steps {
-		switch {
-		case !in01(s.Above):
-			bad("steps[%d].above: %v is not in [0,1]", i, s.Above)
-		case i > 0 && s.Above <= p.Steps[i-1].Above:
-			bad("steps[%d].above: %v is not above steps[%d].above %v", i, s.Above, i-1, p.Steps[i-1].Above)
-		}
-		if !in01(s.LimitFactor) {
-			bad("steps[%d].limit_factor: %v is not in (0,1] (0: unchanged)", i, s.LimitFactor)
-		}
-		checkTiers := func(field string, tiers []string) {
-			for j, t := range tiers {
-				if t == "" {
-					bad("steps[%d].%s[%d]: empty tier", i, field, j)
-				} else if slices.Index(tiers, t) < j {
-					bad("steps[%d].%s[%d]: tier %q listed twice", i, field, j, t)
-				}
-			}
-		}
-		checkTiers("shed", s.Shed)
-		checkTiers("admit_only", s.AdmitOnly)
-		if len(s.Shed) == 0 && len(s.AdmitOnly) == 0 && (s.LimitFactor == 0 || s.LimitFactor == 1) && !s.NoBurst && !s.Continuous {
-			bad("steps[%d]: the step changes nothing (set shed, admit_only, limit_factor, burst or continuous)", i)
-		}
-		continuous = continuous || s.Continuous
-	}
-	if math.IsNaN(p.Hysteresis) || p.Hysteresis < 0 || p.Hysteresis >= 1 {
-		bad("hysteresis: %v is not in [0,1)", p.Hysteresis)
-	}
-	if p.Hold < 0 {
-		bad("hold: %v is negative", p.Hold)
-	}
-	switch {
-	case continuous && (math.IsNaN(p.MinFactor) || p.MinFactor <= 0 || p.MinFactor > 1):
-		bad("min_factor: %v is not in (0,1], as a continuous step needs", p.MinFactor)
-	case !in01(p.MinFactor):
-		bad("min_factor: %v is not in [0,1]", p.MinFactor)
-	}
-	return errors.Join(errs...)
-}
+// Policy is the shedding configuration of a scope; see limit.Shedding,
+// whose Validate checks it. Its Scope field says which pressure a
+// request reads (the decision path's business); an Evaluator ignores it.
+type Policy = limit.Shedding
 
 // Outcome is what the active step does. It is immutable; Evaluator hands
 // out copies.

@@ -2,14 +2,17 @@ package rls
 
 import (
 	"math"
+	"strconv"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	commonrl "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/tollgate-dev/tollgate/pkg/extauthz/reservation"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/rls/headers"
 )
@@ -21,6 +24,7 @@ const (
 	HeaderRemaining  = headers.Remaining
 	HeaderReset      = headers.Reset
 	HeaderRetryAfter = headers.RetryAfter
+	HeaderReason     = headers.Reason
 )
 
 // toRequest converts an Envoy request to the domain's. It never fails:
@@ -78,7 +82,32 @@ func toResponse(dec *limit.Decision) *rlsv3.RateLimitResponse {
 		resp.Statuses[i] = toStatus(&dec.Statuses[i])
 	}
 	resp.ResponseHeadersToAdd = responseHeaders(resp.Statuses)
+	switch dec.Reason {
+	case limit.ReasonShed, limit.ReasonBreaker:
+		// Refused before any limit: the statuses report none, so the
+		// wait and the reason go in headers of their own.
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
+			&corev3.HeaderValue{Key: HeaderRetryAfter, Value: strconv.FormatInt(max(1, headers.CeilSeconds(dec.RetryAfter)), 10)},
+			&corev3.HeaderValue{Key: HeaderReason, Value: dec.Reason.String()})
+	}
+	if len(dec.Probes) > 0 {
+		resp.DynamicMetadata = probesMetadata(dec.Probes)
+	}
 	return resp
+}
+
+// probesMetadata is the dynamic metadata of a request admitted as a
+// circuit breaker probe: Envoy's rate limit filter emits it under
+// reservation.RateLimitNamespace, and the access log hands the probe IDs
+// back with the request's outcome.
+func probesMetadata(ps []limit.Probe) *structpb.Struct {
+	f := make(map[string]*structpb.Value, len(ps))
+	for _, p := range ps {
+		f[p.Key] = structpb.NewStringValue(p.ID)
+	}
+	return &structpb.Struct{Fields: map[string]*structpb.Value{
+		reservation.FieldProbes: structpb.NewStructValue(&structpb.Struct{Fields: f}),
+	}}
 }
 
 func toCode(c limit.Code) rlsv3.RateLimitResponse_Code {

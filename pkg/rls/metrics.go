@@ -19,6 +19,11 @@ const (
 	resultOK         = "ok"
 	resultOverLimit  = "over_limit"
 	resultShadowOver = "shadow_over"
+	// Refusals before any limit, and a shadow shedding policy's would-be
+	// refusals; the same values as tollgate_authz_checks_total's.
+	resultShed        = "shed"
+	resultShadowShed  = "shadow_shed"
+	resultBreakerOpen = "breaker_open"
 )
 
 // metrics are the service's per-instance collectors, registered on the
@@ -35,7 +40,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_rls_decisions_total",
-			Help: "Descriptor decisions answered over RLS, by domain (\"unknown\" for domains not in the rules), matched rule ID (\"none\", \"override\"), tier (a plan of the domain's tiers, \"none\" without tiers) and result (ok, over_limit, shadow_over, unknown when no rule matched).",
+			Help: "Descriptor decisions answered over RLS, by domain (\"unknown\" for domains not in the rules), matched rule ID (\"none\", \"override\"), tier (a plan of the domain's tiers, \"none\" without tiers) and result (ok, over_limit, shadow_over, unknown when no rule matched; shed and breaker_open when tier shedding or a circuit breaker refused the request before any limit, shadow_shed when a shadow shedding policy would have).",
 		}, []string{"domain", "rule", "tier", "result"}),
 		detailed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_rls_detailed_decisions_total",
@@ -79,6 +84,14 @@ func (m *metrics) observe(domain string, known bool, req *limit.Request, dec *li
 	for i := range dec.Statuses {
 		st := &dec.Statuses[i]
 		rule, result := labels(st)
+		switch {
+		case dec.Reason == limit.ReasonShed:
+			result = resultShed
+		case dec.Reason == limit.ReasonBreaker:
+			result = resultBreakerOpen
+		case dec.ShadowShed && st.Code == limit.CodeOK:
+			result = resultShadowShed
+		}
 		m.decisions.WithLabelValues(domain, rule, tier, result).Inc()
 		if st.Rule != nil && st.Rule.DetailedMetric && i < len(req.Descriptors) {
 			m.detailed.WithLabelValues(domain, rule, descriptorLabel(req.Descriptors[i].Entries), result).Inc()

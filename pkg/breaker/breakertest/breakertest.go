@@ -39,6 +39,7 @@ func Run(t *testing.T, open Open) {
 	t.Run("WindowAgesOut", func(t *testing.T) { t.Parallel(); testWindow(t, open) })
 	t.Run("ProbeFailureReopens", func(t *testing.T) { t.Parallel(); testProbeFailure(t, open) })
 	t.Run("LostProbeFreesSlot", func(t *testing.T) { t.Parallel(); testLostProbe(t, open) })
+	t.Run("ReleaseFreesSlot", func(t *testing.T) { t.Parallel(); testRelease(t, open) })
 	t.Run("IgnoredOutcomes", func(t *testing.T) { t.Parallel(); testIgnored(t, open) })
 	t.Run("ConcurrentProbes", func(t *testing.T) { t.Parallel(); testConcurrentProbes(t, open) })
 	t.Run("Expiry", func(t *testing.T) { t.Parallel(); testExpiry(t, open) })
@@ -240,6 +241,37 @@ func testLostProbe(t *testing.T, open Open) {
 		t.Fatalf("no probe after the lease: %+v", q2)
 	}
 	e.wantTransition("the lost probe's late failure", e.record(1, 29500, false, q1.ProbeID), tr(half, opn))
+}
+
+// testRelease: a released probe frees its slot at once on every replica
+// and counts no outcome; a release of an unknown probe, or while closed
+// or open, changes nothing.
+func testRelease(t *testing.T, open Open) {
+	e := newEnv(t, open, 2)
+	e.p.HalfOpenProbes, e.p.CloseAfter = 1, 1
+	e.release(0, 10, "1.1")
+	e.wantStatus("closed, released", e.state(0, 20), breaker.Status{State: closed})
+	e.openAt(0)
+	e.release(0, 100, "0.1")
+	e.wantStatus("open, released", e.state(0, 200), breaker.Status{State: opn, OpenUntil: at(5000)})
+	p1, _ := e.allow(0, 5000)
+	e.wantVerdict("probe", p1, breaker.Verdict{Allowed: true, Probe: true, State: half})
+	e.release(1, 5100, "0.99")
+	v, _ := e.allow(1, 5200)
+	e.wantVerdict("slot still held", v, breaker.Verdict{State: half, RetryAfter: 3800 * time.Millisecond})
+	e.release(1, 5300, p1.ProbeID)
+	e.wantStatus("released: no probe, no success", e.state(0, 5400), breaker.Status{State: half})
+	p2, _ := e.allow(1, 5500)
+	e.wantVerdict("slot free again", p2, breaker.Verdict{Allowed: true, Probe: true, State: half})
+	e.wantTransition("the released probe's success counts nothing", e.record(0, 5600, true, p1.ProbeID), tr(half, half))
+	e.wantTransition("the new probe's success closes", e.record(0, 5700, true, p2.ProbeID), tr(half, closed))
+}
+
+func (e *env) release(r int, t int64, id string) {
+	e.tb.Helper()
+	if err := e.rs[r].Release(context.Background(), at(t), e.key, e.p, id); err != nil {
+		e.tb.Fatalf("replica %d: release at %d: %v", r, t, err)
+	}
 }
 
 // testIgnored: outcomes without a probe ID while half-open, and every

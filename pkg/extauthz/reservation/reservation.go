@@ -36,6 +36,15 @@ const (
 	FieldReservationID  = "reservation_id"
 	FieldReservedTokens = "reserved_tokens"
 	FieldReservedAtMs   = "reserved_at_ms"
+	// FieldProbes holds the circuit breaker probes an admitted request
+	// carries: a struct of breaker key -> probe ID, which the access log
+	// hands back to the breakers with the request's outcome.
+	FieldProbes = "tollgate_probes"
+
+	// RateLimitNamespace is where Envoy's rate limit filter emits the
+	// dynamic metadata of a ShouldRateLimit answer; the probes of a
+	// request admitted over RLS travel there under FieldProbes.
+	RateLimitNamespace = "envoy.filters.http.ratelimit"
 )
 
 // MaxEncodedBytes bounds a ticket Decode accepts: far more than the few

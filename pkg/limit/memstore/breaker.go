@@ -98,6 +98,11 @@ func (b *Breakers) Record(ctx context.Context, now time.Time, key string, p brea
 	return tr, err
 }
 
+// Release implements breaker.Store.
+func (b *Breakers) Release(ctx context.Context, now time.Time, key string, p breaker.Params, probeID string) error {
+	return b.with(ctx, now, key, p, func(c *breaker.Cell, _ int64) { c.Release(probeID) })
+}
+
 // State implements breaker.Store.
 func (b *Breakers) State(ctx context.Context, now time.Time, key string, p breaker.Params) (st breaker.Status, err error) {
 	err = b.with(ctx, now, key, p, func(c *breaker.Cell, now int64) { st = c.Status(now, p) })

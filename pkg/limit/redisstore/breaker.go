@@ -121,6 +121,12 @@ func (b *Breakers) Record(ctx context.Context, now time.Time, key string, p brea
 	return r.transition(), nil
 }
 
+// Release implements breaker.Store.
+func (b *Breakers) Release(ctx context.Context, now time.Time, key string, p breaker.Params, probeID string) error {
+	_, err := b.run(ctx, "release", now, key, p, false, probeID)
+	return err
+}
+
 // State implements breaker.Store.
 func (b *Breakers) State(ctx context.Context, now time.Time, key string, p breaker.Params) (breaker.Status, error) {
 	r, err := b.run(ctx, "state", now, key, p, false, "")

@@ -3,9 +3,10 @@
 -- from the caller; the script never reads the server clock.
 --
 -- KEYS[1]: the breaker's key (breaker.StoreKey).
--- ARGV: mode ("allow", "record" or "state"), now (Unix ms), failure
+-- ARGV: mode ("allow", "record", "release" or "state"), now (Unix ms), failure
 -- threshold, window (ms), open for (ms), half-open probes, close after,
--- probe lease (ms), success ("1" or "0", record), probe ID (record).
+-- probe lease (ms), success ("1" or "0", record), probe ID (record,
+-- release).
 --
 -- State: a hash. "s": "o" open or "h" half-open (absent: closed); "u":
 -- when an open breaker goes half-open; "g": when it opened (the probe
@@ -176,6 +177,18 @@ elseif mode == 'record' then
   end
   out[1] = c.state
   if c.state ~= from then out[2] = from end
+elseif mode == 'release' then
+  -- Cell.Release: free the probe's slot, count nothing.
+  if c.state == HALF then
+    for i, x in ipairs(c.probes) do
+      if x[1] == probeID then
+        table.remove(c.probes, i)
+        dirty = true
+        break
+      end
+    end
+  end
+  out[1] = c.state
 elseif mode == 'state' then
   if c.state == OPEN and now < c.untl then
     out[1], out[7] = OPEN, c.untl

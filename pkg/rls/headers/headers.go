@@ -18,6 +18,10 @@ const (
 	Remaining  = "x-ratelimit-remaining"
 	Reset      = "x-ratelimit-reset"
 	RetryAfter = "retry-after"
+	// Reason says, on a refusal before any limit, which step refused:
+	// "shed" (tier shedding by pressure) or "breaker" (an open circuit
+	// breaker). A refusal by a limit carries none.
+	Reason = "x-tollgate-reason"
 )
 
 // Quota is one status as the headers report it.

@@ -1,0 +1,85 @@
+package extauthz
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/google/go-cmp/cmp"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/tollgate-dev/tollgate/pkg/authn"
+	"github.com/tollgate-dev/tollgate/pkg/extauthz/reservation"
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+)
+
+func TestToAnswerAdmission(t *testing.T) {
+	t.Parallel()
+	refused := func(reason limit.Reason, retry time.Duration) *limit.Decision {
+		return &limit.Decision{Code: limit.CodeOverLimit, Reason: reason, RetryAfter: retry, Tier: "free",
+			Statuses: []limit.Status{{Code: limit.CodeOverLimit, RetryAfter: retry}}}
+	}
+	denied := func(body, reason, retry string) *authv3.CheckResponse {
+		return &authv3.CheckResponse{
+			Status: &rpcstatus.Status{Code: int32(codes.Unavailable)},
+			HttpResponse: &authv3.CheckResponse_DeniedResponse{DeniedResponse: &authv3.DeniedHttpResponse{
+				Status: &typev3.HttpStatus{Code: 503},
+				Headers: []*corev3.HeaderValueOption{
+					hv("content-type", "application/json"), hv("retry-after", retry), hv("x-tollgate-reason", reason),
+				},
+				Body: body,
+			}},
+		}
+	}
+	tests := []struct {
+		name       string
+		give       *limit.Decision
+		want       *authv3.CheckResponse
+		wantResult string
+	}{
+		{
+			name: "shed",
+			give: refused(limit.ReasonShed, 30*time.Second),
+			want: denied(`{"error":{"message":"The service is overloaded; requests of your plan are paused. Retry after 30 seconds.","type":"server_error","code":"overloaded"}}`,
+				"shed", "30"),
+			wantResult: resultShed,
+		},
+		{
+			name: "breaker open",
+			give: refused(limit.ReasonBreaker, 1200*time.Millisecond),
+			want: denied(`{"error":{"message":"The model is failing and temporarily unavailable. Retry after 2 seconds.","type":"server_error","code":"upstream_unavailable"}}`,
+				"breaker", "2"),
+			wantResult: resultBreakerOpen,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			resp, result, err := toAnswer(context.Background(), nil, &call{dec: tt.give})
+			if err != nil || result != tt.wantResult {
+				t.Fatalf("toAnswer = %q, %v; want %q", result, err, tt.wantResult)
+			}
+			if diff := cmp.Diff(tt.want, resp, protocmp.Transform()); diff != "" {
+				t.Errorf("answer (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestMetadataProbes(t *testing.T) {
+	t.Parallel()
+	c := &call{id: authn.Identity{Tenant: "acme"}, dec: &limit.Decision{Code: limit.CodeOK, Probes: []limit.Probe{{Key: "model", Name: "m", ID: "17.2"}}}}
+	want := &structpb.Struct{Fields: map[string]*structpb.Value{
+		reservation.FieldTenant: structpb.NewStringValue("acme"),
+		reservation.FieldProbes: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{"model": structpb.NewStringValue("17.2")}}),
+	}}
+	if diff := cmp.Diff(want, metadata(c), protocmp.Transform()); diff != "" {
+		t.Errorf("metadata (-want +got):\n%s", diff)
+	}
+}

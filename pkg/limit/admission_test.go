@@ -1,0 +1,300 @@
+package limit
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+)
+
+// fakeShedder answers a fixed ShedState per tier, and records the scopes
+// asked for.
+type fakeShedder struct {
+	state  map[string]ShedState // by tier
+	scopes []string
+}
+
+func (f *fakeShedder) Shed(domain, scope, tier string) ShedState {
+	f.scopes = append(f.scopes, scope)
+	return f.state[tier]
+}
+
+// fakeBreakers answers a fixed verdict per name and records releases.
+type fakeBreakers struct {
+	verdict  map[string]BreakerVerdict // by name; absent: allowed
+	err      error
+	released []string // probe IDs
+}
+
+func (f *fakeBreakers) Allow(_ context.Context, _ time.Time, _, _, name string) (BreakerVerdict, error) {
+	if f.err != nil {
+		return BreakerVerdict{}, f.err
+	}
+	if v, ok := f.verdict[name]; ok {
+		return v, nil
+	}
+	return BreakerVerdict{Allowed: true}, nil
+}
+
+func (f *fakeBreakers) Release(_ context.Context, _ time.Time, _, _, _, probeID string) error {
+	f.released = append(f.released, probeID)
+	return nil
+}
+
+func admissionRules(t testing.TB, scope string) *RuleSet {
+	t.Helper()
+	rs, err := NewRuleSet(&Domain{
+		Name:     "d",
+		Tiers:    &Tiers{Key: "tier", Default: "free", Plans: map[string]float64{"premium": 3, "free": 1}},
+		Shedding: &Shedding{Steps: []ShedStep{{Above: 0.7, Shed: []string{"free"}}}, Hold: 30 * time.Second, Scope: scope},
+		Breakers: []BreakerConfig{{Key: "model", FailureThreshold: 1, Window: time.Minute, OpenFor: time.Minute}},
+		Descriptors: []*Rule{
+			{Key: "tenant", RateLimit: perMinute(100)},
+			{Key: "model", RateLimit: &Limit{Amount: 10, Unit: Second, Algorithm: TokenBucket, Burst: 4}},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs
+}
+
+func TestDecideAdmissionOrder(t *testing.T) {
+	t.Parallel()
+	probe := BreakerVerdict{Allowed: true, ProbeID: "1.1"}
+	open := BreakerVerdict{RetryAfter: 20 * time.Second}
+	tenantKey := Key(Requests, SlidingWindow, time.Minute, "d", entries("tenant", "a"))
+	type charge struct {
+		key           string
+		amount, burst uint64
+	}
+	tests := []struct {
+		name        string
+		give        Request
+		shed        map[string]ShedState
+		verdicts    map[string]BreakerVerdict
+		deny        bool // the store denies the tenant limit
+		wantCode    Code
+		wantReason  Reason
+		wantRetry   time.Duration
+		wantShadow  bool
+		wantCharges []charge
+		wantLimits  []uint64 // Status.Limit.Amount per descriptor
+		wantProbes  []string
+		wantRelease []string
+	}{
+		{
+			name:        "nothing applies",
+			give:        Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}},
+			wantCode:    CodeOK,
+			wantCharges: []charge{{tenantKey, 100, 0}},
+			wantLimits:  []uint64{100},
+		},
+		{
+			name:       "a shed tier is refused and charged nothing",
+			give:       Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}, {Entries: entries("model", "m")}}},
+			shed:       map[string]ShedState{"free": {Shed: true}},
+			wantCode:   CodeOverLimit,
+			wantReason: ReasonShed,
+			wantRetry:  30 * time.Second,
+			wantLimits: []uint64{0, 0},
+		},
+		{
+			name:        "another tier is admitted (admit_only leaves premium in)",
+			give:        Request{Domain: "d", Tier: "premium", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}},
+			shed:        map[string]ShedState{"free": {Shed: true}},
+			wantCode:    CodeOK,
+			wantCharges: []charge{{tenantKey, 300, 0}},
+			wantLimits:  []uint64{300},
+		},
+		{
+			name:        "shadow: admitted, marked, limits as written",
+			give:        Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}},
+			shed:        map[string]ShedState{"free": {Shed: true, Shadow: true, Factor: 0.5, NoBurst: true}},
+			wantCode:    CodeOK,
+			wantShadow:  true,
+			wantCharges: []charge{{tenantKey, 100, 0}},
+			wantLimits:  []uint64{100},
+		},
+		{
+			name: "factor after the plan multiplier, floored; no burst",
+			give: Request{Domain: "d", Tier: "premium", Descriptors: []Descriptor{
+				{Entries: entries("tenant", "a")}, {Entries: entries("model", "m")},
+			}},
+			shed:     map[string]ShedState{"premium": {Factor: 0.7, NoBurst: true}},
+			wantCode: CodeOK,
+			wantCharges: []charge{
+				{tenantKey, 210, 0},
+				{Key(Requests, TokenBucket, time.Second, "d", entries("model", "m")), 21, 1},
+			},
+			wantLimits: []uint64{210, 21},
+		},
+		{
+			name:       "an open breaker refuses before the limits",
+			give:       Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}, {Entries: entries("model", "m")}}},
+			verdicts:   map[string]BreakerVerdict{"m": open},
+			wantCode:   CodeOverLimit,
+			wantReason: ReasonBreaker,
+			wantRetry:  20 * time.Second,
+			wantLimits: []uint64{0, 0},
+		},
+		{
+			name:        "the breaker of Request.Model, without a model entry",
+			give:        Request{Domain: "d", Model: "m", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}},
+			verdicts:    map[string]BreakerVerdict{"m": open},
+			wantCode:    CodeOverLimit,
+			wantReason:  ReasonBreaker,
+			wantRetry:   20 * time.Second,
+			wantLimits:  []uint64{0},
+			wantCharges: nil,
+		},
+		{
+			name:        "shedding before the breaker",
+			give:        Request{Domain: "d", Model: "m", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}},
+			shed:        map[string]ShedState{"free": {Shed: true}},
+			verdicts:    map[string]BreakerVerdict{"m": probe},
+			wantCode:    CodeOverLimit,
+			wantReason:  ReasonShed,
+			wantRetry:   30 * time.Second,
+			wantLimits:  []uint64{0},
+			wantRelease: nil,
+		},
+		{
+			name:        "a half-open probe is admitted and reported",
+			give:        Request{Domain: "d", Model: "m", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}},
+			verdicts:    map[string]BreakerVerdict{"m": probe},
+			wantCode:    CodeOK,
+			wantCharges: []charge{{tenantKey, 100, 0}},
+			wantLimits:  []uint64{100},
+			wantProbes:  []string{"1.1"},
+		},
+		{
+			name:        "a probe the limits refuse is released",
+			give:        Request{Domain: "d", Model: "m", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}},
+			verdicts:    map[string]BreakerVerdict{"m": probe},
+			deny:        true,
+			wantCode:    CodeOverLimit,
+			wantReason:  ReasonLimit,
+			wantCharges: []charge{{tenantKey, 100, 0}},
+			wantLimits:  []uint64{100},
+			wantRelease: []string{"1.1"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			st := &recordStore{}
+			if tt.deny {
+				st.deny = map[string]bool{tenantKey: true}
+			}
+			sh := &fakeShedder{state: tt.shed}
+			br := &fakeBreakers{verdict: tt.verdicts}
+			l := NewLimiter(st, nil, admissionRules(t, ""), WithShedder(sh), WithBreakers(br))
+			dec, err := l.Decide(context.Background(), &tt.give)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if dec.Code != tt.wantCode || dec.Reason != tt.wantReason || dec.RetryAfter != tt.wantRetry || dec.ShadowShed != tt.wantShadow {
+				t.Errorf("decision = code %v reason %v retry %v shadow %v; want %v %v %v %v",
+					dec.Code, dec.Reason, dec.RetryAfter, dec.ShadowShed, tt.wantCode, tt.wantReason, tt.wantRetry, tt.wantShadow)
+			}
+			var got []charge
+			for _, c := range st.charges {
+				got = append(got, charge{c.Key, c.Amount, c.Burst})
+			}
+			if !slices.Equal(got, tt.wantCharges) {
+				t.Errorf("charges = %+v, want %+v", got, tt.wantCharges)
+			}
+			var limits []uint64
+			for _, s := range dec.Statuses {
+				var a uint64
+				if s.Limit != nil {
+					a = s.Limit.Amount
+				}
+				limits = append(limits, a)
+			}
+			if !slices.Equal(limits, tt.wantLimits) {
+				t.Errorf("status limits = %v, want %v", limits, tt.wantLimits)
+			}
+			var probes []string
+			for _, p := range dec.Probes {
+				probes = append(probes, p.ID)
+				if p.Key != "model" || p.Name != "m" {
+					t.Errorf("probe %+v, want model=m", p)
+				}
+			}
+			if !slices.Equal(probes, tt.wantProbes) {
+				t.Errorf("probes = %v, want %v", probes, tt.wantProbes)
+			}
+			if !slices.Equal(br.released, tt.wantRelease) {
+				t.Errorf("released = %v, want %v", br.released, tt.wantRelease)
+			}
+		})
+	}
+}
+
+func TestDecideShedScope(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name, scope string
+		give        Request
+		want        string
+	}{
+		{name: "global", scope: "", give: Request{Domain: "d", Model: "m", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}}, want: ScopeGlobal},
+		{name: "model from the request", scope: ScopeModel, give: Request{Domain: "d", Model: "m", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}}, want: "m"},
+		{name: "model from a descriptor", scope: ScopeModel, give: Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("model", "x")}}}, want: "x"},
+		{name: "no model: global", scope: ScopeModel, give: Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}}, want: ScopeGlobal},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			sh := &fakeShedder{}
+			l := NewLimiter(&recordStore{}, nil, admissionRules(t, tt.scope), WithShedder(sh))
+			if _, err := l.Decide(context.Background(), &tt.give); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(sh.scopes, []string{tt.want}) {
+				t.Errorf("scopes asked = %v, want %s", sh.scopes, tt.want)
+			}
+		})
+	}
+}
+
+// TestDecideBreakerError: a breaker that cannot answer fails the decision
+// like a store, and spends nothing.
+func TestDecideBreakerError(t *testing.T) {
+	t.Parallel()
+	st := &recordStore{}
+	boom := errors.New("boom")
+	l := NewLimiter(st, nil, admissionRules(t, ""), WithBreakers(&fakeBreakers{err: boom}))
+	_, err := l.Decide(context.Background(), &Request{Domain: "d", Model: "m", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}})
+	if !errors.Is(err, boom) || len(st.charges) != 0 {
+		t.Errorf("Decide = %v with %d charges, want boom and none", err, len(st.charges))
+	}
+}
+
+func TestRuleSetAdmissionChecks(t *testing.T) {
+	t.Parallel()
+	tiers := &Tiers{Key: "tier", Default: "free", Plans: map[string]float64{"free": 1}}
+	ok := BreakerConfig{Key: "model", FailureThreshold: 1, Window: time.Second, OpenFor: time.Second}
+	for _, tt := range []struct {
+		name string
+		give Domain
+		want string
+	}{
+		{name: "bad shedding", give: Domain{Name: "d", Shedding: &Shedding{Scope: "x"}}, want: `domain "d": shedding: scope: "x" is not one of global|model`},
+		{name: "bad breaker", give: Domain{Name: "d", Breakers: []BreakerConfig{{Key: "model"}}}, want: `domain "d": breakers[0]: breaker "model": failure_threshold: failure_threshold must be at least 1`},
+		{name: "two breakers on a key", give: Domain{Name: "d", Breakers: []BreakerConfig{ok, ok}}, want: `domain "d": breakers[1]: key "model" has a breaker already (breakers[0])`},
+		{name: "breaker on the tiers key", give: Domain{Name: "d", Tiers: tiers, Breakers: []BreakerConfig{{Key: "tier", FailureThreshold: 1, Window: time.Second, OpenFor: time.Second}}}, want: `domain "d": breakers[0]: key "tier" is the tiers key, whose entries are removed before matching`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := NewRuleSet(&tt.give)
+			if err == nil || !startsWith(err.Error(), tt.want) {
+				t.Errorf("NewRuleSet = %v, want %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func startsWith(s, prefix string) bool { return len(s) >= len(prefix) && s[:len(prefix)] == prefix }
