@@ -94,7 +94,7 @@ type Options struct {
 	// changes it later.
 	UsageHeader string
 	// Observer receives every request's outcome, from its final entry
-	// (Optional).
+	// (Optional). SetObserver changes it later.
 	Observer Observer
 	// Timeout bounds the settling of one entry (Optional; default 2s).
 	Timeout time.Duration
@@ -106,7 +106,7 @@ type Service struct {
 
 	rec      Reconciler
 	usage    atomic.Pointer[string]
-	observer Observer
+	observer atomic.Pointer[Observer] // nil or a non-nil Observer
 	timeout  time.Duration
 	log      *zap.Logger
 	metrics  *metrics
@@ -131,9 +131,21 @@ func New(rec Reconciler, log *zap.Logger, reg prometheus.Registerer, opts Option
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{rec: rec, observer: opts.Observer, timeout: opts.Timeout, log: log, metrics: m}
+	s := &Service{rec: rec, timeout: opts.Timeout, log: log, metrics: m}
 	s.SetUsageHeader(opts.UsageHeader)
+	s.SetObserver(opts.Observer)
 	return s, nil
+}
+
+// SetObserver changes the Observer (a rules reload rebuilds the breakers
+// it feeds); nil observes nothing. Entries being handled finish with the
+// Observer they started with.
+func (s *Service) SetObserver(o Observer) {
+	if o == nil {
+		s.observer.Store(nil)
+		return
+	}
+	s.observer.Store(&o)
 }
 
 // SetUsageHeader changes the usage header (a reload of the authz config).
@@ -177,7 +189,7 @@ func (s *Service) entry(ctx context.Context, e *datav3.HTTPAccessLogEntry) {
 	filters := common.GetMetadata().GetFilterMetadata()
 	meta := filters[reservation.MetadataNamespace].GetFields()
 	isFinal := final(common)
-	if s.observer != nil && isFinal {
+	if obs := s.observer.Load(); obs != nil && isFinal {
 		o := Outcome{
 			Status:          e.GetResponse().GetResponseCode().GetValue(),
 			Duration:        common.GetDuration().AsDuration(),
@@ -189,7 +201,7 @@ func (s *Service) entry(ctx context.Context, e *datav3.HTTPAccessLogEntry) {
 		}
 		o.Probes = probes(o.Probes, meta)
 		o.Probes = probes(o.Probes, filters[reservation.RateLimitNamespace].GetFields())
-		s.observer.Observe(ctx, &o)
+		(*obs).Observe(ctx, &o)
 	}
 	ticket := meta[reservation.Field].GetStringValue()
 	if ticket == "" || !isFinal {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 )
@@ -132,6 +133,9 @@ func indexOf(lines []string, want string) int {
 	return -1
 }
 
+// defaultPressure are the pressure flags' defaults.
+var defaultPressure = pressureFlags{interval: time.Second, ttl: 5 * time.Second, combine: "max", maxErrorRate: 0.2, promInterval: 15 * time.Second}
+
 func TestServeFlagsFromEnv(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -143,7 +147,7 @@ func TestServeFlagsFromEnv(t *testing.T) {
 	}{
 		{
 			name: "defaults",
-			want: serveFlags{config: "config", grpcAddr: ":8081", adminAddr: ":8080", logLevel: "info", logFormat: "json"},
+			want: serveFlags{config: "config", grpcAddr: ":8081", adminAddr: ":8080", logLevel: "info", logFormat: "json", pressure: defaultPressure},
 		},
 		{
 			name: "every flag from the environment",
@@ -151,18 +155,31 @@ func TestServeFlagsFromEnv(t *testing.T) {
 				"TOLLGATE_CONFIG": "/etc/tollgate", "TOLLGATE_GRPC_ADDR": ":9001", "TOLLGATE_ADMIN_ADDR": ":9000",
 				"TOLLGATE_REDIS_URL": "redis://r:6379", "TOLLGATE_LOG_LEVEL": "debug", "TOLLGATE_LOG_FORMAT": "console",
 			},
-			want: serveFlags{config: "/etc/tollgate", grpcAddr: ":9001", adminAddr: ":9000", redisURL: "redis://r:6379", logLevel: "debug", logFormat: "console"},
+			want: serveFlags{config: "/etc/tollgate", grpcAddr: ":9001", adminAddr: ":9000", redisURL: "redis://r:6379", logLevel: "debug", logFormat: "console", pressure: defaultPressure},
 		},
 		{
 			name: "a flag beats its variable",
 			give: []string{"--grpc-addr", "127.0.0.1:7000", "--redis-url="},
 			env:  map[string]string{"TOLLGATE_GRPC_ADDR": ":9001", "TOLLGATE_REDIS_URL": "redis://r:6379", "TOLLGATE_LOG_LEVEL": "warn"},
-			want: serveFlags{config: "config", grpcAddr: "127.0.0.1:7000", adminAddr: ":8080", logLevel: "warn", logFormat: "json"},
+			want: serveFlags{config: "config", grpcAddr: "127.0.0.1:7000", adminAddr: ":8080", logLevel: "warn", logFormat: "json", pressure: defaultPressure},
+		},
+		{
+			name: "pressure flags from the environment",
+			env: map[string]string{
+				"TOLLGATE_REPLICA_ID": "pod-1", "TOLLGATE_PRESSURE_INTERVAL": "2s", "TOLLGATE_PRESSURE_TTL": "10s",
+				"TOLLGATE_PRESSURE_COMBINE": "mean", "TOLLGATE_PRESSURE_CAPACITY": "64", "TOLLGATE_PRESSURE_LATENCY_SLA": "3s",
+				"TOLLGATE_PRESSURE_MAX_ERROR_RATE": "0.5", "TOLLGATE_PRESSURE_ERRORS": "true",
+				"TOLLGATE_PRESSURE_PROM_URL": "http://p:9090", "TOLLGATE_PRESSURE_PROM_QUERY": "vector(0)", "TOLLGATE_PRESSURE_PROM_INTERVAL": "30s",
+			},
+			want: serveFlags{config: "config", grpcAddr: ":8081", adminAddr: ":8080", logLevel: "info", logFormat: "json", pressure: pressureFlags{
+				replicaID: "pod-1", interval: 2 * time.Second, ttl: 10 * time.Second, combine: "mean", capacity: 64, latencySLA: 3 * time.Second,
+				maxErrorRate: 0.5, errors: true, promURL: "http://p:9090", promQuery: "vector(0)", promInterval: 30 * time.Second,
+			}},
 		},
 		{
 			name: "other variables are ignored",
 			env:  map[string]string{"GRPC_ADDR": ":1", "TOLLGATE_GRPC-ADDR": ":2", "tollgate_grpc_addr": ":3"},
-			want: serveFlags{config: "config", grpcAddr: ":8081", adminAddr: ":8080", logLevel: "info", logFormat: "json"},
+			want: serveFlags{config: "config", grpcAddr: ":8081", adminAddr: ":8080", logLevel: "info", logFormat: "json", pressure: defaultPressure},
 		},
 	}
 	for _, tt := range tests {
@@ -217,6 +234,30 @@ func TestServeEnvErrors(t *testing.T) {
 			env:        map[string]string{"TOLLGATE_CONFIG": good, "TOLLGATE_REDIS_URL": "http://user:hunter2@r:6379"},
 			wantCode:   ExitError,
 			wantStderr: []string{"--redis-url"},
+		},
+		{
+			name:       "bad pressure combine",
+			env:        map[string]string{"TOLLGATE_CONFIG": good, "TOLLGATE_PRESSURE_COMBINE": "median"},
+			wantCode:   ExitUsage,
+			wantStderr: []string{`--pressure-combine: combine: "median" is not one of max|mean`},
+		},
+		{
+			name:       "pressure ttl under the interval",
+			env:        map[string]string{"TOLLGATE_CONFIG": good, "TOLLGATE_PRESSURE_TTL": "500ms"},
+			wantCode:   ExitUsage,
+			wantStderr: []string{"--pressure-ttl 500ms is under --pressure-interval 1s"},
+		},
+		{
+			name:       "prom url without a query",
+			env:        map[string]string{"TOLLGATE_CONFIG": good, "TOLLGATE_PRESSURE_PROM_URL": "http://p:9090"},
+			wantCode:   ExitUsage,
+			wantStderr: []string{"--pressure-prom-url and --pressure-prom-query must be given together"},
+		},
+		{
+			name:       "missing pressure token file",
+			env:        map[string]string{"TOLLGATE_CONFIG": good, "TOLLGATE_PRESSURE_TOKEN_FILE": filepath.Join(dir, "no-token")},
+			wantCode:   ExitUsage,
+			wantStderr: []string{"--pressure-token-file"},
 		},
 		{
 			name:       "grpc address invalid",

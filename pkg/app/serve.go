@@ -2,15 +2,18 @@ package app
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"net"
+	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap"
 
+	"github.com/tollgate-dev/tollgate/pkg/breaker"
 	"github.com/tollgate-dev/tollgate/pkg/config"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
@@ -30,6 +33,7 @@ type serveFlags struct {
 	logFormat string
 	tls       tlsFlags
 	authz     authzFlags
+	pressure  pressureFlags
 }
 
 func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
@@ -38,12 +42,13 @@ func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
 	fs.SetOutput(a.Stderr)
 	fs.StringVar(&f.config, "config", "config", "rule file, or directory of *.yaml rule files, reloaded on change")
 	fs.StringVar(&f.grpcAddr, "grpc-addr", ":8081", "gRPC address for Envoy's APIs, health and reflection")
-	fs.StringVar(&f.adminAddr, "admin-addr", ":8080", "admin HTTP address: /metrics, /healthz, /readyz, /debug/config")
+	fs.StringVar(&f.adminAddr, "admin-addr", ":8080", "admin HTTP address: /metrics, /healthz, /readyz, /debug/config, /debug/pressure, /v1/pressure")
 	fs.StringVar(&f.redisURL, "redis-url", "", "Redis URL (redis://, rediss://, unix://, redis+sentinel://, redis+cluster://); empty keeps counters in memory")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "json", "json or console")
 	f.tls.register(fs)
 	f.authz.register(fs)
+	f.pressure.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: tollgate serve [flags]\n\nEvery flag can also be set with TOLLGATE_<FLAG> (--grpc-addr: TOLLGATE_GRPC_ADDR); the flag wins.\n\n")
 		fs.PrintDefaults()
@@ -51,9 +56,11 @@ func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
 	if err := a.parseFlags(fs, args); err != nil {
 		return nil, err
 	}
-	if err := f.tls.check(); err != nil {
-		fmt.Fprintf(fs.Output(), "tollgate serve: %v\n", err)
-		return nil, errUsage
+	for _, check := range []func() error{f.tls.check, f.pressure.check} {
+		if err := check(); err != nil {
+			fmt.Fprintf(fs.Output(), "tollgate serve: %v\n", err)
+			return nil, errUsage
+		}
 	}
 	return f, nil
 }
@@ -99,7 +106,7 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 	}
 	log.Info("rules loaded", zap.String("path", f.config), zap.Int("domains", len(rules.Domains())))
 
-	store, closeStore, err := openStore(f.redisURL)
+	store, shared, closeStore, err := openStore(f.redisURL)
 	if err != nil {
 		return err
 	}
@@ -123,7 +130,15 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 	}
 	reloads.loaded()
 
-	lim := limit.NewLimiter(store, limit.SystemClock{}, rules)
+	sh, err := newShedder(ctx, f.pressure, shared.board, shared.breakers, log.Named("pressure"))
+	if err != nil {
+		return err
+	}
+	defer sh.stop()
+	if err := reg.Register(newPressureCollector(sh)); err != nil {
+		return fmt.Errorf("register pressure metrics: %w", err)
+	}
+	lim := limit.NewLimiter(store, limit.SystemClock{}, rules, sh.limiterOptions()...)
 	rlsSvc, err := rls.New(lim, log.Named("rls"), reg)
 	if err != nil {
 		return err
@@ -131,6 +146,14 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 	az, err := newAuthz(f.authz, lim, log, reg)
 	if err != nil {
 		return err
+	}
+	sh.als = az.als
+	if err := sh.apply(rules); err != nil {
+		return fmt.Errorf("pressure and breakers: %w", err)
+	}
+	admin := map[string]http.Handler{"GET /debug/pressure": debugJSON(func() any { return sh.view() })}
+	if f.pressure.tokenFile != "" {
+		admin["/v1/pressure"] = sh.handler()
 	}
 	srv, err := server.New(server.Config{
 		Services: append([]server.Service{rlsSvc}, az.services()...),
@@ -149,6 +172,8 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 		DebugConfig: func() any {
 			return newConfigView(a.versionString(), f.config, f.redisURL, lim.Rules())
 		},
+		Admin:             admin,
+		UnaryInterceptors: sh.interceptors(),
 	})
 	if err != nil {
 		return err
@@ -179,6 +204,9 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 				return
 			}
 			lim.SetRules(rs)
+			if err := sh.apply(rs); err != nil {
+				log.Error("pressure and breakers reload incomplete", zap.Error(err))
+			}
 			reloads.reloaded()
 			log.Info("rules reloaded", zap.String("path", f.config), zap.Int("domains", len(rs.Domains())))
 		}
@@ -208,18 +236,39 @@ func (a *App) versionString() string {
 	return a.Version
 }
 
+// sharedState is where replicas meet besides the counters: the pressure
+// board and the breakers' state, on the same store.
+type sharedState struct {
+	board    limit.Board
+	breakers breaker.Store
+}
+
 // openStore returns the in-memory store for an empty URL, else a Redis
-// store; close releases it.
-func openStore(redisURL string) (store pingStore, close func(), err error) {
+// store, with the board and breaker store beside it; close releases them.
+func openStore(redisURL string) (store pingStore, shared sharedState, close func(), err error) {
 	if redisURL == "" {
-		return memstore.New(), func() {}, nil
+		return memstore.New(), sharedState{board: memstore.NewBoard(), breakers: memstore.NewBreakers()}, func() {}, nil
 	}
 	c, err := redisstore.NewClient(redisURL)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--redis-url: %w", err) // redisstore's errors never hold the password
+		return nil, sharedState{}, nil, fmt.Errorf("--redis-url: %w", err) // redisstore's errors never hold the password
 	}
 	s := redisstore.New(c)
-	return s, func() { _ = s.Close() }, nil
+	return s, sharedState{board: redisstore.NewBoard(c), breakers: s.Breakers()}, func() { _ = s.Close() }, nil
+}
+
+// debugJSON serves what view returns as indented JSON.
+func debugJSON(view func() any) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		b, err := json.MarshalIndent(view(), "", "  ")
+		if err != nil {
+			httpJSONError(w, http.StatusInternalServerError, "cannot render")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		_, _ = w.Write(append(b, '\n'))
+	})
 }
 
 func storeKind(redisURL string) string {

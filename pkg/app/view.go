@@ -23,10 +23,75 @@ type storeView struct {
 }
 
 type domainView struct {
-	Name        string     `json:"domain"`
-	Source      string     `json:"source,omitempty"`
-	Tiers       *tiersView `json:"tiers,omitempty"`
-	Descriptors []ruleView `json:"descriptors"`
+	Name        string        `json:"domain"`
+	Source      string        `json:"source,omitempty"`
+	Tiers       *tiersView    `json:"tiers,omitempty"`
+	Shedding    *sheddingView `json:"shedding,omitempty"`
+	Breakers    []breakerView `json:"breakers,omitempty"`
+	Descriptors []ruleView    `json:"descriptors"`
+}
+
+type sheddingView struct {
+	Steps      []shedStepView `json:"steps"`
+	Hysteresis float64        `json:"hysteresis,omitempty"`
+	Hold       string         `json:"hold,omitempty"`
+	Shadow     bool           `json:"shadow,omitempty"`
+	MinFactor  float64        `json:"min_factor,omitempty"`
+	Scope      string         `json:"scope"`
+}
+
+type shedStepView struct {
+	Above       float64  `json:"above"`
+	Shed        []string `json:"shed,omitempty"`
+	AdmitOnly   []string `json:"admit_only,omitempty"`
+	LimitFactor float64  `json:"limit_factor,omitempty"`
+	NoBurst     bool     `json:"no_burst,omitempty"`
+	Continuous  bool     `json:"continuous,omitempty"`
+}
+
+func newSheddingView(s *limit.Shedding) *sheddingView {
+	if s == nil {
+		return nil
+	}
+	v := &sheddingView{Steps: []shedStepView{}, Hysteresis: s.Hysteresis, Shadow: s.Shadow, MinFactor: s.MinFactor, Scope: s.Scope}
+	if v.Scope == "" {
+		v.Scope = limit.ScopeGlobal
+	}
+	if s.Hold > 0 {
+		v.Hold = s.Hold.String()
+	}
+	for _, st := range s.Steps {
+		v.Steps = append(v.Steps, shedStepView{Above: st.Above, Shed: st.Shed, AdmitOnly: st.AdmitOnly, LimitFactor: st.LimitFactor, NoBurst: st.NoBurst, Continuous: st.Continuous})
+	}
+	return v
+}
+
+// breakerView is a breaker's configuration with its defaults filled.
+type breakerView struct {
+	Key              string `json:"key"`
+	FailureThreshold uint64 `json:"failure_threshold"`
+	Window           string `json:"window"`
+	OpenFor          string `json:"open_for"`
+	HalfOpenProbes   uint64 `json:"half_open_probes"`
+	CloseAfter       uint64 `json:"close_after"`
+	ProbeLease       string `json:"probe_lease"`
+	Timeout          string `json:"timeout,omitempty"`
+}
+
+func newBreakerViews(bs []limit.BreakerConfig) []breakerView {
+	var out []breakerView
+	for _, b := range bs {
+		if full, err := b.WithDefaults(); err == nil {
+			b = full
+		}
+		v := breakerView{Key: b.Key, FailureThreshold: b.FailureThreshold, Window: b.Window.String(), OpenFor: b.OpenFor.String(),
+			HalfOpenProbes: b.HalfOpenProbes, CloseAfter: b.CloseAfter, ProbeLease: b.ProbeLease.String()}
+		if b.Timeout > 0 {
+			v.Timeout = b.Timeout.String()
+		}
+		out = append(out, v)
+	}
+	return out
 }
 
 type tiersView struct {
@@ -76,7 +141,8 @@ func newConfigView(version, rulesPath, redisURL string, rs *limit.RuleSet) confi
 		Domains: []domainView{},
 	}
 	for _, d := range rs.Domains() {
-		v.Domains = append(v.Domains, domainView{Name: d.Name, Source: d.Source, Tiers: newTiersView(d.Tiers), Descriptors: ruleViews(d.Descriptors)})
+		v.Domains = append(v.Domains, domainView{Name: d.Name, Source: d.Source, Tiers: newTiersView(d.Tiers),
+			Shedding: newSheddingView(d.Shedding), Breakers: newBreakerViews(d.Breakers), Descriptors: ruleViews(d.Descriptors)})
 	}
 	return v
 }

@@ -2,14 +2,17 @@ package server
 
 import (
 	"encoding/json"
+	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 )
 
-func (s *Server) adminHandler() http.Handler {
+func (s *Server) adminHandler() (h http.Handler, err error) {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Gatherer, promhttp.HandlerOpts{
 		ErrorLog: zap.NewStdLog(s.log.Named("metrics")),
@@ -39,7 +42,16 @@ func (s *Server) adminHandler() http.Handler {
 		w.Header().Set("Cache-Control", "no-store")
 		_, _ = w.Write(append(b, '\n'))
 	})
-	return mux
+	// ServeMux panics on a clashing or malformed pattern.
+	defer func() {
+		if r := recover(); r != nil {
+			h, err = nil, fmt.Errorf("server: admin route: %v", r)
+		}
+	}()
+	for _, pattern := range slices.Sorted(maps.Keys(s.cfg.Admin)) {
+		mux.Handle(pattern, s.cfg.Admin[pattern])
+	}
+	return mux, nil
 }
 
 func writeText(w http.ResponseWriter, code int, msg string) {

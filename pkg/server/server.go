@@ -76,6 +76,13 @@ type Config struct {
 	// TLS serves the gRPC port over TLS, or mutual TLS (Optional; nil
 	// serves plaintext). The admin port stays plaintext.
 	TLS *TLS
+	// Admin are more admin HTTP routes: http.ServeMux pattern -> handler,
+	// such as "GET /debug/pressure" (Optional). A pattern that clashes
+	// with the built-in ones makes New fail.
+	Admin map[string]http.Handler
+	// UnaryInterceptors run inside the server's own (panic recovery), in
+	// order, around every unary call (Optional).
+	UnaryInterceptors []grpc.UnaryServerInterceptor
 }
 
 // Server is the gRPC and admin HTTP servers of one process.
@@ -130,7 +137,7 @@ func New(cfg Config) (*Server, error) {
 		creds = append(creds, grpc.Creds(credentials.NewTLS(files.serverConfig())))
 	}
 	s.grpc = grpc.NewServer(append(creds,
-		grpc.ChainUnaryInterceptor(recoverUnary(s.log)),
+		grpc.ChainUnaryInterceptor(append([]grpc.UnaryServerInterceptor{recoverUnary(s.log)}, cfg.UnaryInterceptors...)...),
 		grpc.ChainStreamInterceptor(recoverStream(s.log)),
 		grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSize),
 		grpc.MaxConcurrentStreams(cfg.MaxConcurrentStreams),
@@ -152,8 +159,12 @@ func New(cfg Config) (*Server, error) {
 	// health.NewServer reports "" as SERVING; nothing is until Ready says so.
 	s.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
 
+	admin, err := s.adminHandler()
+	if err != nil {
+		return nil, err
+	}
 	s.admin = &http.Server{
-		Handler:           s.adminHandler(),
+		Handler:           admin,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,

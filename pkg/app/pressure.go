@@ -1,0 +1,734 @@
+package app
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/tollgate-dev/tollgate/pkg/accesslog"
+	"github.com/tollgate-dev/tollgate/pkg/breaker"
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/pressure"
+)
+
+// pressureFlags are serve's pressure and breaker settings.
+type pressureFlags struct {
+	replicaID    string
+	interval     time.Duration
+	ttl          time.Duration
+	combine      string
+	capacity     int
+	tokenFile    string
+	latencySLA   time.Duration
+	maxErrorRate float64
+	errors       bool
+	promURL      string
+	promQuery    string
+	promInterval time.Duration
+}
+
+func (p *pressureFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&p.replicaID, "replica-id", "", "this replica's name on the pressure board, unique among live replicas; default the hostname, else a random id")
+	fs.DurationVar(&p.interval, "pressure-interval", time.Second, "how often each replica publishes its pressure and reads the combined one")
+	fs.DurationVar(&p.ttl, "pressure-ttl", 5*time.Second, "how long a published pressure counts: a replica that stops publishing stops counting after this")
+	fs.StringVar(&p.combine, "pressure-combine", "max", "how replicas' pressures combine: max or mean")
+	fs.IntVar(&p.capacity, "pressure-capacity", 0, "in-flight ShouldRateLimit and Check calls this replica handles comfortably (in-flight/capacity is a pressure signal); 0: no in-flight signal")
+	fs.StringVar(&p.tokenFile, "pressure-token-file", "", "file holding the bearer token of PUT/GET /v1/pressure on the admin port; empty: the endpoint is not served")
+	fs.DurationVar(&p.latencySLA, "pressure-latency-sla", 0, "upstream p95 latency promised (from the access log): a p95 above it is a pressure signal, full at 2x; also turns on the error-rate signal; 0: off")
+	fs.Float64Var(&p.maxErrorRate, "pressure-max-error-rate", pressure.DefaultMaxErrorRate, "upstream error rate (5xx, resets, from the access log) that is full pressure, in (0,1]")
+	fs.BoolVar(&p.errors, "pressure-errors", false, "use the error-rate signal without --pressure-latency-sla")
+	fs.StringVar(&p.promURL, "pressure-prom-url", "", "Prometheus base URL polled for a global pressure signal (with --pressure-prom-query); empty: off")
+	fs.StringVar(&p.promQuery, "pressure-prom-query", "", "PromQL instant query whose largest sample, clamped to [0,1], is a global pressure signal")
+	fs.DurationVar(&p.promInterval, "pressure-prom-interval", pressure.DefaultPromInterval, "how often --pressure-prom-query is polled")
+}
+
+// check rejects settings that cannot mean what they seem to.
+func (p *pressureFlags) check() error {
+	if _, err := pressure.ParseCombine(p.combine); err != nil {
+		return fmt.Errorf("--pressure-combine: %w", err)
+	}
+	switch {
+	case p.interval <= 0:
+		return fmt.Errorf("--pressure-interval: %v is not positive", p.interval)
+	case p.ttl < p.interval:
+		return fmt.Errorf("--pressure-ttl %v is under --pressure-interval %v: every replica would blink out between publishes", p.ttl, p.interval)
+	case p.capacity < 0:
+		return fmt.Errorf("--pressure-capacity: %d is negative", p.capacity)
+	case p.latencySLA < 0 || (p.latencySLA > 0 && p.latencySLA < time.Millisecond):
+		return fmt.Errorf("--pressure-latency-sla: %v is not 0 or at least 1ms", p.latencySLA)
+	case !(p.maxErrorRate > 0 && p.maxErrorRate <= 1):
+		return fmt.Errorf("--pressure-max-error-rate: %v is not in (0,1]", p.maxErrorRate)
+	case (p.promURL == "") != (p.promQuery == ""):
+		return errors.New("--pressure-prom-url and --pressure-prom-query must be given together")
+	case p.promInterval <= 0:
+		return fmt.Errorf("--pressure-prom-interval: %v is not positive", p.promInterval)
+	}
+	if p.tokenFile != "" {
+		raw, err := os.ReadFile(p.tokenFile)
+		if err != nil {
+			return fmt.Errorf("--pressure-token-file: %w", err)
+		}
+		if strings.TrimSpace(string(raw)) == "" {
+			return fmt.Errorf("--pressure-token-file %q is empty", p.tokenFile)
+		}
+	}
+	return nil
+}
+
+// outcomeSignals says whether the access log feeds pressure.
+func (p *pressureFlags) outcomeSignals() bool { return p.latencySLA > 0 || p.errors }
+
+// replica is --replica-id, the hostname, or a random id.
+func (p *pressureFlags) replica() string {
+	if p.replicaID != "" {
+		return p.replicaID
+	}
+	if h, err := os.Hostname(); err == nil && h != "" {
+		return h
+	}
+	b := make([]byte, 8)
+	_, _ = rand.Read(b) // never fails
+	return "tollgate-" + hex.EncodeToString(b)
+}
+
+// shedder is the pressure and breaker half of the decision: the Gate and
+// the breaker Set the Limiter consults, and what keeps them current.
+//
+// Pressure is per scope ("global", or a model), shared by every domain:
+// each domain with shedding: gets a Combiner whose scopes publish this
+// replica's local score and read the combined one under the scope's name
+// on the Board, so domains that share a scope see the same pressure
+// through their own policies. A domain with scope: model gets a scope
+// per model its rules name with an exact value of the descriptor key
+// "model", besides "global" (other models read the global pressure).
+type shedder struct {
+	f       pressureFlags
+	name    string // replica
+	combine pressure.Combine
+	board   limit.Board
+	brStore breaker.Store
+	clock   limit.Clock
+	log     *zap.Logger
+	// als is the access log whose Observer apply sets (Required before
+	// apply: it is built over the Limiter that is built over the Gate).
+	als      *accesslog.Service
+	gate     *pressure.Gate
+	breakers *breaker.Set
+	inflight *pressure.InFlight // nil without --pressure-capacity
+	outcomes *pressure.Outcomes // nil without outcome signals
+	prom     *pressure.PromQuery
+
+	base    context.Context // the Combiners run under it
+	cancel  context.CancelFunc
+	promWG  sync.WaitGroup
+	mu      sync.Mutex // serializes apply and stop
+	stopped bool
+	cur     atomic.Pointer[shedState]
+
+	retiredMu sync.Mutex
+	retired   map[[2]breaker.State]uint64 // transitions of Breakers a reload dropped
+	untracked uint64
+}
+
+// shedState is what one rule set made.
+type shedState struct {
+	domains  []*shedDomain
+	breakers []breaker.SetEntry
+}
+
+type shedDomain struct {
+	name     string
+	policy   limit.Shedding
+	tiers    []string
+	scopes   map[string]*pressure.Evaluator
+	combiner *pressure.Combiner
+	handler  http.Handler // nil without --pressure-token-file
+	stop     context.CancelFunc
+	done     chan struct{}
+}
+
+func newShedder(ctx context.Context, f pressureFlags, board limit.Board, brStore breaker.Store, log *zap.Logger) (*shedder, error) {
+	combine, err := pressure.ParseCombine(f.combine)
+	if err != nil {
+		return nil, err
+	}
+	s := &shedder{
+		f: f, name: f.replica(), combine: combine, board: board, brStore: brStore, clock: limit.SystemClock{},
+		log: log, gate: pressure.NewGate(), breakers: breaker.NewSet(),
+		retired: map[[2]breaker.State]uint64{},
+	}
+	if f.capacity > 0 {
+		s.inflight = pressure.NewInFlight(f.capacity)
+	}
+	if f.outcomeSignals() {
+		sla := f.latencySLA
+		if sla == 0 {
+			sla = time.Second // unused: only the error rate is read
+		}
+		if s.outcomes, err = pressure.NewOutcomes(pressure.OutcomeConfig{SLA: sla, MaxErrorRate: f.maxErrorRate}); err != nil {
+			return nil, fmt.Errorf("pressure outcomes: %w", err)
+		}
+	}
+	if f.promURL != "" {
+		s.prom, err = pressure.NewPromQuery(pressure.PromConfig{
+			URL: f.promURL, Query: f.promQuery, Interval: f.promInterval, Scope: limit.ScopeGlobal,
+			Client: &http.Client{},
+			OnError: func(_ string, err error) {
+				s.log.Debug("pressure prometheus query", zap.Error(err))
+			},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("--pressure-prom-url: %w", err)
+		}
+	}
+	s.base, s.cancel = context.WithCancel(ctx)
+	if s.prom != nil {
+		s.promWG.Go(func() { s.prom.Run(s.base) })
+	}
+	return s, nil
+}
+
+// limiterOptions make a Limiter shed by pressure and consult breakers.
+func (s *shedder) limiterOptions() []limit.Option {
+	return []limit.Option{limit.WithShedder(s.gate), limit.WithBreakers(s.breakers)}
+}
+
+// interceptors count the decisions in flight, for the in-flight signal.
+func (s *shedder) interceptors() []grpc.UnaryServerInterceptor {
+	if s.inflight == nil {
+		return nil
+	}
+	f := s.inflight
+	return []grpc.UnaryServerInterceptor{func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		switch info.FullMethod {
+		case rlsv3.RateLimitService_ShouldRateLimit_FullMethodName, authv3.Authorization_Check_FullMethodName:
+			f.Inc()
+			defer f.Dec()
+		}
+		return h(ctx, req)
+	}}
+}
+
+// apply makes rs's shedding policies and breakers current: Evaluators
+// and Breakers whose configuration did not change are kept with their
+// state, the Combiners are restarted on the new scopes.
+func (s *shedder) apply(rs *limit.RuleSet) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return errors.New("pressure: stopped")
+	}
+	old := s.cur.Load()
+	next := &shedState{}
+	var gate []pressure.GateEntry
+	var errs []error
+	for _, d := range rs.Domains() {
+		for _, c := range d.Breakers {
+			b, err := s.breakerFor(old, d.Name, c)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("domain %q: breaker on %q: %w", d.Name, c.Key, err))
+				continue
+			}
+			next.breakers = append(next.breakers, breaker.SetEntry{Domain: d.Name, Breaker: b})
+		}
+		if d.Shedding == nil {
+			continue
+		}
+		sd, err := s.domain(old, d)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("domain %q: shedding: %w", d.Name, err))
+			continue
+		}
+		next.domains = append(next.domains, sd)
+		for scope, ev := range sd.scopes {
+			gate = append(gate, pressure.GateEntry{Domain: d.Name, Scope: scope, Evaluator: ev})
+		}
+	}
+	if old != nil {
+		for _, d := range old.domains {
+			d.stop()
+			<-d.done
+		}
+		s.retire(old.breakers, next.breakers)
+	}
+	s.gate.Set(gate...)
+	s.breakers.Replace(next.breakers...)
+	s.als.SetObserver(s.observer(next))
+	for _, d := range next.domains {
+		ctx, stop := context.WithCancel(s.base)
+		d.stop, d.done = stop, make(chan struct{})
+		go func() {
+			defer close(d.done)
+			d.combiner.Run(ctx, s.f.interval)
+		}()
+	}
+	s.cur.Store(next)
+	return errors.Join(errs...)
+}
+
+// breakerFor returns the Breaker of domain's c: the one in force if its
+// configuration is the same (it keeps its snapshot and counts), else a
+// new one.
+func (s *shedder) breakerFor(old *shedState, domain string, c limit.BreakerConfig) (*breaker.Breaker, error) {
+	full, err := c.WithDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if old != nil {
+		for _, e := range old.breakers {
+			if e.Domain == domain && e.Breaker.Config() == full {
+				return e.Breaker, nil
+			}
+		}
+	}
+	return breaker.New(c, s.brStore)
+}
+
+// retire keeps the counts of the Breakers a reload dropped, so that the
+// transition counter never goes down.
+func (s *shedder) retire(old, next []breaker.SetEntry) {
+	s.retiredMu.Lock()
+	defer s.retiredMu.Unlock()
+	for _, e := range old {
+		if slices.ContainsFunc(next, func(n breaker.SetEntry) bool { return n.Breaker == e.Breaker }) {
+			continue
+		}
+		for _, t := range e.Breaker.Transitions() {
+			s.retired[[2]breaker.State{t.From, t.To}] += t.N
+		}
+		s.untracked += e.Breaker.Untracked()
+	}
+}
+
+// domain builds d's Combiner, keeping the Evaluators of scopes whose
+// policy did not change, so a reload does not reset their steps.
+func (s *shedder) domain(old *shedState, d *limit.Domain) (*shedDomain, error) {
+	sd := &shedDomain{name: d.Name, policy: *d.Shedding, scopes: map[string]*pressure.Evaluator{}}
+	if d.Tiers != nil {
+		for t := range d.Tiers.Plans {
+			sd.tiers = append(sd.tiers, t)
+		}
+		slices.Sort(sd.tiers)
+	}
+	var prev *shedDomain
+	if old != nil {
+		for _, o := range old.domains {
+			if o.name == d.Name && reflect.DeepEqual(o.policy, sd.policy) {
+				prev = o
+			}
+		}
+	}
+	names := []string{limit.ScopeGlobal}
+	if d.Shedding.Scope == limit.ScopeModel {
+		names = append(names, modelsOf(d.Descriptors)...)
+	}
+	var scopes []pressure.Scope
+	for _, name := range names {
+		ev := (*pressure.Evaluator)(nil)
+		if prev != nil {
+			ev = prev.scopes[name]
+		}
+		if ev == nil {
+			var err error
+			if ev, err = pressure.NewEvaluator(d.Shedding, s.clock); err != nil {
+				return nil, err
+			}
+		}
+		sd.scopes[name] = ev
+		scopes = append(scopes, pressure.Scope{Name: name, Local: s.local(name), Evaluator: ev})
+	}
+	c, err := pressure.NewCombiner(pressure.CombinerConfig{
+		Board: s.board, Replica: s.name, Combine: s.combine, TTL: s.f.ttl, Clock: s.clock, Scopes: scopes,
+		OnError: func(scope string, err error) {
+			// Stale readings show in tollgate_pressure_board_stale; one
+			// line a tick per scope would drown the log while the store
+			// is down.
+			s.log.Debug("pressure board", zap.String("domain", d.Name), zap.String("scope", scope), zap.Error(err))
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	sd.combiner = c
+	if s.f.tokenFile != "" {
+		if sd.handler, err = pressure.NewHandler(pressure.HandlerConfig{Combiner: c, TokenFile: s.f.tokenFile, DefaultTTL: time.Minute}); err != nil {
+			return nil, err
+		}
+	}
+	return sd, nil
+}
+
+// local is this replica's signal for scope. It is never nil, so that
+// every replica shows on the board, at 0 when it has no signal.
+func (s *shedder) local(scope string) pressure.Signal {
+	sig := pressure.Signals{}
+	if scope == limit.ScopeGlobal {
+		if s.inflight != nil {
+			sig = append(sig, s.inflight)
+		}
+		if s.prom != nil {
+			sig = append(sig, s.prom)
+		}
+	}
+	if s.outcomes != nil {
+		w := s.outcomes.Global()
+		if scope != limit.ScopeGlobal {
+			var err error
+			if w, err = s.outcomes.Model(scope); err != nil {
+				s.log.Warn("no outcome signals for a model scope", zap.String("scope", scope), zap.Error(err))
+				return sig
+			}
+		}
+		if s.f.latencySLA > 0 {
+			sig = append(sig, w.Latency())
+		}
+		sig = append(sig, w.ErrorRate())
+	}
+	return sig
+}
+
+// modelsOf lists the exact values of the rules on limit.ModelKey, at any
+// depth: the models a domain names are the ones it gets scopes for.
+func modelsOf(rules []*limit.Rule) []string {
+	var out []string
+	var walk func([]*limit.Rule)
+	walk = func(rs []*limit.Rule) {
+		for _, r := range rs {
+			if r.Key == limit.ModelKey && r.Value != "" && !strings.HasSuffix(r.Value, "*") && r.Value != limit.ScopeGlobal && !slices.Contains(out, r.Value) {
+				out = append(out, r.Value)
+			}
+			walk(r.Children)
+		}
+	}
+	walk(rules)
+	slices.Sort(out)
+	return out
+}
+
+// observer feeds the access log's outcomes to st's breakers and to the
+// outcome signals.
+func (s *shedder) observer(st *shedState) accesslog.Observer {
+	var obs fanOut
+	if len(st.breakers) > 0 {
+		bs := make([]*breaker.Breaker, len(st.breakers))
+		for i, e := range st.breakers {
+			bs[i] = e.Breaker
+		}
+		obs = append(obs, accesslog.NewBreakerObserver(s.clock, s.log.Named("breaker"), 0, bs...))
+	}
+	if s.outcomes != nil {
+		obs = append(obs, outcomeObserver{o: s.outcomes, clock: s.clock})
+	}
+	if len(obs) == 0 {
+		return nil
+	}
+	return obs
+}
+
+// stop ends the Combiners and the Prometheus poller and waits for them.
+func (s *shedder) stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopped = true
+	s.cancel()
+	if st := s.cur.Load(); st != nil {
+		for _, d := range st.domains {
+			<-d.done
+		}
+	}
+	s.promWG.Wait()
+}
+
+// fanOut is an Observer that tells each of its Observers in turn.
+type fanOut []accesslog.Observer
+
+var _ accesslog.Observer = fanOut(nil)
+
+func (f fanOut) Observe(ctx context.Context, o *accesslog.Outcome) {
+	for _, x := range f {
+		x.Observe(ctx, o)
+	}
+}
+
+// outcomeObserver feeds the latency and error-rate signals.
+type outcomeObserver struct {
+	o     *pressure.Outcomes
+	clock limit.Clock
+}
+
+func (x outcomeObserver) Observe(_ context.Context, o *accesslog.Outcome) {
+	// A request that reached no upstream was refused by Tollgate or
+	// another filter: counting its 503 as an upstream error would make
+	// shedding feed on itself.
+	if o.UpstreamCluster == "" {
+		return
+	}
+	x.o.Observe(x.clock.Now(), int(o.Status), o.Duration, o.Model)
+}
+
+// handler serves /v1/pressure over the domains' pressure handlers. A
+// push is for a scope, which every domain that has it reads, so a PUT
+// goes to the first domain that knows the scope; GET lists every domain.
+func (s *shedder) handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		st := s.cur.Load()
+		if st == nil || len(st.domains) == 0 {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = io.WriteString(w, `{"error":"no domain has a shedding policy"}`+"\n")
+			return
+		}
+		target := st.domains[0]
+		if r.Method != http.MethodPut {
+			// The domain handler answers 401 and 405; a 200 means the
+			// caller may read every domain.
+			rec := &statusOnly{header: http.Header{}}
+			target.handler.ServeHTTP(rec, r)
+			if rec.code != http.StatusOK {
+				target.handler.ServeHTTP(w, r)
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Cache-Control", "no-store")
+			_ = json.NewEncoder(w).Encode(s.view())
+			return
+		}
+		body, err := io.ReadAll(io.LimitReader(r.Body, 64<<10))
+		if err != nil {
+			httpJSONError(w, http.StatusBadRequest, "body unreadable")
+			return
+		}
+		var peek struct {
+			Scope string `json:"scope"`
+		}
+		_ = json.Unmarshal(body, &peek) // the domain handler reports bad JSON
+		for _, d := range st.domains {
+			if d.combiner.Evaluator(peek.Scope) != nil {
+				target = d
+				break
+			}
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		target.handler.ServeHTTP(w, r)
+	})
+}
+
+func httpJSONError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(map[string]string{"error": msg})
+}
+
+// statusOnly is a ResponseWriter that keeps the status and drops the body.
+type statusOnly struct {
+	header http.Header
+	code   int
+}
+
+func (s *statusOnly) Header() http.Header { return s.header }
+func (s *statusOnly) Write(b []byte) (int, error) {
+	if s.code == 0 {
+		s.code = http.StatusOK
+	}
+	return len(b), nil
+}
+func (s *statusOnly) WriteHeader(code int) {
+	if s.code == 0 {
+		s.code = code
+	}
+}
+
+// pressureView is /debug/pressure and GET /v1/pressure: the live
+// readings and the breakers as this replica last saw them.
+type pressureView struct {
+	Replica  string              `json:"replica"`
+	Combine  string              `json:"combine"`
+	Interval string              `json:"interval"`
+	TTL      string              `json:"ttl"`
+	Domains  []domainPressure    `json:"domains"`
+	Breakers []breakerStatesView `json:"breakers"`
+}
+
+type domainPressure struct {
+	Domain string       `json:"domain"`
+	Scopes []scopeState `json:"scopes"`
+}
+
+type scopeState struct {
+	Scope    string             `json:"scope"`
+	Combined float64            `json:"combined"`
+	Local    float64            `json:"local"`
+	Replicas map[string]float64 `json:"replicas"`
+	Pushed   *float64           `json:"pushed,omitempty"`
+	At       time.Time          `json:"at"`
+	Stale    bool               `json:"stale"`
+	Level    int                `json:"level"`
+	Factor   float64            `json:"factor"`
+	NoBurst  bool               `json:"no_burst"`
+	Shadow   bool               `json:"shadow"`
+	// Shed are the domain's plans the active steps refuse (or would, in
+	// shadow mode).
+	Shed []string `json:"shed"`
+}
+
+type breakerStatesView struct {
+	Domain    string             `json:"domain"`
+	Key       string             `json:"key"`
+	Tracked   []breakerStateView `json:"tracked"`
+	Untracked uint64             `json:"untracked,omitempty"`
+}
+
+type breakerStateView struct {
+	Name      string     `json:"name"`
+	State     string     `json:"state"`
+	OpenUntil *time.Time `json:"open_until,omitempty"`
+}
+
+func (s *shedder) view() pressureView {
+	v := pressureView{
+		Replica: s.name, Combine: s.combine.String(), Interval: s.f.interval.String(), TTL: s.f.ttl.String(),
+		Domains: []domainPressure{}, Breakers: []breakerStatesView{},
+	}
+	st := s.cur.Load()
+	if st == nil {
+		return v
+	}
+	for _, d := range st.domains {
+		dp := domainPressure{Domain: d.name, Scopes: []scopeState{}}
+		for _, sc := range d.combiner.Snapshot() {
+			j := scopeState{
+				Scope: sc.Scope, Combined: sc.Combined, Local: sc.Local, Replicas: map[string]float64{},
+				At: sc.At, Stale: sc.Stale, Level: sc.Outcome.Level, Factor: sc.Outcome.Factor,
+				NoBurst: sc.Outcome.NoBurst, Shadow: sc.Outcome.Shadow, Shed: []string{},
+			}
+			for _, r := range sc.Replicas {
+				j.Replicas[r.Replica] = r.Score
+			}
+			if sc.HasPushed {
+				j.Pushed = &sc.Pushed
+			}
+			for _, t := range d.tiers {
+				if sc.Outcome.Sheds(t) {
+					j.Shed = append(j.Shed, t)
+				}
+			}
+			dp.Scopes = append(dp.Scopes, j)
+		}
+		v.Domains = append(v.Domains, dp)
+	}
+	now := s.clock.Now()
+	for _, e := range st.breakers {
+		bv := breakerStatesView{Domain: e.Domain, Key: e.Breaker.Config().Key, Tracked: []breakerStateView{}, Untracked: e.Breaker.Untracked()}
+		for _, n := range e.Breaker.Snapshot(now) {
+			j := breakerStateView{Name: n.Name, State: n.State.String()}
+			if !n.OpenUntil.IsZero() {
+				j.OpenUntil = &n.OpenUntil
+			}
+			bv.Tracked = append(bv.Tracked, j)
+		}
+		v.Breakers = append(v.Breakers, bv)
+	}
+	return v
+}
+
+// pressureCollector exports the readings and breaker states at scrape
+// time. Its label values come from the rules (domains, scopes, breaker
+// keys) and from the breaker package's bounded tracked set.
+type pressureCollector struct {
+	s                                         *shedder
+	score, local, level, factor, stale, state *prometheus.Desc
+	transitions, untracked, promErrors        *prometheus.Desc
+}
+
+var _ prometheus.Collector = (*pressureCollector)(nil)
+
+func newPressureCollector(s *shedder) *pressureCollector {
+	ds := []string{"domain", "scope"}
+	return &pressureCollector{
+		s:           s,
+		score:       prometheus.NewDesc("tollgate_pressure_score", "Combined pressure of the scope, in [0,1]: the replicas' published scores combined, or the pushed score if higher.", ds, nil),
+		local:       prometheus.NewDesc("tollgate_pressure_local_score", "This replica's own pressure for the scope, in [0,1].", ds, nil),
+		level:       prometheus.NewDesc("tollgate_pressure_level", "Index of the domain's active shedding step for the scope, -1 when none is.", ds, nil),
+		factor:      prometheus.NewDesc("tollgate_pressure_factor", "What the active shedding steps scale limits by, in (0,1].", ds, nil),
+		stale:       prometheus.NewDesc("tollgate_pressure_board_stale", "1 when the last reading could not read the store's board and used the local score alone.", ds, nil),
+		state:       prometheus.NewDesc("tollgate_breaker_state", "Circuit breaker state as this replica last saw it: 0 closed, 1 half-open, 2 open.", []string{"domain", "key", "breaker"}, nil),
+		transitions: prometheus.NewDesc("tollgate_breaker_transitions_total", "Breaker state changes made by this replica's store calls.", []string{"from", "to"}, nil),
+		untracked:   prometheus.NewDesc("tollgate_breaker_untracked_total", "Breaker names left out of tollgate_breaker_state because the tracked set was full.", nil, nil),
+		promErrors:  prometheus.NewDesc("tollgate_pressure_prom_errors_total", "Failed queries of --pressure-prom-query.", nil, nil),
+	}
+}
+
+func (c *pressureCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.score, c.local, c.level, c.factor, c.stale, c.state, c.transitions, c.untracked, c.promErrors} {
+		ch <- d
+	}
+}
+
+func (c *pressureCollector) Collect(ch chan<- prometheus.Metric) {
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	st := c.s.cur.Load()
+	c.s.retiredMu.Lock()
+	trans := make(map[[2]breaker.State]uint64, len(c.s.retired))
+	for k, n := range c.s.retired {
+		trans[k] = n
+	}
+	untracked := c.s.untracked
+	c.s.retiredMu.Unlock()
+	if st != nil {
+		for _, d := range st.domains {
+			for _, sc := range d.combiner.Snapshot() {
+				stale := 0.0
+				if sc.Stale {
+					stale = 1
+				}
+				gauge(c.score, sc.Combined, d.name, sc.Scope)
+				gauge(c.local, sc.Local, d.name, sc.Scope)
+				gauge(c.level, float64(sc.Outcome.Level), d.name, sc.Scope)
+				gauge(c.factor, sc.Outcome.Factor, d.name, sc.Scope)
+				gauge(c.stale, stale, d.name, sc.Scope)
+			}
+		}
+		now := c.s.clock.Now()
+		for _, e := range st.breakers {
+			key := e.Breaker.Config().Key
+			for _, n := range e.Breaker.Snapshot(now) {
+				gauge(c.state, float64(n.State), e.Domain, key, n.Name)
+			}
+			for _, t := range e.Breaker.Transitions() {
+				trans[[2]breaker.State{t.From, t.To}] += t.N
+			}
+			untracked += e.Breaker.Untracked()
+		}
+	}
+	for k, n := range trans {
+		ch <- prometheus.MustNewConstMetric(c.transitions, prometheus.CounterValue, float64(n), k[0].String(), k[1].String())
+	}
+	ch <- prometheus.MustNewConstMetric(c.untracked, prometheus.CounterValue, float64(untracked))
+	var promErrs uint64
+	if c.s.prom != nil {
+		promErrs = c.s.prom.State().Failures
+	}
+	ch <- prometheus.MustNewConstMetric(c.promErrors, prometheus.CounterValue, float64(promErrs))
+}
