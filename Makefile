@@ -21,7 +21,8 @@ build: ## Build bin/tollgate and bin/tollgate-load.
 
 .PHONY: run
 run: build ## Serve the config/ examples (rules, and ext_authz with demo keys) on :8081 (gRPC) and :8080 (admin) with the in-memory store.
-	$(BIN)/tollgate serve --config config --authz-config config/authz/authz.yaml --log-format console
+	$(BIN)/tollgate serve --config config --authz-config config/authz/authz.yaml \
+	  --pressure-token-file config/authz/pressure.token --log-format console
 
 .PHONY: redis
 redis: ## Install redis-server when it is missing (tests start their own servers).
