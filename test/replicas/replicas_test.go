@@ -272,13 +272,13 @@ type replica struct {
 
 // startReplica starts tollgate and waits for /readyz. A port picked free
 // may be taken before tollgate binds it; the process then exits and the
-// start is retried on other ports.
-func startReplica(t *testing.T, bin string, id int, redisURL, rulesPath string) *replica {
+// start is retried on other ports. extra flags go to serve as they are.
+func startReplica(t *testing.T, bin string, id int, redisURL, rulesPath string, extra ...string) *replica {
 	t.Helper()
 	var err error
 	for range 3 {
 		var r *replica
-		if r, err = tryStart(t, bin, id, redisURL, rulesPath); err == nil {
+		if r, err = tryStart(t, bin, id, redisURL, rulesPath, extra); err == nil {
 			return r
 		}
 	}
@@ -286,15 +286,16 @@ func startReplica(t *testing.T, bin string, id int, redisURL, rulesPath string) 
 	return nil
 }
 
-func tryStart(t *testing.T, bin string, id int, redisURL, rulesPath string) (*replica, error) {
+func tryStart(t *testing.T, bin string, id int, redisURL, rulesPath string, extra []string) (*replica, error) {
 	r := &replica{grpcAddr: freeAddr(t), adminAddr: freeAddr(t)}
 	log := &tailBuffer{max: 16 << 10}
-	cmd := exec.Command(bin, "serve",
+	args := append([]string{"serve",
 		"--redis-url", redisURL,
 		"--config", rulesPath,
 		"--grpc-addr", r.grpcAddr,
 		"--admin-addr", r.adminAddr,
-	)
+	}, extra...)
+	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = log, log
 	setProcAttr(cmd)
 	if err := cmd.Start(); err != nil {
