@@ -570,25 +570,8 @@ type pressureView struct {
 }
 
 type domainPressure struct {
-	Domain string       `json:"domain"`
-	Scopes []scopeState `json:"scopes"`
-}
-
-type scopeState struct {
-	Scope    string             `json:"scope"`
-	Combined float64            `json:"combined"`
-	Local    float64            `json:"local"`
-	Replicas map[string]float64 `json:"replicas"`
-	Pushed   *float64           `json:"pushed,omitempty"`
-	At       time.Time          `json:"at"`
-	Stale    bool               `json:"stale"`
-	Level    int                `json:"level"`
-	Factor   float64            `json:"factor"`
-	NoBurst  bool               `json:"no_burst"`
-	Shadow   bool               `json:"shadow"`
-	// Shed are the domain's plans the active steps refuse (or would, in
-	// shadow mode).
-	Shed []string `json:"shed"`
+	Domain string               `json:"domain"`
+	Scopes []pressure.ScopeView `json:"scopes"`
 }
 
 type breakerStatesView struct {
@@ -614,25 +597,9 @@ func (s *shedder) view() pressureView {
 		return v
 	}
 	for _, d := range st.domains {
-		dp := domainPressure{Domain: d.name, Scopes: []scopeState{}}
+		dp := domainPressure{Domain: d.name, Scopes: []pressure.ScopeView{}}
 		for _, sc := range d.combiner.Snapshot() {
-			j := scopeState{
-				Scope: sc.Scope, Combined: sc.Combined, Local: sc.Local, Replicas: map[string]float64{},
-				At: sc.At, Stale: sc.Stale, Level: sc.Outcome.Level, Factor: sc.Outcome.Factor,
-				NoBurst: sc.Outcome.NoBurst, Shadow: sc.Outcome.Shadow, Shed: []string{},
-			}
-			for _, r := range sc.Replicas {
-				j.Replicas[r.Replica] = r.Score
-			}
-			if sc.HasPushed {
-				j.Pushed = &sc.Pushed
-			}
-			for _, t := range d.tiers {
-				if sc.Outcome.Sheds(t) {
-					j.Shed = append(j.Shed, t)
-				}
-			}
-			dp.Scopes = append(dp.Scopes, j)
+			dp.Scopes = append(dp.Scopes, sc.View(d.tiers))
 		}
 		v.Domains = append(v.Domains, dp)
 	}

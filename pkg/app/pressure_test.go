@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"encoding/json"
+	"github.com/tollgate-dev/tollgate/pkg/pressure"
 	"io"
 	"net/http"
 	"path/filepath"
@@ -180,7 +181,7 @@ func (r *replica) push(score string) {
 }
 
 // global reads the global scope of domain shed from GET /v1/pressure.
-func (r *replica) global() scopeState {
+func (r *replica) global() pressure.ScopeView {
 	r.t.Helper()
 	code, body := r.pressure(http.MethodGet, "", r.token)
 	var v pressureView
@@ -195,7 +196,7 @@ func (r *replica) global() scopeState {
 		}
 	}
 	r.t.Fatalf("GET /v1/pressure has no global scope of domain shed: %s", body)
-	return scopeState{}
+	return pressure.ScopeView{}
 }
 
 func TestPressureShedsTiers(t *testing.T) {

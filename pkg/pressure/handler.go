@@ -157,7 +157,9 @@ func (h *handler) put(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-type scopeJSON struct {
+// ScopeView is a scope's live state as GET /v1/pressure and pkg/app's
+// /debug/pressure show it.
+type ScopeView struct {
 	Scope     string             `json:"scope"`
 	Combined  float64            `json:"combined"`
 	Local     float64            `json:"local"`
@@ -173,26 +175,41 @@ type scopeJSON struct {
 	AdmitOnly []string           `json:"admit_only,omitempty"`
 }
 
+// View renders s. Shed lists the tiers the active steps name in shed or,
+// when tiers (a domain's plans) is given, each of those the outcome
+// refuses, admit_only included.
+func (s ScopeState) View(tiers []string) ScopeView {
+	v := ScopeView{
+		Scope: s.Scope, Combined: s.Combined, Local: s.Local, Replicas: map[string]float64{},
+		At: s.At, Stale: s.Stale, Level: s.Outcome.Level, Shadow: s.Outcome.Shadow,
+		Factor: s.Outcome.Factor, NoBurst: s.Outcome.NoBurst, Shed: []string{},
+	}
+	if tiers == nil {
+		v.Shed = append(v.Shed, s.Outcome.shed...)
+	}
+	for _, t := range tiers {
+		if s.Outcome.Sheds(t) {
+			v.Shed = append(v.Shed, t)
+		}
+	}
+	if s.Outcome.restricted {
+		v.AdmitOnly = append([]string{}, s.Outcome.admitOnly...)
+	}
+	for _, r := range s.Replicas {
+		v.Replicas[r.Replica] = r.Score
+	}
+	if s.HasPushed {
+		v.Pushed = &s.Pushed
+	}
+	return v
+}
+
 func (h *handler) get(w http.ResponseWriter) {
 	var out struct {
-		Scopes []scopeJSON `json:"scopes"`
+		Scopes []ScopeView `json:"scopes"`
 	}
 	for _, s := range h.cfg.Combiner.Snapshot() {
-		j := scopeJSON{
-			Scope: s.Scope, Combined: s.Combined, Local: s.Local, Replicas: map[string]float64{},
-			At: s.At, Stale: s.Stale, Level: s.Outcome.Level, Shadow: s.Outcome.Shadow,
-			Factor: s.Outcome.Factor, NoBurst: s.Outcome.NoBurst, Shed: append([]string{}, s.Outcome.shed...),
-		}
-		if s.Outcome.restricted {
-			j.AdmitOnly = append([]string{}, s.Outcome.admitOnly...)
-		}
-		for _, r := range s.Replicas {
-			j.Replicas[r.Replica] = r.Score
-		}
-		if s.HasPushed {
-			j.Pushed = &s.Pushed
-		}
-		out.Scopes = append(out.Scopes, j)
+		out.Scopes = append(out.Scopes, s.View(nil))
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(out)
