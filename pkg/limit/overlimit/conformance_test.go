@@ -1,0 +1,17 @@
+package overlimit_test
+
+import (
+	"testing"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
+	"github.com/tollgate-dev/tollgate/pkg/limit/overlimit"
+	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
+)
+
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	storetest.Run(t, func(testing.TB) limit.Store {
+		return overlimit.New(memstore.New(), overlimit.Options{})
+	})
+}
