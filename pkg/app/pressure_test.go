@@ -306,6 +306,10 @@ func TestPressureAcrossReplicas(t *testing.T) {
 		return got["premium"] && !got["free"]
 	})
 	a.push("0")
+	// On Redis the over-limit cache sits in front of the store.
+	if _, metrics := b.get("/metrics"); !strings.Contains(metrics, "tollgate_store_local_denials_total ") {
+		t.Errorf("/metrics on a Redis replica lacks tollgate_store_local_denials_total")
+	}
 
 	// A dead replica stops counting once its TTL (500ms) has run out.
 	a.shutdown()

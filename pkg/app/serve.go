@@ -17,6 +17,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/config"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
+	"github.com/tollgate-dev/tollgate/pkg/limit/overlimit"
 	"github.com/tollgate-dev/tollgate/pkg/limit/redisstore"
 	"github.com/tollgate-dev/tollgate/pkg/rls"
 	"github.com/tollgate-dev/tollgate/pkg/server"
@@ -111,6 +112,13 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 		return err
 	}
 	defer closeStore()
+	var local *overlimit.Store
+	if f.redisURL != "" {
+		// Keys known to be over their limit are answered here until they
+		// can admit again, without a Redis round trip (issue 5).
+		local = overlimit.New(store, overlimit.Options{})
+		store = pingable{Store: local, ping: store.Ping}
+	}
 	if a.wrapStore != nil {
 		store = a.wrapStore(store)
 	}
@@ -123,6 +131,14 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 	reg := prometheus.NewRegistry()
 	if err := registerProcessMetrics(reg, a.versionString()); err != nil {
 		return err
+	}
+	if local != nil {
+		if err := reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "tollgate_store_local_denials_total",
+			Help: "Decisions denied without a store call because every key they charge was known to be over its limit.",
+		}, func() float64 { return float64(local.LocalDenials()) })); err != nil {
+			return err
+		}
 	}
 	reloads, err := newReloadMetrics(reg)
 	if err != nil {
@@ -235,6 +251,15 @@ func (a *App) versionString() string {
 	}
 	return a.Version
 }
+
+// pingable gives a decorated store its inner store's Ping.
+type pingable struct {
+	*overlimit.Store
+	ping func(context.Context) error
+}
+
+// Ping checks the store under the decorator.
+func (p pingable) Ping(ctx context.Context) error { return p.ping(ctx) }
 
 // sharedState is where replicas meet besides the counters: the pressure
 // board and the breakers' state, on the same store.
