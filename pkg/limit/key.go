@@ -66,7 +66,12 @@ func Key(kind Kind, alg Algorithm, window time.Duration, domain string, entries 
 	for _, e := range entries {
 		n += len(e.Key) + len(e.Value) + 12
 	}
-	b := make([]byte, 0, n)
+	// Usual keys fit the stack buffer, so the string is the only allocation.
+	var buf [192]byte
+	b := buf[:0]
+	if n > len(buf) {
+		b = make([]byte, 0, n)
+	}
 	b = append(b, "tg:{"...)
 	b = appendTag(b, domain, entries)
 	b = append(b, "}:"...)

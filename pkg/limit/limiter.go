@@ -3,6 +3,7 @@ package limit
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -183,7 +184,7 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	if err := checkRequest(req); err != nil {
 		return nil, err
 	}
-	dec := &Decision{Code: CodeOK, Statuses: make([]Status, len(req.Descriptors))}
+	dec := newDecision(len(req.Descriptors))
 	for i := range dec.Statuses {
 		dec.Statuses[i].Code = CodeOK
 	}
@@ -197,8 +198,9 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 		refuse(dec, ReasonShed, dom.Shedding.RetryAfter())
 		return dec, nil
 	}
-	b, err := build(dom, req, admit, dec.Statuses, adj)
-	if err != nil {
+	b := getBuilt()
+	defer putBuilt(b)
+	if err := build(b, dom, req, admit, dec.Statuses, adj); err != nil {
 		return nil, err
 	}
 	dec.Tier = b.tier
@@ -214,7 +216,7 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	if len(b.charges) == 0 {
 		return dec, nil
 	}
-	res := make([]Result, len(b.charges))
+	res := b.results(len(b.charges))
 	admitted, err := l.store.Apply(ctx, now, b.charges, res)
 	if err != nil {
 		if len(dec.Probes) > 0 {
@@ -289,8 +291,9 @@ func (l *Limiter) Reconcile(ctx context.Context, req *Request, at time.Time, res
 	if dom == nil {
 		return false, nil
 	}
-	b, err := build(dom, req, reconcile, make([]Status, len(req.Descriptors)), noAdjust)
-	if err != nil {
+	b := getBuilt()
+	defer putBuilt(b)
+	if err := build(b, dom, req, reconcile, make([]Status, len(req.Descriptors)), noAdjust); err != nil {
 		return false, err
 	}
 	var delta int64
@@ -322,7 +325,7 @@ func (l *Limiter) Reconcile(ctx context.Context, req *Request, at time.Time, res
 		Window:    max(reconcileMarkTTL, b.lease),
 		Cost:      1,
 	})
-	res := make([]Result, len(charges))
+	res := b.results(len(charges))
 	done, err := l.store.Apply(ctx, l.clock.Now(), charges, res)
 	if err != nil {
 		return false, fmt.Errorf("reconcile %d charges: %w", len(charges), err)
@@ -374,6 +377,55 @@ type built struct {
 	lease    time.Duration // the longest concurrency lease taken
 	tier     string        // the request's plan, "" without tiers
 	first    []Entry       // the first descriptor's entries, tier entries removed
+	res      []Result      // the store's answers, reused like charges and plans
+}
+
+// builtPool keeps built values between decisions so that their charge,
+// plan and result slices are reused: a warm decision allocates none of
+// them. A Store does not keep charges or res past Apply (see Store).
+var builtPool = sync.Pool{New: func() any { return new(built) }}
+
+func getBuilt() *built { return builtPool.Get().(*built) }
+
+// putBuilt empties b, dropping what it points to (keys, rules, the
+// request's entries), and returns it to the pool.
+func putBuilt(b *built) {
+	if cap(b.charges) > maxPooledCharges {
+		return
+	}
+	clear(b.charges[:cap(b.charges)])
+	clear(b.plans[:cap(b.plans)])
+	*b = built{charges: b.charges[:0], plans: b.plans[:0], res: b.res[:0]}
+	builtPool.Put(b)
+}
+
+// maxPooledCharges bounds what the pool keeps: a few limits for each of
+// MaxDescriptors descriptors.
+const maxPooledCharges = 4 * MaxDescriptors
+
+// results returns b.res with n zeroed elements.
+func (b *built) results(n int) []Result {
+	if cap(b.res) < n {
+		b.res = make([]Result, n)
+	}
+	b.res = b.res[:n]
+	clear(b.res)
+	return b.res
+}
+
+// newDecision returns an admitting Decision with n statuses (codes left
+// to the caller). A single descriptor, the usual request, gets its status
+// in the same allocation as the Decision.
+func newDecision(n int) *Decision {
+	if n == 1 {
+		d := new(struct {
+			dec Decision
+			st  [1]Status
+		})
+		d.dec.Code, d.dec.Statuses = CodeOK, d.st[:]
+		return &d.dec
+	}
+	return &Decision{Code: CodeOK, Statuses: make([]Status, n)}
 }
 
 // build matches req's descriptors and returns their charges. In reconcile
@@ -390,8 +442,9 @@ type built struct {
 // after the plan multiplier (floored, at least 1), and with noBurst gives
 // every token bucket a burst of 1. A descriptor's own limit is not scaled
 // by either.
-func build(dom *Domain, req *Request, m mode, statuses []Status, adj adjust) (built, error) {
-	var b built
+//
+// b must be empty (from getBuilt); build fills it.
+func build(b *built, dom *Domain, req *Request, m mode, statuses []Status, adj adjust) error {
 	var micro uint64
 	b.tier, micro = dom.plan(req)
 	// ents[i] is descriptor i's entries as matched and keyed; the slice is
@@ -474,7 +527,7 @@ func build(dom *Domain, req *Request, m mode, statuses []Status, adj adjust) (bu
 				}
 			}
 			if ov.Window() <= 0 {
-				return b, invalidf("descriptors[%d].limit: unit %d is not known", i, d.Override.Unit)
+				return invalidf("descriptors[%d].limit: unit %d is not known", i, d.Override.Unit)
 			}
 			rate = ov
 		}
@@ -527,7 +580,7 @@ func build(dom *Domain, req *Request, m mode, statuses []Status, adj adjust) (bu
 			b.plans = append(b.plans, plan{desc: i, limit: tokens})
 		}
 	}
-	return b, nil
+	return nil
 }
 
 // overridden returns l with the request's override for its name applied:

@@ -129,7 +129,8 @@ type Result struct {
 // charges still apply) and Apply returns admitted == false. Otherwise
 // every positive charge that fits is kept; a Shadow charge that does not
 // fit is reported and not kept.
-// res must have len(charges) elements; Apply fills it.
+// res must have len(charges) elements; Apply fills it. Apply must not keep
+// charges or res once it returns: the Limiter reuses them.
 type Store interface {
 	Apply(ctx context.Context, now time.Time, charges []Charge, res []Result) (admitted bool, err error)
 }

@@ -3,6 +3,7 @@ package rls
 import (
 	"math"
 	"strconv"
+	"sync"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -27,21 +28,65 @@ const (
 	HeaderReason     = headers.Reason
 )
 
-// toRequest converts an Envoy request to the domain's. It never fails:
+// scratchRequest is a limit.Request with the arrays behind its
+// descriptors and entries, pooled so that converting a request allocates
+// nothing once warm. It is safe because a Decider keeps nothing of req
+// past Decide.
+type scratchRequest struct {
+	req     limit.Request
+	descs   []limit.Descriptor
+	entries []limit.Entry
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratchRequest) }}
+
+// maxPooledEntries bounds the entries a pooled request keeps room for.
+const maxPooledEntries = 256
+
+// release empties r, dropping the strings it points to, and pools it.
+func (r *scratchRequest) release() {
+	if cap(r.entries) > maxPooledEntries || cap(r.descs) > limit.MaxDescriptors {
+		return
+	}
+	clear(r.descs[:cap(r.descs)])
+	clear(r.entries[:cap(r.entries)])
+	r.req = limit.Request{}
+	scratchPool.Put(r)
+}
+
+// toRequest converts an Envoy request to the domain's, into a pooled
+// request the caller releases once the decision is made. It never fails:
 // nil descriptors and entries become empty ones, which the Limiter then
 // rejects as invalid with their index in the message.
-func toRequest(in *rlsv3.RateLimitRequest) *limit.Request {
+func toRequest(in *rlsv3.RateLimitRequest) *scratchRequest {
+	r := scratchPool.Get().(*scratchRequest)
 	descs := in.GetDescriptors()
-	req := &limit.Request{
+	n := 0
+	for _, d := range descs {
+		n += len(d.GetEntries())
+	}
+	if cap(r.descs) < len(descs) {
+		r.descs = make([]limit.Descriptor, len(descs))
+	}
+	if cap(r.entries) < n {
+		r.entries = make([]limit.Entry, n)
+	}
+	r.req = limit.Request{
 		Domain:      in.GetDomain(),
 		Hits:        uint64(in.GetHitsAddend()),
-		Descriptors: make([]limit.Descriptor, len(descs)),
+		Descriptors: r.descs[:len(descs)],
 	}
+	req := &r.req
+	entries := r.entries[:n]
 	for i, d := range descs {
 		out := &req.Descriptors[i]
-		if entries := d.GetEntries(); len(entries) > 0 {
-			out.Entries = make([]limit.Entry, len(entries))
-			for j, e := range entries {
+		*out = limit.Descriptor{}
+		if es := d.GetEntries(); len(es) > 0 {
+			// Full slice expression: an append to one descriptor's
+			// entries must not write over the next one's.
+			out.Entries = entries[:len(es):len(es)]
+			entries = entries[len(es):]
+			for j, e := range es {
 				out.Entries[j] = limit.Entry{Key: e.GetKey(), Value: e.GetValue()}
 			}
 		}
@@ -53,7 +98,7 @@ func toRequest(in *rlsv3.RateLimitRequest) *limit.Request {
 		}
 		out.Negative = d.GetIsNegativeHits()
 	}
-	return req
+	return r
 }
 
 func toOverride(ov *commonrl.RateLimitDescriptor_RateLimitOverride) *limit.Override {
@@ -78,8 +123,9 @@ func toResponse(dec *limit.Decision) *rlsv3.RateLimitResponse {
 		OverallCode: toCode(dec.Code),
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(dec.Statuses)),
 	}
+	msgs := make([]statusMsgs, len(dec.Statuses))
 	for i := range dec.Statuses {
-		resp.Statuses[i] = toStatus(&dec.Statuses[i])
+		resp.Statuses[i] = toStatus(&dec.Statuses[i], &msgs[i])
 	}
 	resp.ResponseHeadersToAdd = responseHeaders(resp.Statuses)
 	switch dec.Reason {
@@ -121,17 +167,27 @@ func toCode(c limit.Code) rlsv3.RateLimitResponse_Code {
 	}
 }
 
-func toStatus(st *limit.Status) *rlsv3.RateLimitResponse_DescriptorStatus {
-	out := &rlsv3.RateLimitResponse_DescriptorStatus{Code: toCode(st.Code)}
+// statusMsgs are the messages of one descriptor status. A response
+// allocates them for all its statuses at once, rather than three
+// allocations per status.
+type statusMsgs struct {
+	status rlsv3.RateLimitResponse_DescriptorStatus
+	limit  rlsv3.RateLimitResponse_RateLimit
+	reset  durationpb.Duration
+}
+
+// toStatus converts st into m and returns m's status message.
+func toStatus(st *limit.Status, m *statusMsgs) *rlsv3.RateLimitResponse_DescriptorStatus {
+	out := &m.status
+	out.Code = toCode(st.Code)
 	l := st.Limit
 	if l == nil {
 		return out
 	}
-	out.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{
-		Name:            l.Name,
-		RequestsPerUnit: capUint32(l.Amount),
-		Unit:            rlsv3.RateLimitResponse_RateLimit_Unit(l.Unit),
-	}
+	out.CurrentLimit = &m.limit
+	out.CurrentLimit.Name = l.Name
+	out.CurrentLimit.RequestsPerUnit = capUint32(l.Amount)
+	out.CurrentLimit.Unit = rlsv3.RateLimitResponse_RateLimit_Unit(l.Unit)
 	if l.Multiplier > 1 {
 		out.CurrentLimit.UnitMultiplier = wrapperspb.UInt32(l.Multiplier)
 	}
@@ -140,7 +196,9 @@ func toStatus(st *limit.Status) *rlsv3.RateLimitResponse_DescriptorStatus {
 	if st.Code == limit.CodeOverLimit && st.RetryAfter > 0 {
 		reset = st.RetryAfter
 	}
-	out.DurationUntilReset = durationpb.New(reset)
+	// durationpb.New's conversion, into m's message.
+	m.reset.Seconds, m.reset.Nanos = int64(reset/time.Second), int32(reset%time.Second)
+	out.DurationUntilReset = &m.reset
 	return out
 }
 
@@ -178,8 +236,10 @@ func responseHeaders(statuses []*rlsv3.RateLimitResponse_DescriptorStatus) []*co
 		return nil
 	}
 	out := make([]*corev3.HeaderValue, len(hs))
+	vals := make([]corev3.HeaderValue, len(hs))
 	for i, h := range hs {
-		out[i] = &corev3.HeaderValue{Key: h.Key, Value: h.Value}
+		vals[i].Key, vals[i].Value = h.Key, h.Value
+		out[i] = &vals[i]
 	}
 	return out
 }

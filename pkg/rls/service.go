@@ -21,6 +21,7 @@ import (
 
 // Decider answers admission questions; *limit.Limiter is one. Rules is
 // read only to tell known domains from unknown ones in metric labels.
+// Decide must not keep req once it returns: the Service reuses it.
 type Decider interface {
 	Decide(ctx context.Context, req *limit.Request) (*limit.Decision, error)
 	Rules() *limit.RuleSet
@@ -70,7 +71,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReques
 		// Checked here too so that a nil request never reaches the Limiter.
 		return nil, s.fail(ctx, "", limit.ErrInvalid, "domain is empty")
 	}
-	req := toRequest(in)
+	r := toRequest(in)
+	defer r.release()
+	req := &r.req
 	dec, err := s.decider.Decide(ctx, req)
 	if err != nil {
 		return nil, s.fail(ctx, req.Domain, err, "")

@@ -7,7 +7,6 @@ package headers
 
 import (
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -62,7 +61,6 @@ type Header struct {
 // passes a small array's slice as dst allocates nothing here.
 func Append(dst []Header, quotas []Quota) []Header {
 	var minQ *Quota
-	var policies strings.Builder
 	var retry time.Duration
 	over := false
 	for i := range quotas {
@@ -92,27 +90,58 @@ func Append(dst []Header, quotas []Quota) []Header {
 		case q.Remaining < minQ.Remaining:
 			minQ = q
 		}
-		if w := q.WindowSeconds; w > 0 {
-			policies.WriteString(", ")
-			policies.WriteString(strconv.FormatUint(q.Amount, 10))
-			policies.WriteString(";w=")
-			policies.WriteString(strconv.FormatUint(w, 10))
+	}
+	if minQ == nil && !over {
+		return dst
+	}
+	// Every value is written into one buffer and converted to one string,
+	// which the values then slice: one allocation for all of them.
+	var buf [256]byte
+	b := buf[:0]
+	var ends [4]int
+	n := 0
+	if minQ != nil {
+		b = strconv.AppendUint(b, minQ.Amount, 10)
+		for i := range quotas {
+			q := &quotas[i]
+			if !q.HasLimit || q.WindowSeconds == 0 {
+				continue
+			}
+			b = append(b, ", "...)
+			b = strconv.AppendUint(b, q.Amount, 10)
+			b = append(b, ";w="...)
+			b = strconv.AppendUint(b, q.WindowSeconds, 10)
 			if q.Name != "" {
-				policies.WriteString(`;name="`)
-				writeQuoted(&policies, q.Name)
-				policies.WriteByte('"')
+				b = append(b, `;name="`...)
+				b = appendQuoted(b, q.Name)
+				b = append(b, '"')
 			}
 		}
+		ends[0] = len(b)
+		b = strconv.AppendUint(b, minQ.Remaining, 10)
+		ends[1] = len(b)
+		b = strconv.AppendInt(b, CeilSeconds(minQ.Reset), 10)
+		ends[2] = len(b)
+		n = 3
 	}
+	if over {
+		b = strconv.AppendInt(b, max(1, CeilSeconds(retry)), 10)
+		ends[n] = len(b)
+	}
+	vals := string(b)
 	if minQ != nil {
 		dst = append(dst,
-			Header{Limit, strconv.FormatUint(minQ.Amount, 10) + policies.String()},
-			Header{Remaining, strconv.FormatUint(minQ.Remaining, 10)},
-			Header{Reset, strconv.FormatInt(CeilSeconds(minQ.Reset), 10)},
+			Header{Limit, vals[:ends[0]]},
+			Header{Remaining, vals[ends[0]:ends[1]]},
+			Header{Reset, vals[ends[1]:ends[2]]},
 		)
 	}
 	if over {
-		dst = append(dst, Header{RetryAfter, strconv.FormatInt(max(1, CeilSeconds(retry)), 10)})
+		from := 0
+		if n > 0 {
+			from = ends[n-1]
+		}
+		dst = append(dst, Header{RetryAfter, vals[from:ends[n]]})
 	}
 	return dst
 }
@@ -125,18 +154,18 @@ func CeilSeconds(d time.Duration) int64 {
 	return int64((d + time.Second - 1) / time.Second)
 }
 
-// writeQuoted writes s as the inside of a structured-field string: only
+// appendQuoted appends s as the inside of a structured-field string: only
 // printable ASCII, with '"' and '\' escaped. Names come from rule files,
 // but a header value must stay well-formed whatever they hold.
-func writeQuoted(b *strings.Builder, s string) {
+func appendQuoted(b []byte, s string) []byte {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		switch {
 		case c == '"' || c == '\\':
-			b.WriteByte('\\')
-			b.WriteByte(c)
+			b = append(b, '\\', c)
 		case c >= 0x20 && c < 0x7f:
-			b.WriteByte(c)
+			b = append(b, c)
 		}
 	}
+	return b
 }
