@@ -2,6 +2,7 @@ package accesslog
 
 import (
 	"context"
+	"github.com/tollgate-dev/tollgate/test/testutil"
 	"strconv"
 	"sync"
 	"testing"
@@ -18,9 +19,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/extauthz"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
-	"github.com/tollgate-dev/tollgate/pkg/limit/redisstore"
 	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
-	"github.com/tollgate-dev/tollgate/test/redistest"
 )
 
 // These tests run Check and the access log together, as one Envoy would
@@ -62,25 +61,6 @@ const keys = `
 keys:
   - {key: "` + key + `", tenant: acme}
 `
-
-type storeKind struct {
-	name string
-	make func(t testing.TB) limit.Store
-}
-
-var storeKinds = []storeKind{
-	{"memstore", func(testing.TB) limit.Store { return memstore.New() }},
-	{"redis", func(t testing.TB) limit.Store {
-		srv := redistest.Start(t)
-		c, err := redisstore.NewClient(srv.URL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		s := redisstore.New(c)
-		t.Cleanup(func() { _ = s.Close() })
-		return s
-	}},
-}
 
 // replica is one Tollgate process: a limiter, and Check and the access
 // log on one gRPC port. Replicas built on one store share their counters.
@@ -227,12 +207,12 @@ func TestReserveThenReconcileHoldsTheBudget(t *testing.T) {
 		{name: "all over the estimate by a little", actuals: []int{1010, 1010, 1010, 1010, 1010, 1010, 1010, 1010, 1010, 1010}},
 		{name: "all under the estimate", actuals: []int{500, 500, 500, 500, 500, 500, 500, 500, 500, 500}, oneError: 500},
 	}
-	for _, sk := range storeKinds {
+	for _, sk := range testutil.StoreKinds {
 		for _, tt := range tests {
-			t.Run(sk.name+"/"+tt.name, func(t *testing.T) {
+			t.Run(sk.Name+"/"+tt.name, func(t *testing.T) {
 				t.Parallel()
 				clock := storetest.NewFakeClock(t0)
-				r := newReplica(t, sk.make(t), clock, rules)
+				r := newReplica(t, sk.Make(t), clock, rules)
 
 				admitted := checkConcurrently(t, r, 50, chat(1000))
 				if len(admitted) != budget/1000 {
@@ -317,11 +297,11 @@ func TestChargeAfterTheFactOvershoots(t *testing.T) {
 // the usage changes once.
 func TestReconcileExactlyOnce(t *testing.T) {
 	t.Parallel()
-	for _, sk := range storeKinds {
-		t.Run(sk.name, func(t *testing.T) {
+	for _, sk := range testutil.StoreKinds {
+		t.Run(sk.Name, func(t *testing.T) {
 			t.Parallel()
 			clock := storetest.NewFakeClock(t0)
-			store := sk.make(t)
+			store := sk.Make(t)
 			a := newReplica(t, store, clock, rules)
 			b := newReplica(t, store, clock, rules)
 			resp := a.check(t, chat(1000))
@@ -357,10 +337,10 @@ func TestReconcileExactlyOnce(t *testing.T) {
 // is refused (429) until the access log says one of the two finished.
 func TestAccessLogReleasesLease(t *testing.T) {
 	t.Parallel()
-	for _, sk := range storeKinds {
-		t.Run(sk.name, func(t *testing.T) {
+	for _, sk := range testutil.StoreKinds {
+		t.Run(sk.Name, func(t *testing.T) {
 			t.Parallel()
-			r := newReplica(t, sk.make(t), storetest.NewFakeClock(t0), cappedRules)
+			r := newReplica(t, sk.Make(t), storetest.NewFakeClock(t0), cappedRules)
 			first := r.check(t, chat(500))
 			if first.GetOkResponse() == nil || r.check(t, chat(500)).GetOkResponse() == nil {
 				t.Fatal("the first two requests were not admitted")
@@ -382,11 +362,11 @@ func TestAccessLogReleasesLease(t *testing.T) {
 // they age out of the window.
 func TestReservationWithoutOutcomeExpires(t *testing.T) {
 	t.Parallel()
-	for _, sk := range storeKinds {
-		t.Run(sk.name, func(t *testing.T) {
+	for _, sk := range testutil.StoreKinds {
+		t.Run(sk.Name, func(t *testing.T) {
 			t.Parallel()
 			clock := storetest.NewFakeClock(t0)
-			r := newReplica(t, sk.make(t), clock, cappedRules)
+			r := newReplica(t, sk.Make(t), clock, cappedRules)
 			for range 2 {
 				if resp := r.check(t, chat(1000)); resp.GetOkResponse() == nil {
 					t.Fatalf("Check: %v", resp)

@@ -2,6 +2,7 @@ package extauthz
 
 import (
 	"context"
+	"github.com/tollgate-dev/tollgate/test/testutil"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,11 +32,11 @@ func BenchmarkCheck(b *testing.B) {
 		b.Fatalf("body is %d bytes, want about 2 KB", len(body))
 	}
 	req := checkRequest(body, "authorization", bearer(keyAcme), "x-request-id", "r")
-	for _, sk := range storeKinds {
-		b.Run(sk.name, func(b *testing.B) {
+	for _, sk := range testutil.StoreKinds {
+		b.Run(sk.Name, func(b *testing.B) {
 			set := newSettings(b, testSettings)
 			set.MaxBodyBytes = 1 << 20
-			svc, err := New(limit.NewLimiter(sk.make(b), nil, newRules(b, benchRules)), set, nil, prometheus.NewRegistry())
+			svc, err := New(limit.NewLimiter(sk.Make(b), nil, newRules(b, benchRules)), set, nil, prometheus.NewRegistry())
 			if err != nil {
 				b.Fatal(err)
 			}

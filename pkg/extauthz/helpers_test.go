@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,10 +18,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/authn"
 	"github.com/tollgate-dev/tollgate/pkg/config"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
-	"github.com/tollgate-dev/tollgate/pkg/limit/redisstore"
 	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
-	"github.com/tollgate-dev/tollgate/test/redistest"
 )
 
 // t0 is on a 180 s boundary, the bucket width of an hour's sliding window,
@@ -96,26 +92,6 @@ func newRules(t testing.TB, yaml string) *limit.RuleSet {
 		t.Fatalf("rules: %v", err)
 	}
 	return rs
-}
-
-// storeKind makes a fresh store for one test.
-type storeKind struct {
-	name string
-	make func(t testing.TB) limit.Store
-}
-
-var storeKinds = []storeKind{
-	{"memstore", func(testing.TB) limit.Store { return memstore.New() }},
-	{"redis", func(t testing.TB) limit.Store {
-		srv := redistest.Start(t)
-		c, err := redisstore.NewClient(srv.URL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		s := redisstore.New(c)
-		t.Cleanup(func() { _ = s.Close() })
-		return s
-	}},
 }
 
 type harness struct {
@@ -199,33 +175,3 @@ func chatBody(model string, promptChars, maxTokens int) string {
 func bearer(key string) string { return "Bearer " + key }
 
 func hv(key, value string) *corev3.HeaderValueOption { return option(key, value) }
-
-// gather renders every counter as `name{labels}` -> value, and each
-// histogram as its `name_count`.
-func gather(t testing.TB, g prometheus.Gatherer) map[string]float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatalf("gather: %v", err)
-	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			var ls []string
-			for _, l := range m.GetLabel() {
-				ls = append(ls, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
-			}
-			name := mf.GetName()
-			if len(ls) > 0 {
-				name += "{" + strings.Join(ls, ",") + "}"
-			}
-			switch {
-			case m.GetCounter() != nil:
-				out[name] = m.GetCounter().GetValue()
-			case m.GetHistogram() != nil:
-				out[name+"_count"] = float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return out
-}

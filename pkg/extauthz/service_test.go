@@ -3,6 +3,7 @@ package extauthz
 import (
 	"context"
 	"errors"
+	"github.com/tollgate-dev/tollgate/test/testutil"
 	"strings"
 	"sync"
 	"testing"
@@ -245,8 +246,8 @@ func TestCheck(t *testing.T) {
 				`{"error":{"message":"No API key was provided. Send it as Authorization: Bearer \u003ckey\u003e.","type":"invalid_request_error","code":"missing_api_key"}}`),
 		},
 	}
-	for _, sk := range storeKinds {
-		t.Run(sk.name, func(t *testing.T) {
+	for _, sk := range testutil.StoreKinds {
+		t.Run(sk.Name, func(t *testing.T) {
 			t.Parallel()
 			for _, tt := range tests {
 				t.Run(tt.name, func(t *testing.T) {
@@ -255,7 +256,7 @@ func TestCheck(t *testing.T) {
 					if settings == "" {
 						settings = testSettings
 					}
-					h := newHarness(t, sk.make(t), newSettings(t, settings), nil)
+					h := newHarness(t, sk.Make(t), newSettings(t, settings), nil)
 					got := h.check(t, tt.give)
 					if diff := cmp.Diff(tt.want, got, protocmp.Transform()); diff != "" {
 						t.Errorf("Check (-want +got):\n%s", diff)
@@ -281,10 +282,10 @@ descriptors:
 // error shape and retry-after, and another tenant is unaffected.
 func TestCheckTokenBudget(t *testing.T) {
 	t.Parallel()
-	for _, sk := range storeKinds {
-		t.Run(sk.name, func(t *testing.T) {
+	for _, sk := range testutil.StoreKinds {
+		t.Run(sk.Name, func(t *testing.T) {
 			t.Parallel()
-			h := newHarness(t, sk.make(t), newSettings(t, testSettings), nil)
+			h := newHarness(t, sk.Make(t), newSettings(t, testSettings), nil)
 			req := checkRequest(chatBody("gpt-4o", 400, 900), "authorization", bearer(keyAcme))
 			for i := range 10 {
 				if resp := h.check(t, req); resp.GetOkResponse() == nil {
@@ -308,10 +309,10 @@ func TestCheckTokenBudget(t *testing.T) {
 			if resp := h.check(t, checkRequest(chatBody("gpt-4o", 400, 900), "authorization", bearer(keyFree))); resp.GetOkResponse() == nil {
 				t.Errorf("another tenant: %v", resp)
 			}
-			if got := gather(t, h.reg)[`tollgate_authz_checks_total{domain="ai",result="`+resultOverLimit+`",tier="none"}`]; got != 1 {
+			if got := testutil.Gather(t, h.reg)[`tollgate_authz_checks_total{domain="ai",result="`+resultOverLimit+`",tier="none"}`]; got != 1 {
 				t.Errorf("over_limit checks = %v, want 1", got)
 			}
-			if got := gather(t, h.reg)[`tollgate_authz_checks_total{domain="ai",result="`+resultOK+`",tier="none"}`]; got != 11 {
+			if got := testutil.Gather(t, h.reg)[`tollgate_authz_checks_total{domain="ai",result="`+resultOK+`",tier="none"}`]; got != 11 {
 				t.Errorf("ok checks = %v, want 11", got)
 			}
 		})
@@ -324,10 +325,10 @@ func TestCheckTokenBudget(t *testing.T) {
 // all 50 through.
 func TestCheckConcurrentReservations(t *testing.T) {
 	t.Parallel()
-	for _, sk := range storeKinds {
-		t.Run(sk.name, func(t *testing.T) {
+	for _, sk := range testutil.StoreKinds {
+		t.Run(sk.Name, func(t *testing.T) {
 			t.Parallel()
-			h := newHarness(t, sk.make(t), newSettings(t, testSettings), nil)
+			h := newHarness(t, sk.Make(t), newSettings(t, testSettings), nil)
 			req := checkRequest(chatBody("gpt-4o", 400, 900), "authorization", bearer(keyAcme))
 			var wg sync.WaitGroup
 			var mu sync.Mutex
@@ -363,7 +364,7 @@ func TestCheckStoreFailureIsUnavailable(t *testing.T) {
 	if status.Code(err) != codes.Unavailable || strings.Contains(err.Error(), "10.0.0.7") {
 		t.Errorf("Check = %v, want Unavailable without the store's error text", err)
 	}
-	if got := gather(t, h.reg)[`tollgate_authz_checks_total{domain="ai",result="`+resultError+`",tier="none"}`]; got != 1 {
+	if got := testutil.Gather(t, h.reg)[`tollgate_authz_checks_total{domain="ai",result="`+resultError+`",tier="none"}`]; got != 1 {
 		t.Errorf("error checks = %v, want 1", got)
 	}
 }
@@ -377,7 +378,7 @@ func TestCheckContextDomain(t *testing.T) {
 	if resp := h.check(t, req); resp.GetOkResponse() == nil {
 		t.Fatalf("Check = %v", resp)
 	}
-	if got := gather(t, h.reg)[`tollgate_authz_checks_total{domain="unknown",result="ok",tier="none"}`]; got != 1 {
+	if got := testutil.Gather(t, h.reg)[`tollgate_authz_checks_total{domain="unknown",result="ok",tier="none"}`]; got != 1 {
 		t.Errorf("ok checks in unknown domains = %v, want 1", got)
 	}
 }

@@ -2,6 +2,7 @@ package extauthz
 
 import (
 	"fmt"
+	"github.com/tollgate-dev/tollgate/test/testutil"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -61,10 +62,10 @@ func admitted(t *testing.T, h *harness, max int, kv ...string) (int, string) {
 // three times what a free key gets, and the headers say so.
 func TestCheckTiers(t *testing.T) {
 	t.Parallel()
-	for _, sk := range storeKinds {
-		t.Run(sk.name, func(t *testing.T) {
+	for _, sk := range testutil.StoreKinds {
+		t.Run(sk.Name, func(t *testing.T) {
 			t.Parallel()
-			h := newTierHarness(t, sk.make(t), newSettings(t, testSettings))
+			h := newTierHarness(t, sk.Make(t), newSettings(t, testSettings))
 			free, freeLimit := admitted(t, h, 40, "authorization", bearer(keyFree))
 			premium, premiumLimit := admitted(t, h, 40, "authorization", bearer(keyAcme))
 			if free != 10 || premium != 30 {
@@ -76,7 +77,7 @@ func TestCheckTiers(t *testing.T) {
 			if !strings.Contains(premiumLimit, `30000;w=3600;name="tenant_model_tokens"`) || !strings.Contains(premiumLimit, `3000;w=60;name="tenant_requests"`) {
 				t.Errorf("premium x-ratelimit-limit = %q, want the 30000 budget and 3000 requests", premiumLimit)
 			}
-			got := gather(t, h.reg)
+			got := testutil.Gather(t, h.reg)
 			for k, want := range map[string]float64{
 				`tollgate_authz_checks_total{domain="ai",result="ok",tier="free"}`:            10,
 				`tollgate_authz_checks_total{domain="ai",result="over_limit",tier="free"}`:    1,
@@ -116,7 +117,7 @@ estimate: {chars_per_token: 4, default_max_tokens: 100, max_body_bytes: 4096}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			h := newTierHarness(t, storeKinds[0].make(t), set)
+			h := newTierHarness(t, testutil.StoreKinds[0].Make(t), set)
 			if got, _ := admitted(t, h, 40, "x-tenant", "t-"+tt.name, "x-tier", tt.give); got != tt.want {
 				t.Errorf("admitted %d, want %d", got, tt.want)
 			}

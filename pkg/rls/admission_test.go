@@ -2,6 +2,7 @@ package rls
 
 import (
 	"context"
+	"github.com/tollgate-dev/tollgate/test/testutil"
 	"testing"
 	"time"
 
@@ -107,7 +108,7 @@ func TestMetricsAdmissionResults(t *testing.T) {
 			t.Fatal(err)
 		}
 		key := `tollgate_rls_decisions_total{domain="d",result="` + tt.want + `",rule="none",tier="free"}`
-		if got := gather(t, reg)[key]; got != 1 {
+		if got := testutil.Gather(t, reg)[key]; got != 1 {
 			t.Errorf("decisions{result=%s} = %v, want 1", tt.want, got)
 		}
 	}

@@ -3,6 +3,7 @@ package rls
 import (
 	"context"
 	"fmt"
+	"github.com/tollgate-dev/tollgate/test/testutil"
 	"testing"
 
 	commonrl "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -13,8 +14,6 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/config"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
-	"github.com/tollgate-dev/tollgate/pkg/limit/redisstore"
-	"github.com/tollgate-dev/tollgate/test/redistest"
 )
 
 // benchRules is a high sliding-window limit, so the benchmark measures the
@@ -61,16 +60,7 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 		make func(b *testing.B) limit.Store
 	}{
 		{"memstore", func(*testing.B) limit.Store { return memstore.New() }},
-		{"redis", func(b *testing.B) limit.Store {
-			srv := redistest.Start(b)
-			c, err := redisstore.NewClient(srv.URL())
-			if err != nil {
-				b.Fatal(err)
-			}
-			s := redisstore.New(c)
-			b.Cleanup(func() { _ = s.Close() })
-			return s
-		}},
+		{"redis", func(b *testing.B) limit.Store { return testutil.RedisStore(b) }},
 	}
 	for _, st := range stores {
 		for _, tenants := range []int{1, 10000} {

@@ -3,7 +3,7 @@ package rls
 import (
 	"context"
 	"errors"
-	"fmt"
+	"github.com/tollgate-dev/tollgate/test/testutil"
 	"math"
 	"strings"
 	"testing"
@@ -474,7 +474,7 @@ func TestMetrics(t *testing.T) {
 	f.store.err = errors.New("boom")
 	_, _ = f.svc.ShouldRateLimit(ctx, request("ai", 0, desc("tenant", "acme")))
 
-	got := gather(t, f.reg)
+	got := testutil.Gather(t, f.reg)
 	want := map[string]float64{
 		`tollgate_rls_decisions_total{domain="ai",result="ok",rule="tenant",tier="none"}`:                                              1,
 		`tollgate_rls_decisions_total{domain="ai",result="over_limit",rule="tenant",tier="none"}`:                                      1,
@@ -492,36 +492,6 @@ func TestMetrics(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("metrics (-want +got):\n%s", diff)
 	}
-}
-
-// gather renders every counter as `name{labels}` -> value, and each
-// histogram as its `name_count`.
-func gather(t testing.TB, g prometheus.Gatherer) map[string]float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatalf("gather: %v", err)
-	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			var ls []string
-			for _, l := range m.GetLabel() {
-				ls = append(ls, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
-			}
-			name := mf.GetName()
-			if len(ls) > 0 {
-				name += "{" + strings.Join(ls, ",") + "}"
-			}
-			switch {
-			case m.GetCounter() != nil:
-				out[name] = m.GetCounter().GetValue()
-			case m.GetHistogram() != nil:
-				out[name+"_count"] = float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return out
 }
 
 func TestNewRejectsDuplicateRegistration(t *testing.T) {

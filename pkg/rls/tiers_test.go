@@ -2,6 +2,7 @@ package rls
 
 import (
 	"context"
+	"github.com/tollgate-dev/tollgate/test/testutil"
 	"testing"
 	"time"
 
@@ -126,7 +127,7 @@ func TestMetricsTierLabel(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got := gather(t, f.reg)
+	got := testutil.Gather(t, f.reg)
 	for k, want := range map[string]float64{
 		`tollgate_rls_decisions_total{domain="ai",result="ok",rule="tenant",tier="premium"}`: 1,
 		`tollgate_rls_decisions_total{domain="ai",result="ok",rule="tenant",tier="free"}`:    2,

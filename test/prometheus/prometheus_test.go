@@ -5,10 +5,10 @@
 package prometheus
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tollgate-dev/tollgate/test/redistest"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -170,7 +170,7 @@ func spawn(t *testing.T, bin, conf, data string) (string, error) {
 		"--web.listen-address="+addr,
 		"--log.level=warn",
 	)
-	out := &tailBuffer{max: 8 << 10}
+	out := &redistest.TailBuffer{Max: 8 << 10}
 	cmd.Stdout, cmd.Stderr = out, out
 	setProcAttr(cmd)
 	if err := cmd.Start(); err != nil {
@@ -225,27 +225,4 @@ func waitReady(addr string, exited <-chan struct{}) error {
 		case <-tick.C:
 		}
 	}
-}
-
-// tailBuffer keeps the last max bytes written, for failure messages.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	buf bytes.Buffer
-}
-
-func (b *tailBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.buf.Write(p)
-	if over := b.buf.Len() - b.max; over > 0 {
-		b.buf.Next(over)
-	}
-	return len(p), nil
-}
-
-func (b *tailBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

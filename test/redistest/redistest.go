@@ -67,7 +67,7 @@ type Server struct {
 // process is one run of redis-server.
 type process struct {
 	cmd  *exec.Cmd
-	out  *tailBuffer
+	out  *TailBuffer
 	done chan struct{} // closed once the process has exited and been reaped
 }
 
@@ -193,7 +193,7 @@ func (s *Server) spawn() error {
 		return err
 	}
 	cmd := exec.Command("redis-server", args...)
-	out := &tailBuffer{max: 8 << 10}
+	out := &TailBuffer{Max: 8 << 10}
 	cmd.Stdout, cmd.Stderr = out, out
 	setProcAttr(cmd)
 	if err := cmd.Start(); err != nil {
@@ -312,24 +312,26 @@ func (s *Server) Restart() {
 	}
 }
 
-// tailBuffer keeps the last max bytes written to it.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	b   []byte
+// TailBuffer keeps the last Max bytes written to it, for a process's
+// output in failure messages; safe for concurrent use.
+type TailBuffer struct {
+	Max int
+
+	mu sync.Mutex
+	b  []byte
 }
 
-func (b *tailBuffer) Write(p []byte) (int, error) {
+func (b *TailBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.b = append(b.b, p...)
-	if over := len(b.b) - b.max; over > 0 {
-		b.b = b.b[over:]
+	if over := len(b.b) - b.Max; over > 0 {
+		b.b = append(b.b[:0], b.b[over:]...)
 	}
 	return len(p), nil
 }
 
-func (b *tailBuffer) String() string {
+func (b *TailBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return string(bytes.TrimSpace(b.b))

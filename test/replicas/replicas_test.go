@@ -288,7 +288,7 @@ func startReplica(t *testing.T, bin string, id int, redisURL, rulesPath string, 
 
 func tryStart(t *testing.T, bin string, id int, redisURL, rulesPath string, extra []string) (*replica, error) {
 	r := &replica{grpcAddr: freeAddr(t), adminAddr: freeAddr(t)}
-	log := &tailBuffer{max: 16 << 10}
+	log := &redistest.TailBuffer{Max: 16 << 10}
 	args := append([]string{"serve",
 		"--redis-url", redisURL,
 		"--config", rulesPath,
@@ -372,27 +372,4 @@ func freeAddr(t *testing.T) string {
 	addr := l.Addr().String()
 	_ = l.Close()
 	return addr
-}
-
-// tailBuffer keeps the last max bytes written to it; safe for concurrent use.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	b   []byte
-}
-
-func (b *tailBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.b = append(b.b, p...)
-	if over := len(b.b) - b.max; over > 0 {
-		b.b = append(b.b[:0], b.b[over:]...)
-	}
-	return len(p), nil
-}
-
-func (b *tailBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return string(b.b)
 }
