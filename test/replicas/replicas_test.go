@@ -340,7 +340,7 @@ func waitReady(ctx context.Context, adminAddr string, exited <-chan struct{}) er
 	url := "http://" + adminAddr + "/readyz"
 	tick := time.NewTicker(25 * time.Millisecond)
 	defer tick.Stop()
-	lastErr := errors.New("no answer yet")
+	var lastErr error
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		resp, err := http.DefaultClient.Do(req)

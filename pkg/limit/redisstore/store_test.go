@@ -290,7 +290,8 @@ func compare(t *testing.T, s limit.Store, seed uint64, decisions int, refunds bo
 	t.Helper()
 	r := rand.New(rand.NewPCG(seed, seed))
 	m := memstore.New()
-	latest, now := t0, t0
+	latest := t0
+	var now time.Time
 	var cs []limit.Charge
 	for d := range decisions {
 		if d > 0 && r.IntN(8) == 0 {
