@@ -16,6 +16,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/breaker"
 	"github.com/tollgate-dev/tollgate/pkg/config"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/limit/lease"
 	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
 	"github.com/tollgate-dev/tollgate/pkg/limit/overlimit"
 	"github.com/tollgate-dev/tollgate/pkg/limit/redisstore"
@@ -35,6 +36,7 @@ type serveFlags struct {
 	tls       tlsFlags
 	authz     authzFlags
 	pressure  pressureFlags
+	lease     leaseFlags
 }
 
 func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
@@ -50,6 +52,7 @@ func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
 	f.tls.register(fs)
 	f.authz.register(fs)
 	f.pressure.register(fs)
+	f.lease.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: tollgate serve [flags]\n\nEvery flag can also be set with TOLLGATE_<FLAG> (--grpc-addr: TOLLGATE_GRPC_ADDR); the flag wins.\n\n")
 		fs.PrintDefaults()
@@ -57,7 +60,7 @@ func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
 	if err := a.parseFlags(fs, args); err != nil {
 		return nil, err
 	}
-	for _, check := range []func() error{f.tls.check, f.pressure.check} {
+	for _, check := range []func() error{f.tls.check, f.pressure.check, f.lease.check} {
 		if err := check(); err != nil {
 			fmt.Fprintf(fs.Output(), "tollgate serve: %v\n", err)
 			return nil, errUsage
@@ -113,11 +116,23 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 	}
 	defer closeStore()
 	var local *overlimit.Store
+	var leases *lease.Store
 	if f.redisURL != "" {
-		// Keys known to be over their limit are answered here until they
-		// can admit again, without a Redis round trip (issue 5).
+		// Busy keys with high limits are admitted from leases, and keys
+		// known to be over their limit are denied, without a Redis round
+		// trip (issue 5). Leases sit outside the over-limit cache: a
+		// decision a lease admits must not be denied by a denial learnt
+		// before the lease, and the leases' refunds pass through the
+		// cache, which then forgets the keys they give room back to.
+		// The leases' rest goes back to Redis once the server has
+		// drained, before the client closes: hence not the serve
+		// context, which ends before draining starts.
 		local = overlimit.New(store, overlimit.Options{})
-		store = pingable{Store: local, ping: store.Ping}
+		var outer limit.Store
+		var stopLeases func()
+		leases, outer, stopLeases = f.lease.wrap(context.WithoutCancel(ctx), local, log)
+		defer stopLeases()
+		store = pingable{Store: outer, ping: store.Ping}
 	}
 	if a.wrapStore != nil {
 		store = a.wrapStore(store)
@@ -137,6 +152,11 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 			Name: "tollgate_store_local_denials_total",
 			Help: "Decisions denied without a store call because every key they charge was known to be over its limit.",
 		}, func() float64 { return float64(local.LocalDenials()) })); err != nil {
+			return err
+		}
+	}
+	if leases != nil {
+		if err := registerLeaseMetrics(reg, leases); err != nil {
 			return err
 		}
 	}
@@ -254,7 +274,7 @@ func (a *App) versionString() string {
 
 // pingable gives a decorated store its inner store's Ping.
 type pingable struct {
-	*overlimit.Store
+	limit.Store
 	ping func(context.Context) error
 }
 

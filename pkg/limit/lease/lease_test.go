@@ -1,0 +1,396 @@
+package lease_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/limit/lease"
+	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
+	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
+)
+
+var t0 = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
+
+// counting counts the calls that reach the shared store.
+type counting struct {
+	limit.Store
+	calls atomic.Int64
+}
+
+func (c *counting) Apply(ctx context.Context, now time.Time, charges []limit.Charge, res []limit.Result) (bool, error) {
+	c.calls.Add(1)
+	return c.Store.Apply(ctx, now, charges, res)
+}
+
+// admission is one admitted charge on one key, at true time ms.
+type admission struct {
+	at   int64
+	cost int64
+}
+
+// checkWindows fails when some interval the limit promises about held
+// more than its Amount: every interval of length Window for a sliding
+// window, every epoch-aligned window for a fixed one.
+func checkWindows(t *testing.T, c limit.Charge, log []admission) {
+	t.Helper()
+	W := c.Window.Milliseconds()
+	slices.SortFunc(log, func(a, b admission) int { return int(a.at - b.at) })
+	if c.Algorithm == limit.FixedWindow {
+		// Fixed windows are aligned to the Unix epoch, not to t0.
+		sums := map[int64]int64{}
+		for _, a := range log {
+			sums[(t0.UnixMilli()+a.at)/W] += a.cost
+		}
+		for w, n := range sums {
+			if uint64(n) > c.Amount {
+				t.Fatalf("%s: window starting at %d ms admitted %d > %d", c.Key, w*W-t0.UnixMilli(), n, c.Amount)
+			}
+		}
+		return
+	}
+	var sum int64
+	j := 0
+	for i := range log {
+		// sum holds the costs admitted in [log[i].at, log[i].at+W).
+		for j < len(log) && log[j].at < log[i].at+W {
+			sum += log[j].cost
+			j++
+		}
+		if uint64(sum) > c.Amount {
+			t.Fatalf("%s: the %d ms from %d ms admitted %d > %d", c.Key, W, log[i].at, sum, c.Amount)
+		}
+		sum -= log[i].cost
+	}
+}
+
+// TestNeverOverAdmits runs random schedules of decisions from several
+// replicas, each leasing from one shared store, with returns on time,
+// late or never, and checks every interval the limits promise about.
+func TestNeverOverAdmits(t *testing.T) {
+	t.Parallel()
+	for seed := range uint64(24) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			t.Parallel()
+			rng := rand.New(rand.NewPCG(seed, 7))
+			alg := limit.SlidingWindow
+			if seed%3 == 2 {
+				alg = limit.FixedWindow
+			}
+			limits := []limit.Charge{
+				{Key: "a", Algorithm: alg, Amount: uint64(100 + rng.IntN(400)), Window: time.Duration(200+rng.IntN(2000)) * time.Millisecond, Buckets: uint16(1 + rng.IntN(20))},
+				{Key: "b", Algorithm: limit.SlidingWindow, Amount: uint64(200 + rng.IntN(800)), Window: time.Duration(500+rng.IntN(3000)) * time.Millisecond},
+			}
+			shared := memstore.New()
+			replicas := make([]*lease.Store, 1+rng.IntN(4))
+			for i := range replicas {
+				replicas[i] = lease.New(shared, lease.Options{
+					MinAmount: 1,
+					Fraction:  []float64{0.05, 0.2, 0.5, 1}[rng.IntN(4)],
+					MaxLife:   time.Duration(20+rng.IntN(800)) * time.Millisecond,
+				})
+			}
+			logs := make([][]admission, len(limits))
+			now := int64(0)
+			ctx := context.Background()
+			var admitted int
+			for range 6000 {
+				now += int64(rng.IntN(4))
+				r := replicas[rng.IntN(len(replicas))]
+				switch rng.IntN(40) {
+				case 0:
+					r.ReturnAll(ctx, t0.Add(ms(now)))
+					continue
+				case 1, 2, 3, 4, 5, 6:
+					r.ReturnEnded(ctx, t0.Add(ms(now+int64(rng.IntN(3))*int64(rng.IntN(200)))))
+					continue
+				}
+				var charges []limit.Charge
+				var which []int
+				for i, l := range limits {
+					if rng.IntN(3) > 0 || (i == len(limits)-1 && len(charges) == 0) {
+						c := l
+						c.Cost = int64(rng.IntN(3)) // 0 is a check
+						charges = append(charges, c)
+						which = append(which, i)
+					}
+				}
+				res := make([]limit.Result, len(charges))
+				ok, err := r.Apply(ctx, t0.Add(ms(now)), charges, res)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !ok {
+					continue
+				}
+				admitted++
+				for k, c := range charges {
+					if !res[k].Fits {
+						t.Fatalf("admitted with a charge that does not fit: %+v", res)
+					}
+					if c.Cost > 0 {
+						logs[which[k]] = append(logs[which[k]], admission{now, c.Cost})
+					}
+				}
+			}
+			for i, l := range limits {
+				checkWindows(t, l, logs[i])
+			}
+			if admitted < 500 {
+				t.Fatalf("only %d decisions admitted: the schedule tests little", admitted)
+			}
+		})
+	}
+}
+
+// TestFewStoreCalls: a steady 1,000 decisions/s on a 100,000/min limit,
+// as one of three replicas would see it, asks the store for a small
+// fraction of the decisions, and admits them all.
+func TestFewStoreCalls(t *testing.T) {
+	t.Parallel()
+	inner := &counting{Store: memstore.New()}
+	s := lease.New(inner, lease.Options{})
+	c := limit.Charge{Key: "tenant", Algorithm: limit.SlidingWindow, Amount: 100_000, Window: time.Minute, Cost: 1}
+	ctx := context.Background()
+	const n = 20_000
+	for i := range n {
+		now := t0.Add(ms(int64(i)))
+		if i%5 == 0 {
+			s.ReturnEnded(ctx, now)
+		}
+		res := make([]limit.Result, 1)
+		ok, err := s.Apply(ctx, now, []limit.Charge{c}, res)
+		if err != nil || !ok {
+			t.Fatalf("decision %d: admitted %v, err %v", i, ok, err)
+		}
+	}
+	st := s.Stats()
+	perDecision := float64(inner.calls.Load()) / n
+	t.Logf("store calls %d for %d decisions (%.4f each); %+v", inner.calls.Load(), n, perDecision, st)
+	if perDecision > 0.05 {
+		t.Errorf("%.4f store calls per decision, want <= 0.05", perDecision)
+	}
+	if st.Local < n*9/10 {
+		t.Errorf("%d decisions admitted locally, want >= 90%%", st.Local)
+	}
+}
+
+// TestSharesTheLimit: three replicas asking far more than the limit admit
+// close to it, and never more.
+func TestSharesTheLimit(t *testing.T) {
+	t.Parallel()
+	shared := &counting{Store: memstore.New()}
+	c := limit.Charge{Key: "tenant", Algorithm: limit.SlidingWindow, Amount: 3000, Window: time.Second, Cost: 1}
+	var replicas [3]*lease.Store
+	for i := range replicas {
+		replicas[i] = lease.New(shared, lease.Options{MinAmount: 1})
+	}
+	ctx := context.Background()
+	var log []admission
+	const span = 10_000 // ms
+	for now := int64(0); now < span; now++ {
+		for _, r := range replicas {
+			r.ReturnEnded(ctx, t0.Add(ms(now)))
+			for range 2 { // 6,000/s asked of a 3,000/s limit
+				res := make([]limit.Result, 1)
+				if ok, _ := r.Apply(ctx, t0.Add(ms(now)), []limit.Charge{c}, res); ok {
+					log = append(log, admission{now, 1})
+				}
+			}
+		}
+	}
+	checkWindows(t, c, log)
+	// A steady sliding window of N buckets admits N/(N+1) of its limit;
+	// leases may strand a little more of it.
+	want := int(float64(c.Amount) * span / 1000 * 20 / 21 * 0.9)
+	t.Logf("admitted %d over %d ms (limit %d/s); store calls %d", len(log), span, c.Amount, shared.calls.Load())
+	if len(log) < want {
+		t.Errorf("admitted %d, want >= %d", len(log), want)
+	}
+}
+
+// TestReturnAllGivesRoomBack: what a replica leased and did not use is
+// room again for the others once it shuts down.
+func TestReturnAllGivesRoomBack(t *testing.T) {
+	t.Parallel()
+	shared := memstore.New()
+	s := lease.New(shared, lease.Options{MinAmount: 1, Fraction: 1})
+	c := limit.Charge{Key: "k", Algorithm: limit.SlidingWindow, Amount: 1000, Window: time.Minute, Cost: 1}
+	ctx := context.Background()
+	now := t0
+	res := make([]limit.Result, 1)
+	for range 3 {
+		if ok, err := s.Apply(ctx, now, []limit.Charge{c}, res); !ok || err != nil {
+			t.Fatalf("admitted %v, err %v", ok, err)
+		}
+	}
+	if res[0].Remaining != 997 {
+		t.Errorf("Remaining = %d, want 997 (the lease is still room)", res[0].Remaining)
+	}
+	if got := remaining(t, shared, now, c); got >= 997 {
+		t.Fatalf("the shared store has %d left: no lease was taken", got)
+	}
+	s.ReturnAll(ctx, now.Add(time.Millisecond))
+	if got := remaining(t, shared, now.Add(time.Millisecond), c); got != 997 {
+		t.Errorf("after ReturnAll the shared store has %d left, want 997", got)
+	}
+	if st := s.Stats(); st.Returned == 0 || st.Dropped != 0 {
+		t.Errorf("stats %+v, want units returned and none dropped", st)
+	}
+	// An ended lease admits nothing more: the next decision asks the store.
+	inner := &counting{Store: shared}
+	s2 := lease.New(inner, lease.Options{MinAmount: 1})
+	_, _ = s2.Apply(ctx, now, []limit.Charge{c}, res)
+	s2.ReturnAll(ctx, now)
+	before := inner.calls.Load()
+	_, _ = s2.Apply(ctx, now, []limit.Charge{c}, res)
+	if inner.calls.Load() == before {
+		t.Error("a decision after ReturnAll was admitted from an ended lease")
+	}
+}
+
+func remaining(t *testing.T, s limit.Store, now time.Time, c limit.Charge) uint64 {
+	t.Helper()
+	c.Cost = 0
+	res := make([]limit.Result, 1)
+	if _, err := s.Apply(context.Background(), now, []limit.Charge{c}, res); err != nil {
+		t.Fatal(err)
+	}
+	return res[0].Remaining
+}
+
+// TestPassesThrough: what must not be leased reaches the store every
+// time.
+func TestPassesThrough(t *testing.T) {
+	t.Parallel()
+	big := limit.Charge{Key: "k", Algorithm: limit.SlidingWindow, Amount: 1_000_000, Window: time.Minute, Cost: 1}
+	small := big
+	small.Amount = 999
+	tb := big
+	tb.Algorithm = limit.TokenBucket
+	shadow := big
+	shadow.Shadow = true
+	forced := big
+	forced.Force = true
+	refund := big
+	refund.Cost = -1
+	conc := limit.Charge{Key: "c", Algorithm: limit.Concurrency, Amount: 10, Window: time.Minute, Cost: 1, Member: "m"}
+	tests := []struct {
+		name string
+		give []limit.Charge
+	}{
+		{"below MinAmount", []limit.Charge{small}},
+		{"token bucket", []limit.Charge{tb}},
+		{"shadow", []limit.Charge{shadow}},
+		{"force", []limit.Charge{forced}},
+		{"refund", []limit.Charge{refund}},
+		{"concurrency beside a leasable charge", []limit.Charge{big, conc}},
+		{"key twice", []limit.Charge{big, big}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			inner := &counting{Store: memstore.New()}
+			s := lease.New(inner, lease.Options{})
+			for i := range 10 {
+				res := make([]limit.Result, len(tt.give))
+				if _, err := s.Apply(context.Background(), t0.Add(ms(int64(i))), tt.give, res); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := inner.calls.Load(); got != 10 {
+				t.Errorf("%d store calls for 10 decisions, want 10", got)
+			}
+			if st := s.Stats(); st.Granted != 0 {
+				t.Errorf("granted %d leases", st.Granted)
+			}
+		})
+	}
+}
+
+// TestLimitChange: a lease taken under one Amount is not spent under
+// another (a plan or pressure change), and is given back.
+func TestLimitChange(t *testing.T) {
+	t.Parallel()
+	inner := &counting{Store: memstore.New()}
+	s := lease.New(inner, lease.Options{MinAmount: 1})
+	c := limit.Charge{Key: "k", Algorithm: limit.SlidingWindow, Amount: 3000, Window: time.Minute, Cost: 1}
+	ctx := context.Background()
+	res := make([]limit.Result, 1)
+	_, _ = s.Apply(ctx, t0, []limit.Charge{c}, res)
+	_, _ = s.Apply(ctx, t0, []limit.Charge{c}, res)
+	if got := inner.calls.Load(); got != 1 {
+		t.Fatalf("%d store calls, want 1 (the second from the lease)", got)
+	}
+	shed := c
+	shed.Amount = 1000
+	_, _ = s.Apply(ctx, t0, []limit.Charge{shed}, res)
+	if got := inner.calls.Load(); got != 2 {
+		t.Fatalf("%d store calls, want 2: a lease under 3000 answered a limit of 1000", got)
+	}
+	s.ReturnEnded(ctx, t0.Add(time.Millisecond))
+	if st := s.Stats(); st.Returned == 0 {
+		t.Errorf("the lease under the old limit was not given back: %+v", st)
+	}
+}
+
+// TestDeniedByExtraRetries: near the limit, a decision whose own cost
+// fits is admitted although the lease it asked for does not fit.
+func TestDeniedByExtraRetries(t *testing.T) {
+	t.Parallel()
+	shared := memstore.New()
+	c := limit.Charge{Key: "k", Algorithm: limit.FixedWindow, Amount: 100, Window: time.Minute, Cost: 1}
+	ctx := context.Background()
+	res := make([]limit.Result, 1)
+	fill := c
+	fill.Cost = 99
+	if ok, _ := shared.Apply(ctx, t0, []limit.Charge{fill}, res); !ok {
+		t.Fatal("fill")
+	}
+	s := lease.New(shared, lease.Options{MinAmount: 1, Fraction: 1})
+	ok, err := s.Apply(ctx, t0, []limit.Charge{c}, res)
+	if err != nil || !ok {
+		t.Fatalf("the last unit was refused: admitted %v, err %v, res %+v", ok, err, res)
+	}
+	if ok, _ := s.Apply(ctx, t0, []limit.Charge{c}, res); ok {
+		t.Fatal("admitted past the limit")
+	}
+}
+
+// TestConformance: with the default options nothing the suite charges is
+// leased, and the decorator changes no answer.
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	storetest.Run(t, func(testing.TB) limit.Store {
+		return lease.New(memstore.New(), lease.Options{MinAmount: 1 << 62})
+	})
+}
+
+// TestRunReturnsAndStops: Run gives ended leases back as it goes and all
+// of them when its context ends, then returns.
+func TestRunReturnsAndStops(t *testing.T) {
+	t.Parallel()
+	shared := memstore.New()
+	clock := storetest.NewFakeClock(t0)
+	s := lease.New(shared, lease.Options{MinAmount: 1, Fraction: 1, Clock: clock})
+	c := limit.Charge{Key: "k", Algorithm: limit.SlidingWindow, Amount: 1000, Window: time.Minute, Cost: 1}
+	res := make([]limit.Result, 1)
+	if ok, _ := s.Apply(context.Background(), t0, []limit.Charge{c}, res); !ok {
+		t.Fatal("refused")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	cancel()
+	<-done
+	if got := remaining(t, shared, t0, c); got != 999 {
+		t.Errorf("after Run stopped the store has %d left, want 999", got)
+	}
+}
+
+func ms(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
