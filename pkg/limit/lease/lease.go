@@ -16,8 +16,8 @@
 //
 // A unit admitted from a lease was counted by the store before it was
 // admitted, in the bucket of the grant. A lease ends before the bucket it
-// was granted in ends (by this replica's clock, with a guard of a quarter
-// of the bucket, at most 100 ms), so every local admission happens inside
+// was granted in ends (by this replica's clock, with a guard of an eighth
+// of the bucket, at least 5 and at most 100 ms), so every local admission happens inside
 // the bucket that counts it, or an earlier one when the store's high-water
 // bucket was ahead: the store counted it for at least as long as a
 // direct charge would have been. The sum the store sees is therefore
@@ -29,7 +29,7 @@
 // for a fixed window, from that window). A refund that cannot be sent in
 // time is dropped: those units stay spent until their bucket leaves the
 // window, which can only refuse more, never admit more. This assumes the
-// replicas' clocks agree within half the guard (12-50 ms), the same
+// replicas' clocks agree within half the guard (2.5-50 ms), the same
 // assumption the store's high-water buckets make.
 //
 // # What is leased
@@ -72,10 +72,15 @@ const (
 	firstLease = 16
 	// idleAfter is how long a key's sizing is remembered with no lease.
 	idleAfter = 10 * time.Second
+	// maxWaits bounds how many refills of a key a decision waits for.
+	maxWaits = 8
 	// returnBatch bounds the refunds sent in one store call.
 	returnBatch = 64
 	// returnTimeout bounds one store call that gives units back.
 	returnTimeout = time.Second
+	// returnTick is how often Run looks for ended leases: well within
+	// the half guard (at least 2.5 ms) a refund has to reach the store.
+	returnTick = 2 * time.Millisecond
 )
 
 const shardCount = 64
@@ -156,6 +161,11 @@ type entry struct {
 	// replica's lease; seen is when (Unix ms).
 	room uint64
 	seen int64
+	// rate is the units per ms the key's last lease was spent at.
+	rate float64
+	// refill is closed when the store call asking for the key's next
+	// lease returns; nil when none is under way.
+	refill chan struct{}
 }
 
 func (e *entry) sameLimit(c *limit.Charge) bool {
@@ -234,6 +244,7 @@ func (s *Store) shardOf(key string) *shard {
 type scratch struct {
 	charges []limit.Charge
 	extra   []int64
+	marks   []chan struct{}
 }
 
 // Apply admits a decision from leases when it can, and otherwise asks
@@ -243,22 +254,35 @@ func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge
 	if !retryable(charges) {
 		return s.inner.Apply(ctx, now, charges, res)
 	}
-	if s.admitLocally(nowMs, charges, res) {
-		s.local.Add(1)
-		return true, nil
-	}
 	sc := s.scratch.Get().(*scratch)
 	defer s.scratch.Put(sc)
-	sc.charges = append(sc.charges[:0], charges...)
-	sc.extra = sc.extra[:0]
-	asked := false
-	for i := range sc.charges {
-		x := s.extraFor(nowMs, charges, i)
-		sc.extra = append(sc.extra, x)
-		if x > 0 {
-			sc.charges[i].Cost += x
-			asked = true
+	// Many decisions find a lease used up at once. One asks the store for
+	// the next; the others wait for its answer rather than each taking a
+	// lease of their own, a store call each. A lease too small for all
+	// of them leaves some to wait for the next; after a few rounds they
+	// ask the store themselves.
+	for wait := 0; ; wait++ {
+		if s.admitLocally(nowMs, charges, res) {
+			s.local.Add(1)
+			return true, nil
 		}
+		busy := s.prepare(nowMs, charges, sc, wait < maxWaits)
+		if busy == nil {
+			break
+		}
+		select {
+		case <-busy:
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+	}
+	defer func() {
+		s.release(charges, sc.marks)
+		clear(sc.marks)
+	}()
+	asked := false
+	for _, x := range sc.extra {
+		asked = asked || x > 0
 	}
 	if !asked {
 		admitted, err := s.inner.Apply(ctx, now, charges, res)
@@ -299,6 +323,28 @@ func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge
 		s.observe(nowMs, charges, res, nil)
 	}
 	return admitted, err
+}
+
+// prepare fills sc with the decision's charges, each with the lease it
+// asks for, and marks the keys it asks for as being refilled. When another
+// decision is refilling one of them and wait is true, it takes nothing
+// and returns that decision's mark, to wait for.
+func (s *Store) prepare(now int64, charges []limit.Charge, sc *scratch, wait bool) (busy chan struct{}) {
+	sc.charges = append(sc.charges[:0], charges...)
+	sc.extra, sc.marks = sc.extra[:0], sc.marks[:0]
+	for i := range sc.charges {
+		x, mark, other := s.extraFor(now, charges, i)
+		if other != nil && wait {
+			s.release(charges, sc.marks)
+			clear(sc.marks)
+			sc.marks = sc.marks[:0]
+			return other
+		}
+		sc.extra = append(sc.extra, x)
+		sc.marks = append(sc.marks, mark)
+		sc.charges[i].Cost += x
+	}
+	return nil
 }
 
 // retryable reports whether a decision keeps nothing when denied, so it
@@ -357,6 +403,7 @@ func (s *Store) admitLocally(now int64, charges []limit.Charge, res []limit.Resu
 		if g.balance == 0 {
 			// Used up before it ended: the next lease may be larger.
 			e.next = max(e.next, 2*g.size)
+			e.rate = float64(g.size) / float64(max(1, now-g.at))
 		}
 		res[i] = limit.Result{Fits: true, Remaining: min(c.Amount, g.room+uint64(g.balance)), ResetAfter: ms(max(0, g.reset-now))}
 		sh.mu.Unlock()
@@ -381,41 +428,78 @@ func (s *Store) undo(charges []limit.Charge, taken []*grant) {
 }
 
 // extraFor returns the lease charge i of a retryable decision asks for.
-func (s *Store) extraFor(now int64, charges []limit.Charge, i int) int64 {
+// When it asks, and no other decision is asking for the key already, it
+// marks the key as being refilled and returns the mark, for release.
+func (s *Store) extraFor(now int64, charges []limit.Charge, i int) (x int64, mark, other chan struct{}) {
 	c := &charges[i]
 	if c.Cost <= 0 || !s.leasable(charges, i) {
-		return 0
+		return 0, nil, nil
 	}
-	if end, _ := s.bounds(c, now); end <= now {
-		return 0 // too close to the bucket's end to be spent
-	}
+	end, _, tail := s.bounds(c, now)
 	sh := s.shardOf(c.Key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.m[c.Key]
 	want, room := int64(firstLease), c.Amount
-	if e != nil && e.sameLimit(c) {
+	switch {
+	case e != nil && e.sameLimit(c):
 		want = max(e.next, 1)
+		if tail {
+			// What the key used per ms, for the time left, and a quarter.
+			want = int64(e.rate*float64(end-now)*1.25) + 1
+		}
 		if now-e.seen < s.opts.MaxLife.Milliseconds() {
 			room = e.room
 		}
-	} else if e == nil && len(sh.m) >= s.perShard {
-		return 0
+	case tail:
+		return 0, nil, nil // no use seen yet to size a tail lease by
+	case e == nil && len(sh.m) >= s.perShard:
+		return 0, nil, nil
 	}
 	if uint64(c.Cost) >= room {
-		return 0
+		return 0, nil, nil
 	}
-	cap := int64(s.opts.Fraction * float64(room-uint64(c.Cost)))
-	return max(0, min(want, cap))
+	x = max(0, min(want, int64(s.opts.Fraction*float64(room-uint64(c.Cost)))))
+	switch {
+	case x == 0 || e == nil || !e.sameLimit(c):
+	case e.refill != nil:
+		other = e.refill
+	default:
+		mark = make(chan struct{})
+		e.refill = mark
+	}
+	return x, mark, other
+}
+
+// release clears the refill marks taken for charges.
+func (s *Store) release(charges []limit.Charge, marks []chan struct{}) {
+	for i, mark := range marks {
+		if mark == nil {
+			continue
+		}
+		sh := s.shardOf(charges[i].Key)
+		sh.mu.Lock()
+		if e := sh.m[charges[i].Key]; e != nil && e.refill == mark {
+			e.refill = nil
+		}
+		sh.mu.Unlock()
+		close(mark)
+	}
 }
 
 // bounds returns when a lease granted at now on c's key must stop being
 // spent, and the instant before which its rest may still be given back.
-func (s *Store) bounds(c *limit.Charge, now int64) (end, by int64) {
+// In the bucket's last guard a lease is spent up to the bucket's end and
+// never given back (tail): its rest could no longer reach the store in
+// time, so it is sized to what the key has been using.
+func (s *Store) bounds(c *limit.Charge, now int64) (end, by int64, tail bool) {
 	w := bucketWidth(c)
 	bucketEnd := (floorDiv(now, w) + 1) * w
-	guard := max(1, min(w/4, 100))
-	return min(now+s.opts.MaxLife.Milliseconds(), bucketEnd-guard), bucketEnd - guard/2
+	guard := max(5, min(w/8, 100))
+	if now >= bucketEnd-guard {
+		return bucketEnd, 0, true
+	}
+	return min(now+s.opts.MaxLife.Milliseconds(), bucketEnd-guard), bucketEnd - guard/2, false
 }
 
 // observe records what the store said about each leasable charge of an
@@ -460,7 +544,7 @@ func (s *Store) observe(now int64, charges []limit.Charge, res []limit.Result, e
 func (s *Store) grant(e *entry, c *limit.Charge, now, x int64, r limit.Result) {
 	s.granted.Add(1)
 	s.grantedUnits.Add(uint64(x))
-	end, by := s.bounds(c, now)
+	end, by, _ := s.bounds(c, now)
 	reset := now + r.ResetAfter.Milliseconds()
 	if g := e.cur; g != nil && !g.ended && now < g.end && floorDiv(g.at, bucketWidth(c)) == floorDiv(now, bucketWidth(c)) {
 		// Same bucket: one lease, returned at one At.
@@ -495,7 +579,7 @@ func (s *Store) endNow(g *grant) {
 // it ends every lease and gives back what is left (a replica shutting
 // down returns its room to the others). It returns when that is done.
 func (s *Store) Run(ctx context.Context) {
-	t := time.NewTicker(5 * time.Millisecond)
+	t := time.NewTicker(returnTick)
 	defer t.Stop()
 	lastSweep := time.Time{}
 	for {
@@ -568,6 +652,9 @@ func (s *Store) end(g *grant) int64 {
 			// Ended with units left: ask next time for what was used, and
 			// a quarter more.
 			e.next = max(1, used+used/4)
+			if g.end > g.at {
+				e.rate = float64(used) / float64(g.end-g.at)
+			}
 		}
 	}
 	return bal

@@ -394,3 +394,54 @@ func TestRunReturnsAndStops(t *testing.T) {
 }
 
 func ms(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
+
+// slow makes every store call take a while, as a Redis round trip does.
+type slow struct {
+	counting
+	delay time.Duration
+}
+
+func (s *slow) Apply(ctx context.Context, now time.Time, charges []limit.Charge, res []limit.Result) (bool, error) {
+	time.Sleep(s.delay)
+	return s.counting.Apply(ctx, now, charges, res)
+}
+
+// TestUsedUpLeaseOneCall: when many concurrent decisions find the lease
+// used up at once, one store call refills it for all of them.
+func TestUsedUpLeaseOneCall(t *testing.T) {
+	t.Parallel()
+	inner := &slow{counting: counting{Store: memstore.New()}, delay: 2 * time.Millisecond}
+	s := lease.New(inner, lease.Options{})
+	c := limit.Charge{Key: "tenant", Algorithm: limit.SlidingWindow, Amount: 1_000_000_000, Window: time.Hour, Cost: 1}
+	ctx := context.Background()
+	res := make([]limit.Result, 1)
+	if ok, _ := s.Apply(ctx, t0, []limit.Charge{c}, res); !ok { // the key's first lease
+		t.Fatal("refused")
+	}
+	const workers, each = 50, 200
+	errs := make(chan error, workers)
+	for range workers {
+		go func() {
+			res := make([]limit.Result, 1)
+			for range each {
+				if ok, err := s.Apply(ctx, t0, []limit.Charge{c}, res); !ok || err != nil {
+					errs <- fmt.Errorf("admitted %v, err %v", ok, err)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range workers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := inner.calls.Load()
+	t.Logf("%d store calls for %d decisions; %+v", calls, workers*each+1, s.Stats())
+	// Doubling from 16 to cover 10,000 decisions takes about 10 grants;
+	// without waiting, each used-up lease would cost up to 50 calls.
+	if calls > 40 {
+		t.Errorf("%d store calls, want <= 40", calls)
+	}
+}
