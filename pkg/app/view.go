@@ -76,6 +76,7 @@ type breakerView struct {
 	CloseAfter       uint64 `json:"close_after"`
 	ProbeLease       string `json:"probe_lease"`
 	Timeout          string `json:"timeout,omitempty"`
+	Cache            string `json:"cache"`
 }
 
 func newBreakerViews(bs []limit.BreakerConfig) []breakerView {
@@ -85,7 +86,7 @@ func newBreakerViews(bs []limit.BreakerConfig) []breakerView {
 			b = full
 		}
 		v := breakerView{Key: b.Key, FailureThreshold: b.FailureThreshold, Window: b.Window.String(), OpenFor: b.OpenFor.String(),
-			HalfOpenProbes: b.HalfOpenProbes, CloseAfter: b.CloseAfter, ProbeLease: b.ProbeLease.String()}
+			HalfOpenProbes: b.HalfOpenProbes, CloseAfter: b.CloseAfter, ProbeLease: b.ProbeLease.String(), Cache: b.Cache.String()}
 		if b.Timeout > 0 {
 			v.Timeout = b.Timeout.String()
 		}

@@ -31,9 +31,12 @@
 // Every state is in the Store (memstore, or Redis with one small Lua
 // script per operation and one hash-tagged key per breaker), so failures
 // reported to one replica open the breaker for every replica at their next
-// decision. The cost: Allow is one store round trip per decision, closed
-// breakers included (a read, no write). Folding that read into the
-// decision's own limit script is the planned optimisation.
+// decision. A replica answers from the closed
+// state it last read for Config.Cache (100 ms by default), and from an
+// open state until its period ends, with no store call: a busy closed
+// breaker costs each replica one store read per Cache, not one per
+// decision, and a breaker opened elsewhere reaches this replica within
+// Cache. Half-open breakers ask the store every time.
 //
 // A breaker that is open or half-open and sees no write for Retain is
 // forgotten (it is closed again): this bounds the store's memory whatever

@@ -210,3 +210,77 @@ func TestBreakerRejectsLongNames(t *testing.T) {
 		t.Fatalf("Allow: %v, want ErrInvalid", err)
 	}
 }
+
+// countingBreakers counts the Allow calls that reach the store.
+type countingBreakers struct {
+	breaker.Store
+	allows int
+}
+
+func (c *countingBreakers) Allow(ctx context.Context, now time.Time, key string, p breaker.Params) (breaker.Verdict, breaker.Transition, error) {
+	c.allows++
+	return c.Store.Allow(ctx, now, key, p)
+}
+
+// TestBreakerCache: a replica answers a closed breaker from its last read
+// for Cache, an open one until its period ends, and a half-open one never;
+// a breaker opened on another replica is seen once Cache has passed.
+func TestBreakerCache(t *testing.T) {
+	t.Parallel()
+	shared := memstore.NewBreakers()
+	store := &countingBreakers{Store: shared}
+	ctx := context.Background()
+	c := cfg()
+	c.Cache = 250 * time.Millisecond
+	b, err := breaker.New(c, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, _ := breaker.New(c, shared)
+	allow := func(at time.Duration) breaker.Verdict {
+		t.Helper()
+		v, err := b.Allow(ctx, t0.Add(at), "gpt-4o")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	wantCalls := func(n int) {
+		t.Helper()
+		if store.allows != n {
+			t.Fatalf("%d store reads, want %d", store.allows, n)
+		}
+	}
+	allow(0)
+	allow(100 * time.Millisecond)
+	allow(249 * time.Millisecond)
+	wantCalls(1)
+	// Opened elsewhere: still answered closed until the read is Cache old.
+	fail := breaker.Outcome{Status: 502, Upstream: "gpu", Name: "gpt-4o"}
+	for range 2 {
+		if err := other.Observe(ctx, t0.Add(249*time.Millisecond), fail); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v := allow(249 * time.Millisecond); !v.Allowed {
+		t.Fatalf("denied from a fresh closed read: %+v", v)
+	}
+	if v := allow(250 * time.Millisecond); v.Allowed || v.State != breaker.Open {
+		t.Fatalf("after Cache the open breaker is not seen: %+v", v)
+	}
+	wantCalls(2)
+	// Open until 249ms+30s: answered locally, with the time left.
+	if v := allow(10 * time.Second); v.Allowed || v.RetryAfter != 20249*time.Millisecond {
+		t.Fatalf("open breaker answered %+v, want denied for 20.249s", v)
+	}
+	wantCalls(2)
+	// Half-open: the store hands out the probe, and counts every ask.
+	half := 30*time.Second + 249*time.Millisecond
+	if v := allow(half); !v.Probe {
+		t.Fatalf("no probe after the open period: %+v", v)
+	}
+	if v := allow(half); v.Allowed {
+		t.Fatalf("a second probe while the first is out: %+v", v)
+	}
+	wantCalls(4)
+}

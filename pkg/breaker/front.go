@@ -30,6 +30,9 @@ type Breaker struct {
 type seen struct {
 	state atomic.Uint32
 	until atomic.Int64 // Unix ms, when state is Open
+	// read is when a Closed state was read from the store (Unix ms), 0
+	// when it was not: Allow trusts it for Config.Cache.
+	read atomic.Int64
 }
 
 // New returns the Breaker of cfg on store, with cfg's defaults filled.
@@ -47,12 +50,17 @@ func New(cfg Config, store Store) (*Breaker, error) {
 // Config returns the configuration, defaults filled.
 func (b *Breaker) Config() Config { return b.cfg }
 
-// Allow decides whether a request to the upstream name may go: one store
-// call. An empty name (the descriptor has no such entry) is allowed
-// without one.
+// Allow decides whether a request to the upstream name may go. It asks
+// the store, except when this replica read name closed less than
+// Config.Cache ago, or knows it open until after now: then it answers
+// alone. An empty name (the descriptor has no such entry) is allowed
+// without a store call.
 func (b *Breaker) Allow(ctx context.Context, now time.Time, name string) (Verdict, error) {
 	if name == "" {
 		return Verdict{Allowed: true}, nil
+	}
+	if v, ok := b.cached(now.UnixMilli(), name); ok {
+		return v, nil
 	}
 	if err := checkName(name); err != nil {
 		return Verdict{}, err
@@ -66,8 +74,33 @@ func (b *Breaker) Allow(ctx context.Context, now time.Time, name string) (Verdic
 	if v.State == Open {
 		until = now.Add(v.RetryAfter).UnixMilli()
 	}
-	b.see(name, v.State, until)
+	b.seeRead(name, v.State, until, now.UnixMilli())
 	return v, nil
+}
+
+// cached answers Allow from what this replica last saw of name, when
+// that still holds: a closed state read from the store less than Cache
+// ago (another replica may have opened it since; Cache bounds how long
+// this one lags), or an open state whose period has not ended (only
+// time moves an open breaker). A half-open breaker hands out probe slots,
+// which only the store can count.
+func (b *Breaker) cached(now int64, name string) (Verdict, bool) {
+	v, ok := b.tracked.Load(name)
+	if !ok {
+		return Verdict{}, false
+	}
+	e := v.(*seen)
+	switch State(e.state.Load()) {
+	case Closed:
+		if read := e.read.Load(); read != 0 && now >= read && now-read < b.cfg.Cache.Milliseconds() {
+			return Verdict{Allowed: true, State: Closed}, true
+		}
+	case Open:
+		if until := e.until.Load(); now < until {
+			return Verdict{State: Open, RetryAfter: time.Duration(until-now) * time.Millisecond}, true
+		}
+	}
+	return Verdict{}, false
 }
 
 // Record takes the outcome of a request to name; probeID is the
@@ -124,7 +157,7 @@ func (b *Breaker) State(ctx context.Context, now time.Time, name string) (Status
 	if st.State == Open {
 		until = st.OpenUntil.UnixMilli()
 	}
-	b.see(name, st.State, until)
+	b.seeRead(name, st.State, until, now.UnixMilli())
 	return st, nil
 }
 
@@ -143,14 +176,25 @@ func (b *Breaker) count(tr Transition) {
 	}
 }
 
-// see notes name's state. Known names cost a lock-free load; a new name
-// takes the lock, and once MaxTracked names are kept it gets in only when
-// it is not closed and a closed one can make room.
-func (b *Breaker) see(name string, st State, until int64) {
+// see notes name's state, learnt other than by reading it (a transition
+// this replica's Record made), so Allow does not answer a closed state
+// from it.
+func (b *Breaker) see(name string, st State, until int64) { b.seeRead(name, st, until, 0) }
+
+// seeRead notes name's state, read from the store at read (Unix ms; 0:
+// not a read). Known names cost a lock-free load; a new name takes the
+// lock, and once MaxTracked names are kept it gets in only when it is not
+// closed and a closed one can make room.
+func (b *Breaker) seeRead(name string, st State, until, read int64) {
+	if st != Closed {
+		read = 0
+	}
 	if v, ok := b.tracked.Load(name); ok {
 		e := v.(*seen)
+		e.read.Store(0) // no answer from a half-written entry
 		e.until.Store(until)
 		e.state.Store(uint32(st))
+		e.read.Store(read)
 		return
 	}
 	if st == Closed && b.n.Load() >= MaxTracked {
@@ -168,6 +212,7 @@ func (b *Breaker) see(name string, st State, until int64) {
 	e := new(seen)
 	e.until.Store(until)
 	e.state.Store(uint32(st))
+	e.read.Store(read)
 	if _, loaded := b.tracked.LoadOrStore(name, e); !loaded {
 		b.n.Add(1)
 	}

@@ -55,6 +55,7 @@
 //	    close_after: 1                 #   (Optional) probe successes that close it; default half_open_probes
 //	    probe_lease: 1m                #   (Optional) a probe's slot without an outcome; default 1m
 //	    timeout: 0s                    #   (Optional) no response after this long is a failure; default 0 (never)
+//	    cache: 100ms                   #   (Optional) answer from the closed state last read this long; 1ms-10s; default 100ms
 //
 // share_threshold (Optional, wildcard values only, as in
 // envoyproxy/ratelimit) makes every value the prefix matches share one
@@ -103,7 +104,7 @@ var (
 	tiersKeys      = []string{"key", "default", "plans"}
 	sheddingKeys   = []string{"steps", "hysteresis", "hold", "shadow", "min_factor", "scope"}
 	stepKeys       = []string{"above", "shed", "admit_only", "limit_factor", "burst", "continuous"}
-	breakerKeys    = []string{"key", "failure_threshold", "window", "open_for", "half_open_probes", "close_after", "probe_lease", "timeout"}
+	breakerKeys    = []string{"key", "failure_threshold", "window", "open_for", "half_open_probes", "close_after", "probe_lease", "timeout", "cache"}
 	descriptorKeys = []string{
 		"key", "value", "rate_limit", "token_limit", "shadow_mode", "detailed_metric", "descriptors",
 		"quota_mode", "value_to_metric", "share_threshold", "max_concurrent",
@@ -1059,7 +1060,7 @@ func (w *walker) breaker(n *yaml.Node, path string) (limit.BreakerConfig, bool) 
 	for _, d := range []struct {
 		name string
 		to   *time.Duration
-	}{{"window", &b.Window}, {"open_for", &b.OpenFor}, {"probe_lease", &b.ProbeLease}, {"timeout", &b.Timeout}} {
+	}{{"window", &b.Window}, {"open_for", &b.OpenFor}, {"probe_lease", &b.ProbeLease}, {"timeout", &b.Timeout}, {"cache", &b.Cache}} {
 		if v, has := f[d.name]; has {
 			at[d.name] = v
 			*d.to, _ = w.duration(v, path+"."+d.name)

@@ -289,6 +289,11 @@ testdata/bad/tiers_rule_uses_key.yaml:11: descriptors[2].key: tier is the tiers.
 			want: `testdata/bad/breaker_bad_window.yaml:5: breakers[0].window: window must be at least 1ms, not 0s`,
 		},
 		{
+			name: "breaker bad cache",
+			give: "breaker_bad_cache.yaml",
+			want: `testdata/bad/breaker_bad_cache.yaml:7: breakers[0].cache: cache must be between 1ms and 10s, not 20s`,
+		},
+		{
 			name: "breaker tier key",
 			give: "breaker_tier_key.yaml",
 			want: `testdata/bad/breaker_tier_key.yaml:7: breakers[0].key: tier is the tiers.key; tier entries are removed before matching`,

@@ -206,6 +206,12 @@ func (s *Shedding) Check() []FieldError {
 // an outcome when a breaker sets no ProbeLease.
 const DefaultProbeLease = time.Minute
 
+// DefaultBreakerCache and MaxBreakerCache bound BreakerConfig.Cache.
+const (
+	DefaultBreakerCache = 100 * time.Millisecond
+	MaxBreakerCache     = 10 * time.Second
+)
+
 // BreakerConfig is one circuit breaker declaration (the rules file's
 // breakers:), run by pkg/breaker: one breaker per value of Key.
 //
@@ -239,6 +245,14 @@ type BreakerConfig struct {
 	// Timeout makes a request without a response (status 0) that lasted
 	// at least this long a failure (Optional; default 0: never).
 	Timeout time.Duration
+	// Cache is how long a replica answers from the closed state it last
+	// read from the store, with no store call (Optional; default
+	// DefaultBreakerCache, at most MaxBreakerCache). A breaker opened
+	// elsewhere is seen by this replica within Cache. An open breaker is
+	// answered locally until its open period ends, however long that is
+	// (nothing but time moves it); a half-open one asks the store on
+	// every decision.
+	Cache time.Duration
 }
 
 // WithDefaults returns c with its optional fields filled, or the error of
@@ -252,6 +266,9 @@ func (c BreakerConfig) WithDefaults() (BreakerConfig, error) {
 	}
 	if c.ProbeLease == 0 {
 		c.ProbeLease = DefaultProbeLease
+	}
+	if c.Cache == 0 {
+		c.Cache = DefaultBreakerCache
 	}
 	return c, c.Validate()
 }
@@ -281,6 +298,9 @@ func (c BreakerConfig) Check() []FieldError {
 	}
 	if c.Timeout < 0 {
 		out = append(out, FieldError{"timeout", fmt.Sprintf("timeout must not be negative, not %v", c.Timeout)})
+	}
+	if c.Cache != 0 && (c.Cache < time.Millisecond || c.Cache > MaxBreakerCache) {
+		out = append(out, FieldError{"cache", fmt.Sprintf("cache must be between 1ms and %v, not %v", MaxBreakerCache, c.Cache)})
 	}
 	return out
 }
