@@ -72,8 +72,10 @@ const (
 	firstLease = 16
 	// idleAfter is how long a key's sizing is remembered with no lease.
 	idleAfter = 10 * time.Second
-	// maxWaits bounds how many refills of a key a decision waits for.
+	// maxWaits bounds how many refills of a key a decision waits for,
+	// and maxWait how long it waits in all.
 	maxWaits = 8
+	maxWait  = 50 * time.Millisecond
 	// returnBatch bounds the refunds sent in one store call.
 	returnBatch = 64
 	// returnTimeout bounds one store call that gives units back.
@@ -259,19 +261,29 @@ func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge
 	// Many decisions find a lease used up at once. One asks the store for
 	// the next; the others wait for its answer rather than each taking a
 	// lease of their own, a store call each. A lease too small for all
-	// of them leaves some to wait for the next; after a few rounds they
-	// ask the store themselves.
+	// of them leaves some to wait for the next; after a few rounds, or
+	// when the store is slow to answer, they ask it themselves. A
+	// decision that cannot be admitted locally anyway does not wait.
+	leased := s.allLeasable(charges)
+	var timeout <-chan time.Time
 	for wait := 0; ; wait++ {
-		if s.admitLocally(nowMs, charges, res) {
+		if leased && s.admitLocally(nowMs, charges, res) {
 			s.local.Add(1)
 			return true, nil
 		}
-		busy := s.prepare(nowMs, charges, sc, wait < maxWaits)
+		busy := s.prepare(nowMs, charges, sc, leased && wait < maxWaits)
 		if busy == nil {
 			break
 		}
+		if timeout == nil {
+			t := time.NewTimer(maxWait)
+			defer t.Stop()
+			timeout = t.C
+		}
 		select {
 		case <-busy:
+		case <-timeout:
+			leased = false // waited enough: ask the store
 		case <-ctx.Done():
 			return false, ctx.Err()
 		}
@@ -375,14 +387,21 @@ func (s *Store) leasable(charges []limit.Charge, i int) bool {
 	return true
 }
 
-// admitLocally admits the decision from leases, filling res, when every
-// charge is leased with room for it; otherwise it changes nothing.
-func (s *Store) admitLocally(now int64, charges []limit.Charge, res []limit.Result) bool {
+// allLeasable reports whether every charge of a retryable decision may
+// be admitted from a lease.
+func (s *Store) allLeasable(charges []limit.Charge) bool {
 	for i := range charges {
 		if !s.leasable(charges, i) {
 			return false
 		}
 	}
+	return true
+}
+
+// admitLocally admits the decision from leases, filling res, when every
+// charge is leased with room for it; otherwise it changes nothing. The
+// caller has checked allLeasable.
+func (s *Store) admitLocally(now int64, charges []limit.Charge, res []limit.Result) bool {
 	var buf [4]*grant
 	taken := buf[:0]
 	for i := range charges {
