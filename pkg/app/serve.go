@@ -36,6 +36,7 @@ type serveFlags struct {
 	tls       tlsFlags
 	authz     authzFlags
 	pressure  pressureFlags
+	debug     debugFlags
 	lease     leaseFlags
 }
 
@@ -45,13 +46,14 @@ func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
 	fs.SetOutput(a.Stderr)
 	fs.StringVar(&f.config, "config", "config", "rule file, or directory of *.yaml rule files, reloaded on change")
 	fs.StringVar(&f.grpcAddr, "grpc-addr", ":8081", "gRPC address for Envoy's APIs, health and reflection")
-	fs.StringVar(&f.adminAddr, "admin-addr", ":8080", "admin HTTP address: /metrics, /healthz, /readyz, /debug/config, /debug/pressure, /v1/pressure")
+	fs.StringVar(&f.adminAddr, "admin-addr", ":8080", "admin HTTP address: /metrics, /healthz, /readyz, /debug/config, /debug/pressure, /v1/pressure, /debug/pprof/ (with --pprof)")
 	fs.StringVar(&f.redisURL, "redis-url", "", "Redis URL (redis://, rediss://, unix://, redis+sentinel://, redis+cluster://); empty keeps counters in memory")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "json", "json or console")
 	f.tls.register(fs)
 	f.authz.register(fs)
 	f.pressure.register(fs)
+	f.debug.register(fs)
 	f.lease.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: tollgate serve [flags]\n\nEvery flag can also be set with TOLLGATE_<FLAG> (--grpc-addr: TOLLGATE_GRPC_ADDR); the flag wins.\n\n")
@@ -210,6 +212,7 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 		},
 		Admin:             admin,
 		UnaryInterceptors: sh.interceptors(),
+		Pprof:             f.debug.pprof,
 	})
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"net/http/pprof"
 	"slices"
 	"strings"
 
@@ -42,6 +43,16 @@ func (s *Server) adminHandler() (h http.Handler, err error) {
 		w.Header().Set("Cache-Control", "no-store")
 		_, _ = w.Write(append(b, '\n'))
 	})
+	if s.cfg.Pprof {
+		// The handlers net/http/pprof's init puts on http.DefaultServeMux,
+		// which nothing here serves; Index serves the named profiles
+		// (heap, goroutine, allocs, block, mutex, threadcreate).
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	// ServeMux panics on a clashing or malformed pattern.
 	defer func() {
 		if r := recover(); r != nil {

@@ -1,7 +1,8 @@
 // Package server runs Tollgate's two listeners: one gRPC port that carries
 // every Envoy-facing API (rate limit now; ext_authz and access logs are
 // registered the same way), plus health and reflection, and an admin HTTP
-// port with /metrics, /healthz, /readyz and /debug/config. It knows
+// port with /metrics, /healthz, /readyz, /debug/config and, when asked
+// for, /debug/pprof/. It knows
 // nothing of the APIs it carries: each one registers itself. The gRPC
 // port may serve TLS or mutual TLS, with certificates re-read on rotation
 // (see TLS).
@@ -83,6 +84,11 @@ type Config struct {
 	// UnaryInterceptors run inside the server's own (panic recovery), in
 	// order, around every unary call (Optional).
 	UnaryInterceptors []grpc.UnaryServerInterceptor
+	// Pprof serves net/http/pprof under /debug/pprof/ on the admin port
+	// (Optional; default off: a profile shows the command line and costs
+	// CPU while it runs, so an operator asks for it). net/http/pprof
+	// extends the write deadline of a CPU profile or trace by its length.
+	Pprof bool
 }
 
 // Server is the gRPC and admin HTTP servers of one process.

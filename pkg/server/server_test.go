@@ -222,6 +222,52 @@ func TestAdminEndpoints(t *testing.T) {
 	}
 }
 
+func TestPprof(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		give  bool
+		path  string
+		want  int
+		check func(body string) bool // nil: any body
+	}{
+		{name: "off: index", path: "/debug/pprof/", want: http.StatusNotFound},
+		{name: "off: cmdline", path: "/debug/pprof/cmdline", want: http.StatusNotFound},
+		{name: "off: profile", path: "/debug/pprof/profile?seconds=1", want: http.StatusNotFound},
+		{name: "on: index", give: true, path: "/debug/pprof/", want: http.StatusOK, check: func(b string) bool { return strings.Contains(b, "goroutine") }},
+		{name: "on: cmdline", give: true, path: "/debug/pprof/cmdline", want: http.StatusOK, check: func(b string) bool { return strings.Contains(b, "server.test") }},
+		{name: "on: heap", give: true, path: "/debug/pprof/heap?debug=1", want: http.StatusOK, check: func(b string) bool { return strings.HasPrefix(b, "heap profile:") }},
+		// A profile is a gzipped protobuf.
+		{name: "on: 1s CPU profile", give: true, path: "/debug/pprof/profile?seconds=1", want: http.StatusOK, check: func(b string) bool { return strings.HasPrefix(b, "\x1f\x8b") }},
+	}
+	servers := map[bool]*running{
+		false: start(t, Config{Services: []Service{&fakeRLS{handle: okHandler}}}),
+		true:  start(t, Config{Services: []Service{&fakeRLS{handle: okHandler}}, Pprof: true}),
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			code, body := httpGet(t, "http://"+servers[tt.give].adminAddr+tt.path)
+			if code != tt.want || (tt.check != nil && !tt.check(body)) {
+				t.Errorf("GET %s = %d %.80q, want %d", tt.path, code, body, tt.want)
+			}
+		})
+	}
+}
+
+func TestPprofClashesWithAdminRoutes(t *testing.T) {
+	t.Parallel()
+	_, err := New(Config{
+		Services: []Service{&fakeRLS{handle: okHandler}},
+		Gatherer: prometheus.NewRegistry(),
+		Pprof:    true,
+		Admin:    map[string]http.Handler{"/debug/pprof/": http.NotFoundHandler()},
+	})
+	if err == nil {
+		t.Error("New with an admin route on /debug/pprof/ and Pprof: no error")
+	}
+}
+
 func TestPanicBecomesInternal(t *testing.T) {
 	t.Parallel()
 	core, logs := observer.New(zap.ErrorLevel)
