@@ -15,7 +15,10 @@ import (
 
 // Spread modes for -spread.
 const (
-	SpreadRandom     = "random"
+	// SpreadRandom picks a tenant uniformly at random per call.
+	SpreadRandom = "random"
+	// SpreadRoundRobin walks the tenants in order across all workers, so
+	// N calls reach each of N tenants once.
 	SpreadRoundRobin = "round-robin"
 )
 
@@ -49,6 +52,10 @@ type Config struct {
 	Hits uint32
 	// JSON prints the result as one JSON object.
 	JSON bool
+	// RedisInfo, when set, is the Redis (host:port or redis:// URL) whose
+	// used_memory and DBSIZE are read before and after the run, to report
+	// the memory of each key the run added (Optional).
+	RedisInfo string
 }
 
 // Validate checks c for a run that is well formed and bounded.
@@ -130,6 +137,7 @@ func ParseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&c.Spread, "spread", SpreadRandom, "how -tenants picks a tenant per request: random or round-robin")
 	hits := fs.Uint64("hits", 0, "request hits_addend (0: unset, the server counts 1)")
 	fs.BoolVar(&c.JSON, "json", false, "print the result as JSON")
+	fs.StringVar(&c.RedisInfo, "redis-info", "", "Redis `address` (host:port or redis:// URL) behind the service: report used_memory and DBSIZE before and after the run, and bytes per added key")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, err
 	}

@@ -31,12 +31,14 @@ func TestParseFlags(t *testing.T) {
 				"-addr", "127.0.0.1:9000", "-c", "8", "-conns", "4", "-d", "0", "-n", "1000",
 				"-descriptor", `user=u1,path=/a\,b`, "-tenants", "10", "-spread-key", "user",
 				"-spread", "round-robin", "-hits", "5", "-timeout", "250ms", "-warmup", "2s", "-json",
+				"-redis-info", "127.0.0.1:6390",
 			}, base...),
 			want: func(c *Config) {
 				c.Addr, c.Concurrency, c.Conns, c.Duration, c.Requests = "127.0.0.1:9000", 8, 4, 0, 1000
 				c.Descriptors = []Descriptor{{{"user", "u1"}, {"path", "/a,b"}}, {{"tenant", "acme"}}}
 				c.Tenants, c.SpreadKey, c.Spread, c.Hits = 10, "user", SpreadRoundRobin, 5
 				c.Timeout, c.Warmup, c.JSON = 250*time.Millisecond, 2*time.Second, true
+				c.RedisInfo = "127.0.0.1:6390"
 			},
 		},
 		{name: "no domain", give: []string{"-descriptor", "a=b"}, wantErr: "-domain is required"},

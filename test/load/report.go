@@ -24,10 +24,31 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "tollgate-load: %v\n", err)
 		return 2
 	}
+	var (
+		meter *redisMeter
+		mem   *RedisMemory
+	)
+	if cfg.RedisInfo != "" {
+		if meter, err = newRedisMeter(cfg.RedisInfo); err == nil {
+			defer meter.close()
+			mem, err = meter.start(ctx)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "tollgate-load: %v\n", err)
+			return 1
+		}
+	}
 	res, err := Run(ctx, cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "tollgate-load: %v\n", err)
 		return 1
+	}
+	if meter != nil {
+		if err := meter.finish(ctx, mem); err != nil {
+			fmt.Fprintf(stderr, "tollgate-load: %v\n", err)
+			return 1
+		}
+		res.Redis = mem
 	}
 	if cfg.JSON {
 		err = res.WriteJSON(stdout)
@@ -68,6 +89,13 @@ func (r *Result) WriteText(w io.Writer) error {
 	for _, name := range slices.Sorted(maps.Keys(r.Errors)) {
 		fmt.Fprintf(w, "error      %-18s %d\n", name, r.Errors[name])
 	}
+	if m := r.Redis; m != nil {
+		fmt.Fprintf(w, "redis      %s  keys %d -> %d (%+d)  used_memory %d -> %d (%+d B)  %.1f B/key\n",
+			m.Addr, m.KeysBefore, m.KeysAfter, m.NewKeys(), m.UsedBefore, m.UsedAfter, m.UsedAfter-m.UsedBefore, m.BytesPerKey())
+		if m.SampleKey != "" {
+			fmt.Fprintf(w, "redis      MEMORY USAGE %d B of a sample key %q\n", m.SampleBytes, m.SampleKey)
+		}
+	}
 	return nil
 }
 
@@ -100,6 +128,20 @@ type JSONResult struct {
 	// over the answered calls.
 	LatencyMS      map[string]float64 `json:"latency_ms"`
 	LatencySamples uint64             `json:"latency_samples"`
+	// Redis is there with -redis-info.
+	Redis *JSONRedis `json:"redis,omitempty"`
+}
+
+// JSONRedis is RedisMemory in the -json output.
+type JSONRedis struct {
+	Addr              string  `json:"addr"`
+	UsedMemoryBefore  int64   `json:"used_memory_before"`
+	UsedMemoryAfter   int64   `json:"used_memory_after"`
+	KeysBefore        int64   `json:"keys_before"`
+	KeysAfter         int64   `json:"keys_after"`
+	BytesPerKey       float64 `json:"bytes_per_key"`
+	SampleKey         string  `json:"sample_key,omitempty"`
+	SampleMemoryUsage int64   `json:"sample_memory_usage,omitempty"`
 }
 
 // JSON returns r in the -json shape.
@@ -109,6 +151,14 @@ func (r *Result) JSON() JSONResult {
 	lat := map[string]float64{"min": ms(h.Min()), "mean": ms(h.Mean()), "max": ms(h.Max())}
 	for _, q := range reportQuantiles {
 		lat[q.name] = ms(h.Quantile(q.q))
+	}
+	var rj *JSONRedis
+	if m := r.Redis; m != nil {
+		rj = &JSONRedis{
+			Addr: m.Addr, UsedMemoryBefore: m.UsedBefore, UsedMemoryAfter: m.UsedAfter,
+			KeysBefore: m.KeysBefore, KeysAfter: m.KeysAfter, BytesPerKey: m.BytesPerKey(),
+			SampleKey: m.SampleKey, SampleMemoryUsage: m.SampleBytes,
+		}
 	}
 	return JSONResult{
 		Addr:              r.Addr,
@@ -124,6 +174,7 @@ func (r *Result) JSON() JSONResult {
 		Errors:            r.Errors,
 		LatencyMS:         lat,
 		LatencySamples:    h.Count(),
+		Redis:             rj,
 	}
 }
 

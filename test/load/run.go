@@ -39,6 +39,8 @@ type Result struct {
 	// Errors counts failed calls by gRPC code name.
 	Errors  map[string]int64
 	Latency *Histogram
+	// Redis is what -redis-info measured; nil without it.
+	Redis *RedisMemory
 }
 
 // ErrorCount is the number of failed calls.
@@ -65,7 +67,6 @@ type worker struct {
 	req    *rlsv3.RateLimitRequest
 	spread []*rlpb.RateLimitDescriptor_Entry
 	rng    *rand.Rand
-	next   int // round-robin position
 
 	hist     Histogram
 	ok, over int64
@@ -80,6 +81,10 @@ type runner struct {
 	stop         atomic.Bool
 	// tickets is the number of measured calls left when cfg.Requests > 0.
 	tickets atomic.Int64
+	// turn is the next round-robin tenant, shared so that the workers
+	// together visit each tenant once per cfg.Tenants calls, however
+	// their speeds differ.
+	turn atomic.Int64
 }
 
 // Run drives the load described by cfg until cfg.Duration has passed
@@ -113,7 +118,6 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		w := &worker{
 			client: rlsv3.NewRateLimitServiceClient(conns[i%len(conns)]),
 			rng:    rand.New(rand.NewPCG(seed, uint64(i))),
-			next:   i,
 		}
 		w.req, w.spread = buildRequest(&cfg)
 		workers[i] = w
@@ -168,7 +172,7 @@ func (w *worker) run(r *runner) {
 			r.stop.Store(true)
 			return
 		}
-		w.pickTenant(&r.cfg)
+		w.pickTenant(r)
 		ctx, cancel := context.WithTimeout(r.base, r.cfg.Timeout)
 		resp, err := w.client.ShouldRateLimit(ctx, w.req)
 		cancel()
@@ -179,14 +183,14 @@ func (w *worker) run(r *runner) {
 	}
 }
 
-func (w *worker) pickTenant(cfg *Config) {
+func (w *worker) pickTenant(r *runner) {
+	cfg := &r.cfg
 	if cfg.Tenants == 0 {
 		return
 	}
 	var t int
 	if cfg.Spread == SpreadRoundRobin {
-		t = w.next % cfg.Tenants
-		w.next++
+		t = int((r.turn.Add(1) - 1) % int64(cfg.Tenants))
 	} else {
 		t = w.rng.IntN(cfg.Tenants)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -112,7 +113,7 @@ func TestRunCountsAddUp(t *testing.T) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	// Two descriptors carry the tenant key, both replaced: 600 entries.
-	// Each worker walks the tenants in order, so every tenant gets some.
+	// The workers walk the tenants in turn, so every tenant gets some.
 	total := 0
 	for v, n := range f.tenants {
 		if !strings.HasPrefix(v, "tenant-") {
@@ -125,6 +126,25 @@ func TestRunCountsAddUp(t *testing.T) {
 	}
 	if f.hits[2] != 300 {
 		t.Errorf("hits_addend seen %v, want 2 on every call", f.hits)
+	}
+}
+
+func TestRoundRobinVisitsEachTenantOnce(t *testing.T) {
+	t.Parallel()
+	f, addr := startFake(t)
+	// Workers run at different speeds; the turn is shared, so 1,000 calls
+	// still reach each of 1,000 tenants once.
+	res := runFlags(t, "-addr", addr, "-c", "16", "-n", "1000", "-d", "20s",
+		"-domain", "api", "-descriptor", "tenant=acme", "-tenants", "1000", "-spread", "round-robin")
+	if res.Requests != 1000 {
+		t.Fatalf("requests %d, want 1000", res.Requests)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := range 1000 {
+		if n := f.tenants[fmt.Sprintf("tenant-%d", i)]; n != 1 {
+			t.Errorf("tenant-%d got %d calls, want 1", i, n)
+		}
 	}
 }
 
