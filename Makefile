@@ -49,6 +49,36 @@ test: redis prometheus ## Vet, then run every test (with the race detector) agai
 bench: redis ## Go benchmarks of the decision path on memstore and Redis (ns/op, allocs/op).
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./pkg/...
 
+# bench-compare, bench-ghz and bench-memory: see scripts/ and docs/benchmarks.md.
+BASE ?= HEAD
+HEAD ?= WORKTREE
+STORE ?= memory
+RUNS ?= 3
+DURATION ?= 10s
+LOAD_ARGS ?=
+TENANTS ?= 1000000
+GHZ_VERSION ?= v0.121.0
+
+.PHONY: bench-compare
+bench-compare: redis ## Load-test two builds in alternating runs, print HEAD/BASE: BASE=rev HEAD=rev|WORKTREE STORE=memory|redis RUNS=3 DURATION=10s.
+	BASE='$(BASE)' HEAD='$(HEAD)' STORE='$(STORE)' RUNS='$(RUNS)' DURATION='$(DURATION)' LOAD_ARGS='$(LOAD_ARGS)' \
+	  scripts/bench-compare.sh
+
+$(BIN)/ghz:
+	GOBIN=$(abspath $(BIN)) $(GO) install github.com/bojand/ghz/cmd/ghz@$(GHZ_VERSION)
+
+.PHONY: ghz
+ghz: $(BIN)/ghz ## Install ghz (GHZ_VERSION) as bin/ghz.
+
+.PHONY: bench-ghz
+bench-ghz: redis $(BIN)/ghz ## Cross-check: ghz, then tollgate-load, same ShouldRateLimit shape on one Tollgate: STORE=memory|redis DURATION=10s.
+	STORE='$(STORE)' DURATION='$(DURATION)' GHZ='$(abspath $(BIN))/ghz' scripts/bench-ghz.sh
+
+.PHONY: bench-memory
+bench-memory: redis ## Memory per live sliding-window key: memstore (Go benchmark), then Redis through Tollgate (TENANTS=1000000).
+	$(GO) test -run '^$$' -bench MemoryPerKey -benchtime 1x ./pkg/limit/memstore
+	TENANTS='$(TENANTS)' scripts/bench-redis-memory.sh
+
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME each (default 30s).
 	@set -e; for pkg in $$($(GO) list ./...); do \
