@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -24,7 +26,9 @@ const (
 
 // Config is one load run.
 type Config struct {
-	// Addr is the RLS gRPC address (Required); the flag defaults to 127.0.0.1:8081.
+	// Addr is the RLS gRPC address, or several separated by commas (one
+	// per replica; the workers spread over them) (Required); the flag
+	// defaults to 127.0.0.1:8081.
 	Addr string
 	// Concurrency is the number of workers, each with one call in flight (Required, > 0).
 	Concurrency int
@@ -58,11 +62,14 @@ type Config struct {
 	RedisInfo string
 }
 
+// Addrs returns the addresses in Addr.
+func (c *Config) Addrs() []string { return strings.Split(c.Addr, ",") }
+
 // Validate checks c for a run that is well formed and bounded.
 func (c *Config) Validate() error {
 	switch {
-	case c.Addr == "":
-		return errors.New("-addr is empty")
+	case c.Addr == "" || slices.Contains(c.Addrs(), ""):
+		return fmt.Errorf("-addr %q has an empty address", c.Addr)
 	case c.Concurrency <= 0:
 		return fmt.Errorf("-c is %d, want > 0", c.Concurrency)
 	case c.Conns <= 0:
@@ -123,7 +130,7 @@ func ParseFlags(args []string, stderr io.Writer) (Config, error) {
 		fmt.Fprint(fs.Output(), usageHead)
 		fs.PrintDefaults()
 	}
-	fs.StringVar(&c.Addr, "addr", "127.0.0.1:8081", "RLS gRPC `address`")
+	fs.StringVar(&c.Addr, "addr", "127.0.0.1:8081", "RLS gRPC `address`, or several separated by commas (replicas sharing the workers)")
 	fs.IntVar(&c.Concurrency, "c", 50, "concurrent workers, each with one call in flight")
 	fs.IntVar(&c.Conns, "conns", 1, "gRPC connections, shared by the workers round-robin")
 	fs.DurationVar(&c.Duration, "d", 10*time.Second, "measured duration (0: bounded by -n only)")

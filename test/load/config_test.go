@@ -53,6 +53,7 @@ func TestParseFlags(t *testing.T) {
 		{name: "hits too big", give: append([]string{"-hits", "4294967296"}, base...), wantErr: "-hits is 4294967296"},
 		{name: "bad descriptor", give: []string{"-domain", "api", "-descriptor", "tenant"}, wantErr: "has no '='"},
 		{name: "extra args", give: append(base, "extra"), wantErr: "unexpected arguments"},
+		{name: "empty address in a list", give: append([]string{"-addr", "127.0.0.1:1,,127.0.0.1:2"}, base...), wantErr: `-addr "127.0.0.1:1,,127.0.0.1:2" has an empty address`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -26,6 +26,50 @@ type RedisMemory struct {
 	// its MEMORY USAGE; both empty when the database is.
 	SampleKey   string
 	SampleBytes int64
+	// CommandsBefore and CommandsAfter sum the calls of INFO
+	// commandstats, but for the commands this meter sends itself.
+	CommandsBefore, CommandsAfter int64
+}
+
+// Commands is how many commands Redis ran during the run (warmup
+// included), from every client but the meter.
+func (m *RedisMemory) Commands() int64 { return m.CommandsAfter - m.CommandsBefore }
+
+// meterCommands are the commandstats names of what the meter sends.
+var meterCommands = map[string]bool{"info": true, "dbsize": true, "randomkey": true, "memory|usage": true, "memory": true}
+
+// commandCalls sums the calls in an INFO commandstats reply, skipping
+// meterCommands.
+func commandCalls(info string) (int64, error) {
+	var total int64
+	for line := range strings.Lines(info) {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") || meterCommands[strings.TrimPrefix(name, "cmdstat_")] {
+			continue
+		}
+		calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+		n, err := strconv.ParseInt(calls, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("INFO commandstats line %q: %w", strings.TrimSpace(line), err)
+		}
+		total += n
+	}
+	return total, nil
+}
+
+// commands reads the command calls so far.
+func (m *redisMeter) commands(ctx context.Context) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, redisTimeout)
+	defer cancel()
+	info, err := m.c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return 0, fmt.Errorf("redis %s: INFO commandstats: %w", m.addr, err)
+	}
+	n, err := commandCalls(info)
+	if err != nil {
+		return 0, fmt.Errorf("redis %s: %w", m.addr, err)
+	}
+	return n, nil
 }
 
 // NewKeys is how many keys the database gained.
@@ -124,7 +168,11 @@ func (m *redisMeter) start(ctx context.Context) (*RedisMemory, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &RedisMemory{Addr: m.addr, UsedBefore: used, KeysBefore: keys}, nil
+	cmds, err := m.commands(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &RedisMemory{Addr: m.addr, UsedBefore: used, KeysBefore: keys, CommandsBefore: cmds}, nil
 }
 
 // finish reads the figures after the run into rm. It reads even when ctx
@@ -136,6 +184,9 @@ func (m *redisMeter) finish(ctx context.Context, rm *RedisMemory) error {
 		return err
 	}
 	rm.UsedAfter, rm.KeysAfter = used, keys
+	if rm.CommandsAfter, err = m.commands(ctx); err != nil {
+		return err
+	}
 	rm.SampleKey, rm.SampleBytes, err = m.sample(ctx)
 	return err
 }

@@ -109,3 +109,33 @@ func TestMainRedisInfo(t *testing.T) {
 		t.Errorf("unreachable Redis: exit %d, stderr %q, want 1 and the INFO error", code, errOut.String())
 	}
 }
+
+func TestCommandCalls(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		give    string
+		want    int64
+		wantErr bool
+	}{
+		{"none", "# Commandstats\r\n", 0, false},
+		{
+			name: "sums all but the meter's",
+			give: "# Commandstats\r\ncmdstat_evalsha:calls=120,usec=3000,usec_per_call=25.00,rejected_calls=0,failed_calls=0\r\n" +
+				"cmdstat_info:calls=7,usec=1,usec_per_call=0.1,rejected_calls=0,failed_calls=0\r\n" +
+				"cmdstat_hello:calls=3,usec=1,usec_per_call=0.3,rejected_calls=0,failed_calls=0\r\n" +
+				"cmdstat_dbsize:calls=2,usec=1,usec_per_call=0.5,rejected_calls=0,failed_calls=0\r\n",
+			want: 123,
+		},
+		{"bad count", "cmdstat_get:calls=x,usec=1\r\n", 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got, err := commandCalls(tt.give)
+			if (err != nil) != tt.wantErr || got != tt.want {
+				t.Errorf("commandCalls = %d, %v; want %d, error %v", got, err, tt.want, tt.wantErr)
+			}
+		})
+	}
+}

@@ -95,6 +95,8 @@ func (r *Result) WriteText(w io.Writer) error {
 		if m.SampleKey != "" {
 			fmt.Fprintf(w, "redis      MEMORY USAGE %d B of a sample key %q\n", m.SampleBytes, m.SampleKey)
 		}
+		fmt.Fprintf(w, "redis      commands %d for %d calls (warmup included): %.4f per call\n",
+			m.Commands(), r.AllCalls, r.CommandsPerCall())
 	}
 	return nil
 }
@@ -142,6 +144,18 @@ type JSONRedis struct {
 	BytesPerKey       float64 `json:"bytes_per_key"`
 	SampleKey         string  `json:"sample_key,omitempty"`
 	SampleMemoryUsage int64   `json:"sample_memory_usage,omitempty"`
+	Commands          int64   `json:"commands"`
+	AllCalls          int64   `json:"all_calls"`
+	CommandsPerCall   float64 `json:"commands_per_call"`
+}
+
+// CommandsPerCall is the Redis commands run per call made, warmup
+// included on both sides; 0 without -redis-info or calls.
+func (r *Result) CommandsPerCall() float64 {
+	if r.Redis == nil || r.AllCalls == 0 {
+		return 0
+	}
+	return float64(r.Redis.Commands()) / float64(r.AllCalls)
 }
 
 // JSON returns r in the -json shape.
@@ -158,6 +172,7 @@ func (r *Result) JSON() JSONResult {
 			Addr: m.Addr, UsedMemoryBefore: m.UsedBefore, UsedMemoryAfter: m.UsedAfter,
 			KeysBefore: m.KeysBefore, KeysAfter: m.KeysAfter, BytesPerKey: m.BytesPerKey(),
 			SampleKey: m.SampleKey, SampleMemoryUsage: m.SampleBytes,
+			Commands: m.Commands(), AllCalls: r.AllCalls, CommandsPerCall: r.CommandsPerCall(),
 		}
 	}
 	return JSONResult{

@@ -41,6 +41,9 @@ type Result struct {
 	Latency *Histogram
 	// Redis is what -redis-info measured; nil without it.
 	Redis *RedisMemory
+	// AllCalls counts every call made, warmup included: the Redis
+	// command counts span the warmup too.
+	AllCalls int64
 }
 
 // ErrorCount is the number of failed calls.
@@ -85,6 +88,8 @@ type runner struct {
 	// together visit each tenant once per cfg.Tenants calls, however
 	// their speeds differ.
 	turn atomic.Int64
+	// all counts every call, warmup included.
+	all atomic.Int64
 }
 
 // Run drives the load described by cfg until cfg.Duration has passed
@@ -95,7 +100,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	conns := make([]*grpc.ClientConn, cfg.Conns)
+	// Several addresses (replicas) each get cfg.Conns connections; worker
+	// i uses connection i mod the total, so the workers spread evenly.
+	addrs := cfg.Addrs()
+	conns := make([]*grpc.ClientConn, cfg.Conns*len(addrs))
 	defer func() {
 		for _, cc := range conns {
 			if cc != nil {
@@ -104,9 +112,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}()
 	for i := range conns {
-		cc, err := grpc.NewClient(cfg.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		addr := addrs[i%len(addrs)]
+		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
-			return nil, fmt.Errorf("dial %s: %w", cfg.Addr, err)
+			return nil, fmt.Errorf("dial %s: %w", addr, err)
 		}
 		cc.Connect()
 		conns[i] = cc
@@ -160,6 +169,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}
 	res.Requests = res.OK + res.OverLimit + res.Unknown + res.ErrorCount()
+	res.AllCalls = r.all.Load()
 	return res, nil
 }
 
@@ -176,6 +186,7 @@ func (w *worker) run(r *runner) {
 		ctx, cancel := context.WithTimeout(r.base, r.cfg.Timeout)
 		resp, err := w.client.ShouldRateLimit(ctx, w.req)
 		cancel()
+		r.all.Add(1)
 		lat := time.Since(t0)
 		if measured {
 			w.record(resp, err, lat)

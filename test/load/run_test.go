@@ -230,3 +230,26 @@ func TestMainText(t *testing.T) {
 		t.Errorf("bad flags: exit %d, want 2", code)
 	}
 }
+
+// TestRunSpreadsOverAddresses: with several -addr, every replica gets a
+// share of the workers, and AllCalls counts the warmup too.
+func TestRunSpreadsOverAddresses(t *testing.T) {
+	t.Parallel()
+	f1, a1 := startFake(t)
+	f2, a2 := startFake(t)
+	f3, a3 := startFake(t)
+	res := runFlags(t, "-addr", a1+","+a2+","+a3, "-c", "6", "-n", "600", "-d", "20s",
+		"-warmup", "50ms", "-domain", "api", "-descriptor", "tenant=acme")
+	if res.Requests != 600 {
+		t.Fatalf("requests %d, want 600", res.Requests)
+	}
+	for i, f := range []*fakeRLS{f1, f2, f3} {
+		if n := f.calls.Load(); n < 100 {
+			t.Errorf("replica %d saw %d calls, want a third of them or so", i, n)
+		}
+	}
+	served := f1.calls.Load() + f2.calls.Load() + f3.calls.Load()
+	if res.AllCalls != served || res.AllCalls < res.Requests {
+		t.Errorf("AllCalls = %d, want the %d the servers saw (>= %d measured)", res.AllCalls, served, res.Requests)
+	}
+}
