@@ -60,7 +60,24 @@ type Config struct {
 	// used_memory and DBSIZE are read before and after the run, to report
 	// the memory of each key the run added (Optional).
 	RedisInfo string
+	// API is the call made: APIRateLimit (ShouldRateLimit, the default)
+	// or APICheck (ext_authz Check).
+	API string
+	// APIKey is sent as "authorization: Bearer <key>" with Check
+	// (Optional; empty sends none).
+	APIKey string
+	// BodyBytes is the size of the JSON chat completion body sent with
+	// Check (about; at least 100).
+	BodyBytes int
+	// Model is the body's model.
+	Model string
 }
+
+// The calls -api names.
+const (
+	APIRateLimit = "ratelimit"
+	APICheck     = "check"
+)
 
 // Addrs returns the addresses in Addr.
 func (c *Config) Addrs() []string { return strings.Split(c.Addr, ",") }
@@ -80,6 +97,14 @@ func (c *Config) Validate() error {
 		return errors.New("-d and -n are both 0: the run would never stop")
 	case c.Timeout <= 0:
 		return fmt.Errorf("-timeout is %v, want > 0", c.Timeout)
+	case c.API != APIRateLimit && c.API != APICheck:
+		return fmt.Errorf("-api is %q, want %s or %s", c.API, APIRateLimit, APICheck)
+	case c.API == APICheck && c.BodyBytes < 100:
+		return fmt.Errorf("-body-bytes is %d, want >= 100", c.BodyBytes)
+	case c.API == APICheck && c.Tenants > 0:
+		return errors.New("-tenants spreads descriptors, which -api check does not send")
+	case c.API == APICheck:
+		return nil
 	case c.Domain == "":
 		return errors.New("-domain is required")
 	case len(c.Descriptors) == 0:
@@ -107,10 +132,13 @@ func (c *Config) hasSpreadKey() bool {
 }
 
 const usageHead = `Usage: tollgate-load -domain D -descriptor k=v[,k=v...] [flags]
+       tollgate-load -api check -key K [-body-bytes N] [flags]
 
-Sends ShouldRateLimit calls over gRPC for -d (and at most -n calls, whichever
-ends first), then prints requests/s, latency percentiles of answered calls and
-the counts of OK, OVER_LIMIT and errors by gRPC code.
+Sends ShouldRateLimit calls (or, with -api check, ext_authz Check calls
+carrying an API key and a JSON chat completion body) over gRPC for -d (and at
+most -n calls, whichever ends first), then prints requests/s, latency
+percentiles of answered calls and the counts of OK, OVER_LIMIT (for Check:
+denied) and errors by gRPC code.
 
 Descriptor syntax: entries separated by ',', each key=value. The first '=' ends
 the key. A backslash escapes ',', '=' or '\' (\, \= \\). Repeat -descriptor to
@@ -145,6 +173,10 @@ func ParseFlags(args []string, stderr io.Writer) (Config, error) {
 	hits := fs.Uint64("hits", 0, "request hits_addend (0: unset, the server counts 1)")
 	fs.BoolVar(&c.JSON, "json", false, "print the result as JSON")
 	fs.StringVar(&c.RedisInfo, "redis-info", "", "Redis `address` (host:port or redis:// URL) behind the service: report used_memory and DBSIZE before and after the run, and bytes per added key")
+	fs.StringVar(&c.API, "api", APIRateLimit, "the call: ratelimit (ShouldRateLimit) or check (ext_authz Check)")
+	fs.StringVar(&c.APIKey, "key", "", "API `key` sent with -api check as authorization: Bearer")
+	fs.IntVar(&c.BodyBytes, "body-bytes", 2048, "size of the chat completion body sent with -api check")
+	fs.StringVar(&c.Model, "model", "gpt-4o", "model named in the -api check body")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, err
 	}

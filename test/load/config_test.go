@@ -16,7 +16,7 @@ func TestParseFlags(t *testing.T) {
 	defaults := Config{
 		Addr: "127.0.0.1:8081", Concurrency: 50, Conns: 1, Duration: 10 * time.Second,
 		Timeout: time.Second, Domain: "api", Descriptors: []Descriptor{{{"tenant", "acme"}}},
-		SpreadKey: "tenant", Spread: SpreadRandom,
+		SpreadKey: "tenant", Spread: SpreadRandom, API: APIRateLimit, BodyBytes: 2048, Model: "gpt-4o",
 	}
 	tests := []struct {
 		name    string
@@ -53,6 +53,12 @@ func TestParseFlags(t *testing.T) {
 		{name: "hits too big", give: append([]string{"-hits", "4294967296"}, base...), wantErr: "-hits is 4294967296"},
 		{name: "bad descriptor", give: []string{"-domain", "api", "-descriptor", "tenant"}, wantErr: "has no '='"},
 		{name: "extra args", give: append(base, "extra"), wantErr: "unexpected arguments"},
+		{name: "bad api", give: append([]string{"-api", "grpc"}, base...), wantErr: `-api is "grpc"`},
+		{name: "check without descriptors", give: []string{"-api", "check", "-key", "k"}, want: func(c *Config) {
+			c.API, c.APIKey, c.Domain, c.Descriptors = APICheck, "k", "", nil
+		}},
+		{name: "check body too small", give: []string{"-api", "check", "-body-bytes", "10"}, wantErr: "-body-bytes is 10"},
+		{name: "check with tenants", give: []string{"-api", "check", "-tenants", "3"}, wantErr: "-tenants spreads descriptors"},
 		{name: "empty address in a list", give: append([]string{"-addr", "127.0.0.1:1,,127.0.0.1:2"}, base...), wantErr: `-addr "127.0.0.1:1,,127.0.0.1:2" has an empty address`},
 	}
 	for _, tt := range tests {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -68,6 +69,9 @@ func (r *Result) RPS() float64 {
 type worker struct {
 	client rlsv3.RateLimitServiceClient
 	req    *rlsv3.RateLimitRequest
+	// auth and check are used instead with -api check.
+	auth   authv3.AuthorizationClient
+	check  *authv3.CheckRequest
 	spread []*rlpb.RateLimitDescriptor_Entry
 	rng    *rand.Rand
 
@@ -126,9 +130,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	for i := range workers {
 		w := &worker{
 			client: rlsv3.NewRateLimitServiceClient(conns[i%len(conns)]),
+			auth:   authv3.NewAuthorizationClient(conns[i%len(conns)]),
 			rng:    rand.New(rand.NewPCG(seed, uint64(i))),
 		}
 		w.req, w.spread = buildRequest(&cfg)
+		if cfg.API == APICheck {
+			w.check = buildCheck(&cfg, i)
+		}
 		workers[i] = w
 	}
 
@@ -184,12 +192,27 @@ func (w *worker) run(r *runner) {
 		}
 		w.pickTenant(r)
 		ctx, cancel := context.WithTimeout(r.base, r.cfg.Timeout)
-		resp, err := w.client.ShouldRateLimit(ctx, w.req)
+		var code rlsv3.RateLimitResponse_Code
+		var err error
+		if w.check != nil {
+			var resp *authv3.CheckResponse
+			resp, err = w.auth.Check(ctx, w.check)
+			switch {
+			case resp.GetOkResponse() != nil:
+				code = rlsv3.RateLimitResponse_OK
+			case resp.GetDeniedResponse() != nil:
+				code = rlsv3.RateLimitResponse_OVER_LIMIT
+			}
+		} else {
+			var resp *rlsv3.RateLimitResponse
+			resp, err = w.client.ShouldRateLimit(ctx, w.req)
+			code = resp.GetOverallCode()
+		}
 		cancel()
 		r.all.Add(1)
 		lat := time.Since(t0)
 		if measured {
-			w.record(resp, err, lat)
+			w.record(code, err, lat)
 		}
 	}
 }
@@ -211,7 +234,7 @@ func (w *worker) pickTenant(r *runner) {
 	}
 }
 
-func (w *worker) record(resp *rlsv3.RateLimitResponse, err error, lat time.Duration) {
+func (w *worker) record(code rlsv3.RateLimitResponse_Code, err error, lat time.Duration) {
 	if err != nil {
 		c := status.Code(err)
 		if errors.Is(err, context.DeadlineExceeded) {
@@ -224,7 +247,7 @@ func (w *worker) record(resp *rlsv3.RateLimitResponse, err error, lat time.Durat
 		return
 	}
 	w.hist.Record(lat)
-	switch resp.GetOverallCode() {
+	switch code {
 	case rlsv3.RateLimitResponse_OK:
 		w.ok++
 	case rlsv3.RateLimitResponse_OVER_LIMIT:
@@ -232,6 +255,30 @@ func (w *worker) record(resp *rlsv3.RateLimitResponse, err error, lat time.Durat
 	default:
 		w.unknown++
 	}
+}
+
+// buildCheck returns the Check request of worker i: a POST of a chat
+// completion of about cfg.BodyBytes bytes, with cfg.APIKey as a bearer
+// token and a request ID of its own per worker (the reservation is keyed
+// by it; Envoy sends a new one per request, and the server does not need
+// them unique to decide).
+func buildCheck(cfg *Config, i int) *authv3.CheckRequest {
+	const frame = `{"model":"","messages":[{"role":"user","content":""}],"max_tokens":256}`
+	prompt := make([]byte, max(0, cfg.BodyBytes-len(frame)-len(cfg.Model)))
+	for j := range prompt {
+		prompt[j] = 'a' + byte(j%26)
+	}
+	body := `{"model":"` + cfg.Model + `","messages":[{"role":"user","content":"` + string(prompt) + `"}],"max_tokens":256}`
+	headers := map[string]string{"content-type": "application/json", "x-request-id": "load-" + strconv.Itoa(i)}
+	if cfg.APIKey != "" {
+		headers["authorization"] = "Bearer " + cfg.APIKey
+	}
+	return &authv3.CheckRequest{Attributes: &authv3.AttributeContext{
+		Request: &authv3.AttributeContext_Request{Http: &authv3.AttributeContext_HttpRequest{
+			Id: "load-" + strconv.Itoa(i), Method: "POST", Path: "/v1/chat/completions", Host: "api.example",
+			Protocol: "HTTP/1.1", Headers: headers, Body: body, Size: int64(len(body)),
+		}},
+	}}
 }
 
 // buildRequest returns a request for cfg and the entries whose values

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -252,4 +253,50 @@ func TestRunSpreadsOverAddresses(t *testing.T) {
 	if res.AllCalls != served || res.AllCalls < res.Requests {
 		t.Errorf("AllCalls = %d, want the %d the servers saw (>= %d measured)", res.AllCalls, served, res.Requests)
 	}
+}
+
+// fakeAuthz denies a Check without the bearer key "good", and checks
+// the body is the size asked.
+type fakeAuthz struct {
+	authv3.UnimplementedAuthorizationServer
+	calls atomic.Int64
+	sizes sync.Map // int -> true
+}
+
+func (f *fakeAuthz) Check(_ context.Context, req *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+	f.calls.Add(1)
+	h := req.GetAttributes().GetRequest().GetHttp()
+	f.sizes.Store(len(h.GetBody()), true)
+	if h.GetHeaders()["authorization"] != "Bearer good" {
+		return &authv3.CheckResponse{HttpResponse: &authv3.CheckResponse_DeniedResponse{DeniedResponse: &authv3.DeniedHttpResponse{}}}, nil
+	}
+	return &authv3.CheckResponse{HttpResponse: &authv3.CheckResponse_OkResponse{OkResponse: &authv3.OkHttpResponse{}}}, nil
+}
+
+func TestRunCheck(t *testing.T) {
+	t.Parallel()
+	f := &fakeAuthz{}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	authv3.RegisterAuthorizationServer(srv, f)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	for _, tt := range []struct {
+		key            string
+		wantOK, wantNo int64
+	}{{"good", 50, 0}, {"bad", 0, 50}} {
+		res := runFlags(t, "-addr", lis.Addr().String(), "-api", "check", "-key", tt.key, "-c", "4", "-n", "50", "-body-bytes", "2048")
+		if res.OK != tt.wantOK || res.OverLimit != tt.wantNo || res.ErrorCount() != 0 {
+			t.Errorf("key %q: ok %d denied %d errors %v; want %d and %d", tt.key, res.OK, res.OverLimit, res.Errors, tt.wantOK, tt.wantNo)
+		}
+	}
+	f.sizes.Range(func(k, _ any) bool {
+		if n := k.(int); n != 2048 {
+			t.Errorf("a body of %d bytes, want 2048", n)
+		}
+		return true
+	})
 }
