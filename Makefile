@@ -64,6 +64,10 @@ bench-compare: redis ## Load-test two builds in alternating runs, print HEAD/BAS
 	BASE='$(BASE)' HEAD='$(HEAD)' STORE='$(STORE)' RUNS='$(RUNS)' DURATION='$(DURATION)' LOAD_ARGS='$(LOAD_ARGS)' \
 	  scripts/bench-compare.sh
 
+.PHONY: bench-targets
+bench-targets: redis ## Issue 5's load targets on the working tree, medians of RUNS=3 runs of DURATION=10s (quiet machine).
+	RUNS='$(RUNS)' DURATION='$(DURATION)' scripts/bench-targets.sh
+
 $(BIN)/ghz:
 	GOBIN=$(abspath $(BIN)) $(GO) install github.com/bojand/ghz/cmd/ghz@$(GHZ_VERSION)
 
