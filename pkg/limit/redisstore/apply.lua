@@ -3,6 +3,14 @@
 -- this store and memstore agree to the millisecond and the bit. Time comes
 -- from the caller; the script never reads the server clock.
 --
+-- The file defines apply(keys, argv); its top level only defines
+-- constants and functions. script.go makes it a script (ending "return
+-- apply(KEYS, ARGV)") and a function library (registering apply), so that
+-- Redis 7 runs the top level once, at FUNCTION LOAD, not on every call.
+-- There the top level sees no global but redis (not math, string or
+-- cmsgpack: the functions read those when called), and per-call state
+-- lives in apply's locals and in now and mode, which apply sets first.
+--
 -- KEYS: the decision's distinct counter keys (all in one cluster slot).
 -- ARGV[1]: mode: "apply", "try", "undo" or "void" (below).
 -- ARGV[2]: now, integer Unix milliseconds.
@@ -15,8 +23,14 @@
 --   kind "o", once:           p1 = mark W,         p2 = 0, p3 = 0
 --   flags: "" or any of "s" (Shadow) and "f" (Force)
 --
--- State. A window is a hash: "w", the width its buckets are counted in;
--- "h", its high-water bucket index; and bucket index -> count. A token
+-- State. A window is a string, the MessagePack array {w, h, c0, c1, ...}:
+-- w the width its buckets are counted in, h its high-water bucket index,
+-- and ci the count of bucket h-i, with no trailing zeros. Every bucket a
+-- window keeps is in [h-M, h], so the array is dense and short, and one
+-- GET and one SET read and write it (a hash of bucket fields took three
+-- or four commands and most of the script's time to parse and diff). A
+-- window still in the hash of earlier versions ("w", "h" and bucket
+-- index -> count) is read as such and written in the new layout. A token
 -- bucket is the string "At:Debt": tat = At + Debt, At the integer ms of
 -- the last write, Debt the float ms the bucket was then short of full.
 -- Concurrency leases are a sorted set, member -> deadline (ms): the live
@@ -49,18 +63,12 @@
 local ttlMargin = 1000
 -- eps = B*T / 2^32: the token bucket's tolerance, as in algo.go.
 local tbEps = 1 / 4294967296
+-- maxBuckets is limit.MaxBuckets: no window counts more than M+1 <= 601
+-- buckets.
+local maxBuckets = 600
 
-local mode = ARGV[1]
-local now = tonumber(ARGV[2])
-local n = tonumber(ARGV[3])
-if now == nil or n == nil or (mode ~= 'apply' and mode ~= 'try' and mode ~= 'undo' and mode ~= 'void') then
-  return redis.error_reply('ERR tollgate apply: bad arguments')
-end
-local extra = 0
-if mode == 'undo' then extra = 2 * #KEYS end
-if #ARGV ~= 3 + 8 * n + extra then
-  return redis.error_reply('ERR tollgate apply: bad argument count')
-end
+-- The call's mode and now, set first by apply.
+local mode, now
 
 local function fmtint(x) return string.format('%d', x) end
 local function fmtfloat(x) return string.format('%.17g', x) end
@@ -69,194 +77,186 @@ local function fail(key, what)
   error({err = 'ERR tollgate apply: ' .. key .. ' ' .. what})
 end
 
--- Counters, one per key index: {key, type, stored, work}, type "window",
--- "token", "lease" or "mark". A window counter is {width, high, b}, b its
--- buckets {idx, count} in ascending idx; a token bucket counter is {at,
--- debt}; a lease counter is {l}, l its live leases {member, deadline}; a
--- mark counter is {untl}, the mark's deadline or nil.
-local counters, order = {}, {}
+-- Counters, one per key index: {key, type, stored, work, exists}, type
+-- "window", "token", "lease" or "mark"; exists says whether the key held
+-- state. A window counter is the array of its string, {w, h, c0, c1, ...}
+-- ({0, 0} when fresh: no width); a token bucket counter is {at, debt}; a
+-- lease counter is {l}, l its live leases {member, deadline}; a mark
+-- counter is {untl}, the mark's deadline or nil.
 
-local function loadWindow(key)
+-- Windows ---------------------------------------------------------------
+
+-- A window counter c: c[1] is the width, c[2] the high-water index h,
+-- and c[3 + i] the count of bucket h - i.
+
+-- legacyWindow reads a window from the hash of earlier versions.
+local function legacyWindow(key)
   local flat = redis.call('HGETALL', key)
-  local c = {width = 0, high = 0, b = {}, exists = #flat > 0}
+  local width, high, b = 0, 0, {}
   for i = 1, #flat, 2 do
     local f, v = flat[i], tonumber(flat[i + 1])
     if v == nil then fail(key, 'does not hold a window') end
     if f == 'w' then
-      c.width = v
+      width = v
     elseif f == 'h' then
-      c.high = v
+      high = v
     else
       local idx = tonumber(f)
       if idx == nil or v <= 0 then fail(key, 'does not hold a window') end
-      c.b[#c.b + 1] = {idx, v}
+      b[idx] = v
     end
   end
-  if c.exists and c.width <= 0 then fail(key, 'does not hold a window') end
-  table.sort(c.b, function(x, y) return x[1] < y[1] end)
-  return c
-end
-
--- parseToken reads "At:Debt"; nil when s is not one.
-local function parseToken(s)
-  local at, debt = string.match(s, '^(-?%d+):(.+)$')
-  at, debt = tonumber(at), tonumber(debt)
-  if at == nil or debt == nil then return nil end
-  return {at = at, debt = debt}
-end
-
-local function loadToken(key)
-  local v = redis.call('GET', key)
-  if not v then return {at = 0, debt = 0} end
-  local c = parseToken(v)
-  if c == nil then fail(key, 'does not hold a token bucket') end
-  c.exists = true
-  return c
-end
-
-local function loadLeases(key)
-  local flat = redis.call('ZRANGEBYSCORE', key, '(' .. fmtint(now), '+inf', 'WITHSCORES')
-  local c = {l = {}}
-  for i = 1, #flat, 2 do
-    c.l[#c.l + 1] = {flat[i], tonumber(flat[i + 1])}
+  if width <= 0 then fail(key, 'does not hold a window') end
+  local c = {width, high}
+  for idx, v in pairs(b) do
+    -- Only the buckets in [h-maxBuckets, h] can still count.
+    local i = 3 + high - idx
+    if i >= 3 and i <= 3 + maxBuckets then
+      for j = #c + 1, i - 1 do c[j] = 0 end
+      c[i] = v
+    end
   end
   return c
 end
 
-local function loadMark(key)
-  local v = redis.call('GET', key)
-  if not v then return {} end
-  local u = tonumber(v)
-  if u == nil or u ~= math.floor(u) then fail(key, 'does not hold a mark') end
-  return {untl = u, exists = true}
-end
-
-local function copy(k)
-  local s = k.stored
-  if k.type == 'token' then return {at = s.at, debt = s.debt} end
-  if k.type == 'mark' then return {untl = s.untl} end
-  if k.type == 'lease' then
-    local l = {}
-    for i, x in ipairs(s.l) do l[i] = {x[1], x[2]} end
-    return {l = l}
+-- loadWindow returns the stored counter, whether the key exists, and the
+-- string it holds (save writes only a counter whose string differs).
+local function loadWindow(key)
+  local raw = redis.pcall('GET', key)
+  if raw == false then return {0, 0}, false, nil end
+  if type(raw) == 'table' then
+    -- WRONGTYPE: the hash of earlier versions, or not a window at all.
+    return legacyWindow(key), true, nil
   end
-  local b = {}
-  for i, x in ipairs(s.b) do b[i] = {x[1], x[2]} end
-  return {width = s.width, high = s.high, b = b}
+  local ok, c = pcall(cmsgpack.unpack, raw)
+  if not ok or type(c) ~= 'table' or type(c[1]) ~= 'number' or c[1] <= 0 or type(c[2]) ~= 'number' then
+    fail(key, 'does not hold a window')
+  end
+  local n = #c
+  for i = 3, n do
+    local v = c[i]
+    if type(v) ~= 'number' or v < 0 then fail(key, 'does not hold a window') end
+  end
+  if n > 3 + maxBuckets then fail(key, 'does not hold a window') end
+  return c, true, raw
 end
-
-local function reset()
-  for _, k in ipairs(order) do k.work = copy(k) end
-end
-
--- Windows ---------------------------------------------------------------
 
 -- touch makes c a window of width w whose high-water mark is at least
 -- now's bucket, and drops the buckets older than high-M.
 local function touch(c, w, m)
   local cur = math.floor(now / w)
-  if c.width ~= w then
+  local n = #c
+  if c[1] ~= w then
     -- Fresh, or counted in another width: start over.
-    c.width, c.high, c.b = w, cur, {}
+    for i = n, 3, -1 do c[i] = nil end
+    c[1], c[2], n = w, cur, 2
   end
-  if cur > c.high then c.high = cur end
-  local i = 1
-  while i <= #c.b and c.b[i][1] < c.high - m do i = i + 1 end
-  if i > 1 then
-    local b = {}
-    for j = i, #c.b do b[#b + 1] = c.b[j] end
-    c.b = b
+  local s = cur - c[2]
+  if s > 0 then
+    c[2] = cur
+    if s > m then
+      for i = n, 3, -1 do c[i] = nil end
+      n = 2
+    elseif n > 2 then
+      -- Every bucket moves s places older; those past M drop out.
+      local last = math.min(n + s, 3 + m)
+      for i = last, 3 + s, -1 do c[i] = c[i - s] end
+      for i = 3, math.min(2 + s, last) do c[i] = 0 end
+      for i = n, last + 1, -1 do c[i] = nil end
+      n = last
+    end
   end
+  for i = n, 4 + m, -1 do c[i] = nil end
 end
 
--- view is c as one charge sees it: b[lo..hi] are the counted buckets,
--- [cur-M, cur] with cur = max(floor(now/w), high); none when c has
--- another width.
+-- view is c as one charge sees it: cur = max(floor(now/w), h), and
+-- c[3..top] are the counted buckets, [cur-M, cur] (top < 3: none, as
+-- when c has another width).
 local function view(c, w, m)
-  local v = {w = w, m = m, cur = math.floor(now / w), lo = 1, hi = 0}
-  if c.width ~= w then return v end
-  if c.high > v.cur then v.cur = c.high end
-  v.b = c.b
-  local lo = 1
-  while lo <= #c.b and c.b[lo][1] < v.cur - m do lo = lo + 1 end
-  local hi = lo - 1
-  while hi < #c.b and c.b[hi + 1][1] <= v.cur do hi = hi + 1 end
-  v.lo, v.hi = lo, hi
-  return v
+  local cur = math.floor(now / w)
+  if c[1] ~= w then return cur, 2 end
+  local high = c[2]
+  if high > cur then cur = high end
+  return cur, math.min(#c, 3 + m - (cur - high))
 end
 
-local function usage(v)
+local function usage(c, top)
   local u = 0
-  for i = v.lo, v.hi do u = u + v.b[i][2] end
+  for i = 3, top do u = u + c[i] end
   return u
 end
 
-local function resetAfter(v, fixed)
-  if fixed then return (v.cur + 1) * v.w - now end
-  if v.hi < v.lo then return 0 end
-  return (v.b[v.hi][1] + v.m + 1) * v.w - now
+-- resetAfter is the time until the newest nonzero counted bucket leaves
+-- the count; for a fixed window, the time to the end of the window.
+local function resetAfter(c, top, cur, w, m, fixed)
+  if fixed then return (cur + 1) * w - now end
+  for i = 3, top do
+    if c[i] > 0 then return (c[2] - (i - 3) + m + 1) * w - now end
+  end
+  return 0
 end
 
 -- retryAfter is the earliest time at which a charge of need (> 0) fits as
 -- the oldest counted buckets leave one by one.
-local function retryAfter(v, fixed, need, amount)
-  if need > amount then return resetAfter(v, fixed) end
-  local u = usage(v)
-  for i = v.lo, v.hi do
-    u = u - v.b[i][2]
-    if u <= amount - need then return (v.b[i][1] + v.m + 1) * v.w - now end
+local function retryAfter(c, top, cur, w, m, fixed, need, amount)
+  if need <= amount then
+    local u = usage(c, top)
+    for i = top, 3, -1 do
+      local x = c[i]
+      if x > 0 then
+        u = u - x
+        if u <= amount - need then return (c[2] - (i - 3) + m + 1) * w - now end
+      end
+    end
   end
-  return resetAfter(v, fixed)
+  return resetAfter(c, top, cur, w, m, fixed)
 end
 
 local function windowStep(c, ch)
-  touch(c, ch.p1, ch.p2)
-  local v = view(c, ch.p1, ch.p2)
+  local w, m = ch.p1, ch.p2
+  touch(c, w, m)
+  local cur, top = view(c, w, m)
   local fixed = ch.kind == 'f'
   local cost, amount = ch.cost, ch.amount
   if cost < 0 then
     local r = -cost
     if ch.p3 ~= 0 and not fixed then
       -- The bucket the refunded cost was charged in, while it counts.
-      local at = math.floor(ch.p3 / ch.p1)
-      for i = v.lo, v.hi do
-        if c.b[i][1] == at then
-          local take = math.min(r, c.b[i][2])
-          c.b[i][2] = c.b[i][2] - take
-          r = r - take
-          break
-        end
+      local i = 3 + cur - math.floor(ch.p3 / w)
+      if i >= 3 and i <= top then
+        local take = math.min(r, c[i])
+        c[i] = c[i] - take
+        r = r - take
       end
     end
-    for i = v.hi, v.lo, -1 do
+    for i = 3, top do
       if r <= 0 then break end
-      local take = math.min(r, c.b[i][2])
-      c.b[i][2] = c.b[i][2] - take
+      local take = math.min(r, c[i])
+      c[i] = c[i] - take
       r = r - take
     end
-    local b = {}
-    for _, x in ipairs(c.b) do
-      if x[2] > 0 then b[#b + 1] = x end
-    end
-    c.b = b
     return true, 0
   elseif cost == 0 then
-    if usage(v) < amount then return true, 0 end
-    return false, retryAfter(v, fixed, 1, amount)
+    if usage(c, top) < amount then return true, 0 end
+    return false, retryAfter(c, top, cur, w, m, fixed, 1, amount)
   end
   local fits, retry = true, 0
-  if cost > amount or usage(v) > amount - cost then
-    fits, retry = false, retryAfter(v, fixed, cost, amount)
+  if cost > amount or usage(c, top) > amount - cost then
+    fits, retry = false, retryAfter(c, top, cur, w, m, fixed, cost, amount)
     if not ch.force then return false, retry end
   end
-  -- touch left every bucket at or below cur = high.
-  local last = c.b[#c.b]
-  if last and last[1] == v.cur then
-    last[2] = last[2] + cost
-  else
-    c.b[#c.b + 1] = {v.cur, cost}
-  end
+  -- touch left cur = h.
+  c[3] = (c[3] or 0) + cost
   return fits, retry
+end
+
+-- encodeWindow is c's string, without its trailing empty buckets.
+local function encodeWindow(c)
+  for i = #c, 3, -1 do
+    if c[i] ~= 0 then break end
+    c[i] = nil
+  end
+  return cmsgpack.pack(c)
 end
 
 -- Token buckets ---------------------------------------------------------
@@ -314,7 +314,40 @@ local function tokenString(c)
   return fmtint(c.at) .. ':' .. fmtfloat(c.debt)
 end
 
+-- parseToken reads "At:Debt"; nil when s is not one.
+local function parseToken(s)
+  local at, d = string.match(s, '^(-?%d+):(.+)$')
+  at, d = tonumber(at), tonumber(d)
+  if at == nil or d == nil then return nil end
+  return {at = at, debt = d}
+end
+
+local function loadToken(key)
+  local v = redis.call('GET', key)
+  if not v then return {at = 0, debt = 0}, false end
+  local c = parseToken(v)
+  if c == nil then fail(key, 'does not hold a token bucket') end
+  return c, true
+end
+
 -- Leases and marks --------------------------------------------------------
+
+local function loadLeases(key)
+  local flat = redis.call('ZRANGEBYSCORE', key, '(' .. fmtint(now), '+inf', 'WITHSCORES')
+  local c = {l = {}}
+  for i = 1, #flat, 2 do
+    c.l[#c.l + 1] = {flat[i], tonumber(flat[i + 1])}
+  end
+  return c, #flat > 0
+end
+
+local function loadMark(key)
+  local v = redis.call('GET', key)
+  if not v then return {}, false end
+  local u = tonumber(v)
+  if u == nil or u ~= math.floor(u) then fail(key, 'does not hold a mark') end
+  return {untl = u}, true
+end
 
 -- firstDeadline is the time until the earliest live deadline, 0 with none.
 local function firstDeadline(c)
@@ -372,54 +405,38 @@ end
 
 local types = {s = 'window', f = 'window', t = 'token', c = 'lease', o = 'mark'}
 local loaders = {window = loadWindow, token = loadToken, lease = loadLeases, mark = loadMark}
-
-local charges = {}
-local marks = 0
-for j = 1, n do
-  local base = 3 + 8 * (j - 1)
-  local flags = ARGV[base + 8]
-  local ch = {
-    ki = tonumber(ARGV[base + 1]),
-    kind = ARGV[base + 2],
-    amount = tonumber(ARGV[base + 3]),
-    p1 = tonumber(ARGV[base + 4]),
-    p2 = tonumber(ARGV[base + 5]),
-    p3 = ARGV[base + 6],
-    cost = tonumber(ARGV[base + 7]),
-    shadow = string.find(flags, 's', 1, true) ~= nil,
-    force = string.find(flags, 'f', 1, true) ~= nil,
-  }
-  local t = types[ch.kind]
-  if t ~= 'lease' then ch.p3 = tonumber(ch.p3) end
-  if ch.ki == nil or KEYS[ch.ki] == nil or ch.amount == nil or ch.p1 == nil or ch.p2 == nil or
-      ch.p3 == nil or ch.cost == nil or t == nil or ch.p1 <= 0 or
-      (t == 'lease' and ch.cost ~= 0 and ch.p3 == '') then
-    return redis.error_reply('ERR tollgate apply: bad charge arguments')
-  end
-  local k = counters[ch.ki]
-  if k == nil then
-    local key = KEYS[ch.ki]
-    k = {key = key, type = t}
-    k.stored = loaders[t](key)
-    counters[ch.ki] = k
-    order[#order + 1] = k
-  elseif k.type ~= t then
-    return redis.error_reply('ERR tollgate apply: a key charged as a ' .. k.type .. ' and a ' .. t)
-  end
-  if t == 'mark' then marks = marks + 1 end
-  ch.k = k
-  -- The last charge on a key says how long its state lives.
-  k.last = ch
-  charges[j] = ch
-end
-if mode == 'try' and marks > 0 and marks < n then
-  return redis.error_reply('ERR tollgate apply: a try with Once charges and others')
-end
-
 local steps = {window = windowStep, token = tokenStep, lease = leaseStep, mark = markStep}
 
 local function step(ch)
   return steps[ch.k.type](ch.k.work, ch)
+end
+
+local function copy(k)
+  local s = k.stored
+  if k.type == 'window' then return {unpack(s)} end
+  if k.type == 'token' then return {at = s.at, debt = s.debt} end
+  if k.type == 'mark' then return {untl = s.untl} end
+  local l = {}
+  for i, x in ipairs(s.l) do l[i] = {x[1], x[2]} end
+  return {l = l}
+end
+
+local function reset(order)
+  for _, k in ipairs(order) do k.work = copy(k) end
+end
+
+-- denial starts over from the stored state and keeps the refunds, the
+-- Force charges and the Once marks, and the time the other charges saw
+-- (a lease counter holds live leases only, and save drops the others).
+local function denial(charges, order)
+  reset(order)
+  for _, ch in ipairs(charges) do
+    if ch.cost < 0 or (ch.cost > 0 and (ch.force or ch.kind == 'o')) then
+      step(ch)
+    elseif ch.k.type == 'window' then
+      touch(ch.k.work, ch.p1, ch.p2)
+    end
+  end
 end
 
 -- Writes ----------------------------------------------------------------
@@ -440,9 +457,9 @@ local function expiry(k)
     end
     return d
   end
-  if c.width ~= ch.p1 then return nil end
-  -- Until then the newest bucket may count, or high still moves cur.
-  return (c.high + ch.p2 + 1) * c.width
+  if c[1] ~= ch.p1 then return nil end
+  -- Until then the newest bucket may count, or h still moves cur.
+  return (c[2] + ch.p2 + 1) * c[1]
 end
 
 -- saveLeases writes the leases that changed. Members whose deadline has
@@ -481,7 +498,7 @@ local function saveMark(k)
     end
     return
   end
-  if s.exists then redis.call('DEL', k.key) end
+  if k.exists then redis.call('DEL', k.key) end
 end
 
 local function save(k)
@@ -490,41 +507,20 @@ local function save(k)
   if k.type == 'lease' then return saveLeases(k, exp) end
   if k.type == 'mark' then return saveMark(k) end
   if exp == nil or exp <= now then
-    if s.exists then redis.call('DEL', k.key) end
+    if k.exists then redis.call('DEL', k.key) end
     return
   end
-  local ttl = fmtint(exp - now + ttlMargin)
   if k.type == 'token' then
     if c.at ~= s.at or c.debt ~= s.debt then
-      redis.call('SET', k.key, tokenString(c), 'PX', ttl)
+      redis.call('SET', k.key, tokenString(c), 'PX', fmtint(exp - now + ttlMargin))
     end
     return
   end
-  local had, kept = {}, {}
-  for _, x in ipairs(s.b) do had[x[1]] = x[2] end
-  for _, x in ipairs(c.b) do kept[x[1]] = x[2] end
-  local del, set = {}, {}
-  for _, x in ipairs(s.b) do
-    if kept[x[1]] == nil then del[#del + 1] = fmtint(x[1]) end
+  -- A window: only when its string changed, as the hash's fields did.
+  local v = encodeWindow(c)
+  if v ~= k.raw then
+    redis.call('SET', k.key, v, 'PX', fmtint(exp - now + ttlMargin))
   end
-  for _, x in ipairs(c.b) do
-    if had[x[1]] ~= x[2] then
-      set[#set + 1] = fmtint(x[1])
-      set[#set + 1] = fmtint(x[2])
-    end
-  end
-  if c.width ~= s.width then
-    set[#set + 1] = 'w'
-    set[#set + 1] = fmtint(c.width)
-  end
-  if c.high ~= s.high or not s.exists then
-    set[#set + 1] = 'h'
-    set[#set + 1] = fmtint(c.high)
-  end
-  if #del == 0 and #set == 0 then return end
-  if #del > 0 then redis.call('HDEL', k.key, unpack(del)) end
-  if #set > 0 then redis.call('HSET', k.key, unpack(set)) end
-  redis.call('PEXPIRE', k.key, ttl)
 end
 
 -- Undo ------------------------------------------------------------------
@@ -577,23 +573,23 @@ local function undoData(k, work, alt)
     end
     return encodeLeases(entries), ''
   end
-  local token = k.type == 'token'
-  if token then
+  if k.type == 'token' then
     local a, b = tokenString(work), tokenString(alt)
     if a == b then return '', '' end
     return a, b
   end
   local had = {}
-  if alt.width == work.width then
-    for _, x in ipairs(alt.b) do had[x[1]] = x[2] end
+  if alt[1] == work[1] then
+    for i = 3, #alt do had[alt[2] - (i - 3)] = alt[i] end
   end
   local parts = {}
-  for _, x in ipairs(work.b) do
-    local d = x[2] - (had[x[1]] or 0)
-    if d > 0 then parts[#parts + 1] = fmtint(x[1]) .. ':' .. fmtint(d) end
+  for i = 3, #work do
+    local idx = work[2] - (i - 3)
+    local d = work[i] - (had[idx] or 0)
+    if d > 0 then parts[#parts + 1] = fmtint(idx) .. ':' .. fmtint(d) end
   end
   if #parts == 0 then return '', '' end
-  return fmtint(work.width) .. ';' .. table.concat(parts, ','), ''
+  return fmtint(work[1]) .. ';' .. table.concat(parts, ','), ''
 end
 
 -- undo takes back what a try kept on k. A window loses the counts the try
@@ -630,15 +626,11 @@ local function undo(k, a, b)
   end
   if k.type == 'window' then
     local width, rest = string.match(a, '^(%d+);(.*)$')
-    if tonumber(width) ~= c.width then return end
-    local take = {}
-    for idx, d in string.gmatch(rest, '(-?%d+):(%d+)') do take[tonumber(idx)] = tonumber(d) end
-    local out = {}
-    for _, x in ipairs(c.b) do
-      local left = x[2] - (take[x[1]] or 0)
-      if left > 0 then out[#out + 1] = {x[1], left} end
+    if tonumber(width) ~= c[1] then return end
+    for idx, d in string.gmatch(rest, '(-?%d+):(%d+)') do
+      local i = 3 + c[2] - tonumber(idx)
+      if i >= 3 and i <= #c then c[i] = math.max(c[i] - tonumber(d), 0) end
     end
-    c.b = out
     return
   end
   local kept, alt = {at = 0, debt = 0}, {at = 0, debt = 0}
@@ -651,92 +643,136 @@ local function undo(k, a, b)
     c.at, c.debt = alt.at, alt.debt
     return
   end
-  local floor = debt(alt)
-  setDebt(c, math.max(debt(c) - (debt(kept) - floor), floor))
+  local fl = debt(alt)
+  setDebt(c, math.max(debt(c) - (debt(kept) - fl), fl))
 end
 
 -- Run -------------------------------------------------------------------
 
-local out = {1}
-local void = false
-reset()
-if mode == 'undo' then
-  for ki = 1, #KEYS do
-    local k = counters[ki]
-    local e = 3 + 8 * n + 2 * (ki - 1)
-    if k then undo(k, ARGV[e + 1], ARGV[e + 2]) end
+local function apply(keys, argv)
+  mode, now = argv[1], tonumber(argv[2])
+  local n = tonumber(argv[3])
+  if now == nil or n == nil or (mode ~= 'apply' and mode ~= 'try' and mode ~= 'undo' and mode ~= 'void') then
+    return redis.error_reply('ERR tollgate apply: bad arguments')
   end
-  for j = 1, n do
-    out[4 * j - 2], out[4 * j - 1] = 1, 0
+  local extra = 0
+  if mode == 'undo' then extra = 2 * #keys end
+  if #argv ~= 3 + 8 * n + extra then
+    return redis.error_reply('ERR tollgate apply: bad argument count')
   end
-else
-  local admitted = true
-  void = mode == 'void'
-  for j, ch in ipairs(charges) do
-    local fits, retry = step(ch)
-    local o = 4 * j - 2
-    if fits then out[o] = 1 else out[o] = 0 end
-    out[o + 1] = retry
-    if ch.cost >= 0 and not fits then
-      if ch.kind == 'o' then
-        void = true
-      elseif not ch.shadow and not ch.force then
-        admitted = false
-      end
-    end
-  end
-  -- denial starts over from the stored state and keeps the refunds, the
-  -- Force charges and the Once marks, and the time the other charges saw
-  -- (a lease counter holds live leases only, and save drops the others).
-  local function denial()
-    reset()
-    for _, ch in ipairs(charges) do
-      if ch.cost < 0 or (ch.cost > 0 and (ch.force or ch.kind == 'o')) then
-        step(ch)
-      elseif ch.k.type == 'window' then
-        touch(ch.k.work, ch.p1, ch.p2)
-      end
-    end
-  end
-  if void then
-    out[1] = 0
-    reset()
-  elseif not admitted then
-    out[1] = 0
-    denial()
-  elseif mode == 'try' then
-    local kept = {}
-    for ki, k in pairs(counters) do kept[ki] = k.work end
-    denial()
-    local base = 1 + 4 * n
-    for ki = 1, #KEYS do
-      local k = counters[ki]
-      local a, b = '', ''
-      if k then
-        a, b = undoData(k, kept[ki], k.work)
-        k.work = kept[ki]
-      end
-      out[base + 2 * ki - 1], out[base + 2 * ki] = a, b
-    end
-  end
-end
-if not void then
-  for _, k in ipairs(order) do save(k) end
-end
 
--- Every result describes its counter after the whole Apply.
-for j, ch in ipairs(charges) do
-  local o = 4 * j - 2
-  local c = ch.k.work
-  if ch.k.type == 'token' then
-    out[o + 2], out[o + 3] = fmtfloat(debt(c)), 0
-  elseif ch.k.type == 'lease' then
-    out[o + 2], out[o + 3] = #c.l, firstDeadline(c)
-  elseif ch.k.type == 'mark' then
-    out[o + 2], out[o + 3] = 0, 0
-  else
-    local v = view(c, ch.p1, ch.p2)
-    out[o + 2], out[o + 3] = usage(v), resetAfter(v, ch.kind == 'f')
+  local counters, order, charges = {}, {}, {}
+  local marks = 0
+  for j = 1, n do
+    local base = 3 + 8 * (j - 1)
+    local flags = argv[base + 8]
+    local ch = {
+      ki = tonumber(argv[base + 1]),
+      kind = argv[base + 2],
+      amount = tonumber(argv[base + 3]),
+      p1 = tonumber(argv[base + 4]),
+      p2 = tonumber(argv[base + 5]),
+      p3 = argv[base + 6],
+      cost = tonumber(argv[base + 7]),
+      shadow = flags ~= '' and string.find(flags, 's', 1, true) ~= nil,
+      force = flags ~= '' and string.find(flags, 'f', 1, true) ~= nil,
+    }
+    local t = types[ch.kind]
+    if t ~= 'lease' then ch.p3 = tonumber(ch.p3) end
+    if ch.ki == nil or keys[ch.ki] == nil or ch.amount == nil or ch.p1 == nil or ch.p2 == nil or
+        ch.p3 == nil or ch.cost == nil or t == nil or ch.p1 <= 0 or
+        (t == 'lease' and ch.cost ~= 0 and ch.p3 == '') then
+      return redis.error_reply('ERR tollgate apply: bad charge arguments')
+    end
+    local k = counters[ch.ki]
+    if k == nil then
+      local key = keys[ch.ki]
+      k = {key = key, type = t}
+      k.stored, k.exists, k.raw = loaders[t](key)
+      counters[ch.ki] = k
+      order[#order + 1] = k
+    elseif k.type ~= t then
+      return redis.error_reply('ERR tollgate apply: a key charged as a ' .. k.type .. ' and a ' .. t)
+    end
+    if t == 'mark' then marks = marks + 1 end
+    ch.k = k
+    -- The last charge on a key says how long its state lives.
+    k.last = ch
+    charges[j] = ch
   end
+  if mode == 'try' and marks > 0 and marks < n then
+    return redis.error_reply('ERR tollgate apply: a try with Once charges and others')
+  end
+
+  local out = {1}
+  local void = false
+  reset(order)
+  if mode == 'undo' then
+    for ki = 1, #keys do
+      local k = counters[ki]
+      local e = 3 + 8 * n + 2 * (ki - 1)
+      if k then undo(k, argv[e + 1], argv[e + 2]) end
+    end
+    for j = 1, n do
+      out[4 * j - 2], out[4 * j - 1] = 1, 0
+    end
+  else
+    local admitted = true
+    void = mode == 'void'
+    for j, ch in ipairs(charges) do
+      local fits, retry = step(ch)
+      local o = 4 * j - 2
+      if fits then out[o] = 1 else out[o] = 0 end
+      out[o + 1] = retry
+      if ch.cost >= 0 and not fits then
+        if ch.kind == 'o' then
+          void = true
+        elseif not ch.shadow and not ch.force then
+          admitted = false
+        end
+      end
+    end
+    if void then
+      out[1] = 0
+      reset(order)
+    elseif not admitted then
+      out[1] = 0
+      denial(charges, order)
+    elseif mode == 'try' then
+      local kept = {}
+      for ki, k in pairs(counters) do kept[ki] = k.work end
+      denial(charges, order)
+      local base = 1 + 4 * n
+      for ki = 1, #keys do
+        local k = counters[ki]
+        local a, b = '', ''
+        if k then
+          a, b = undoData(k, kept[ki], k.work)
+          k.work = kept[ki]
+        end
+        out[base + 2 * ki - 1], out[base + 2 * ki] = a, b
+      end
+    end
+  end
+  if not void then
+    for _, k in ipairs(order) do save(k) end
+  end
+
+  -- Every result describes its counter after the whole Apply.
+  for j, ch in ipairs(charges) do
+    local o = 4 * j - 2
+    local c = ch.k.work
+    if ch.k.type == 'token' then
+      out[o + 2], out[o + 3] = fmtfloat(debt(c)), 0
+    elseif ch.k.type == 'lease' then
+      out[o + 2], out[o + 3] = #c.l, firstDeadline(c)
+    elseif ch.k.type == 'mark' then
+      out[o + 2], out[o + 3] = 0, 0
+    else
+      local w, m = ch.p1, ch.p2
+      local cur, top = view(c, w, m)
+      out[o + 2], out[o + 3] = usage(c, top), resetAfter(c, top, cur, w, m, ch.kind == 'f')
+    end
+  end
+  return out
 end
-return out

@@ -161,9 +161,9 @@ func TestSentinel(t *testing.T) {
 		t.Fatalf("Ping: %v", err)
 	}
 	ch := limit.Charge{Key: key(limit.SlidingWindow, time.Hour, "a"), Algorithm: limit.SlidingWindow, Amount: 3, Window: time.Hour, Cost: 1}
-	apply(t, s, t0, ch) // loads the script
+	apply(t, s, t0, ch) // loads the function
 	h.n.Store(0)
-	before := commandCalls(t, master.Client(t), "evalsha")
+	before := commandCalls(t, master.Client(t), "fcall")
 	for i, want := range []bool{true, false} {
 		if ok, res := apply(t, s, t0, ch, ch); ok != want {
 			t.Fatalf("decision %d: admitted %v, want %v (%+v)", i, ok, want, res)
@@ -172,8 +172,8 @@ func TestSentinel(t *testing.T) {
 	if got := h.n.Load(); got != 2 {
 		t.Errorf("%d round trips for 2 decisions", got)
 	}
-	if got := commandCalls(t, master.Client(t), "evalsha") - before; got != 2 {
-		t.Errorf("the master counted %d EVALSHA for 2 decisions", got)
+	if got := commandCalls(t, master.Client(t), "fcall") - before; got != 2 {
+		t.Errorf("the master counted %d FCALL for 2 decisions", got)
 	}
 }
 

@@ -156,7 +156,7 @@ func (s *Store) applyRest(ctx context.Context, now int64, charges []limit.Charge
 	if err != nil {
 		return false, err
 	}
-	rep, err := s.run(ctx, s.c, call)
+	rep, err := s.run(ctx, call)
 	if err != nil {
 		return false, err
 	}
@@ -263,9 +263,9 @@ func (s *Store) takeBack(ctx context.Context, a *attempt) []error {
 }
 
 // runGroups runs one script call per group in one pipeline; the cluster
-// client sends each to its slot's master, the masters in parallel. The
-// pipeline cannot fall back from EVALSHA to EVAL, so a group that gets
-// NOSCRIPT runs again with EVAL, which loads the script on its master.
+// client sends each to its slot's master, the masters in parallel. A
+// group the pipeline could not run for want of the code (see applier)
+// runs again on its own, which loads it.
 func (s *Store) runGroups(ctx context.Context, groups []group) {
 	if len(groups) == 0 {
 		return
@@ -273,21 +273,18 @@ func (s *Store) runGroups(ctx context.Context, groups []group) {
 	cmds := make([]*redis.Cmd, len(groups))
 	pipe := s.cluster.Pipeline()
 	for i := range groups {
-		cmds[i] = s.script.EvalSha(ctx, pipe, groups[i].call.keys, groups[i].call.args...)
+		cmds[i] = s.apply.cmd(ctx, pipe, groups[i].call)
 	}
 	_, _ = pipe.Exec(ctx)
 	for i, cmd := range cmds {
 		g := &groups[i]
-		err := cmd.Err()
-		if redis.HasErrorPrefix(err, "NOSCRIPT") {
-			cmd = s.script.Eval(ctx, s.cluster, g.call.keys, g.call.args...)
-			err = cmd.Err()
+		var err error
+		if retryable(cmd.Err()) {
+			g.rep, err = s.apply.run(ctx, s.cluster, g.call)
+		} else {
+			g.rep, err = cmd.Slice()
 		}
 		if err != nil {
-			g.err = fmt.Errorf("run apply script: %w", err)
-			continue
-		}
-		if g.rep, err = cmd.Slice(); err != nil {
 			g.err = fmt.Errorf("run apply script: %w", err)
 		}
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -74,11 +76,7 @@ func TestClusterDenialLeavesOtherSlotsUncharged(t *testing.T) {
 	snapshot := func() map[string]string {
 		out := map[string]string{}
 		for _, k := range []string{a.Key, c.Key} {
-			h, err := raw.HGetAll(ctx, k).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			out[k] = fmt.Sprint(h)
+			out[k] = windowState(t, raw, k)
 		}
 		v, err := raw.Get(ctx, b.Key).Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
@@ -145,8 +143,9 @@ func TestClusterDenialLeavesOtherSlotsUncharged(t *testing.T) {
 		t.Fatalf("a failed decision changed the other slots:\nbefore %v\nafter  %v", before, after)
 	}
 
-	// After SCRIPT FLUSH the per-slot calls load the script again.
-	err := raw.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return c.ScriptFlush(ctx).Err() })
+	// After FUNCTION FLUSH (as after a restart without persistence) the
+	// per-slot calls load the library again, on every master.
+	err := raw.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return c.FunctionFlush(ctx).Err() })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,11 +196,7 @@ func TestClusterMarksAndLeases(t *testing.T) {
 	}
 	window := func() string {
 		t.Helper()
-		h, err := raw.HGetAll(ctx, a.Key).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return fmt.Sprint(h)
+		return windowState(t, raw, a.Key)
 	}
 	leases := func() string {
 		t.Helper()
@@ -278,3 +273,70 @@ func TestClusterMarksAndLeases(t *testing.T) {
 }
 
 func force(c limit.Charge) limit.Charge { c.Force = true; return c }
+
+// TestClusterRestartedMaster checks that a master that lost the library
+// (restarted without persistence) gets it again: decisions on its slots
+// alone, and across slots, run after it rejoins.
+func TestClusterRestartedMaster(t *testing.T) {
+	t.Parallel()
+	c := redistest.StartCluster(t, 3)
+	client, err := NewClient("redis+cluster://" + strings.Join(c.Addrs(), ","))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(client)
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := context.Background()
+	// Charges on every master, so that one of them is on the restarted one.
+	var charges []limit.Charge
+	masters := map[string]bool{}
+	for i := 0; len(masters) < 3; i++ {
+		k := key(limit.SlidingWindow, time.Hour, fmt.Sprint(i))
+		node, err := s.cluster.MasterForKey(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if masters[node.Options().Addr] {
+			continue
+		}
+		masters[node.Options().Addr] = true
+		charges = append(charges, limit.Charge{Key: k, Algorithm: limit.SlidingWindow, Amount: 10, Window: time.Hour, Cost: 1})
+	}
+	if ok, _ := apply(t, s, t0, charges...); !ok {
+		t.Fatal("decision denied")
+	}
+
+	c.Servers()[1].Restart()
+	c.Wait(t)
+	// The client's connections to the restarted node broke with it: the
+	// first calls may fail on them, never for want of the library.
+	run := func(cs ...limit.Charge) []limit.Result {
+		t.Helper()
+		res := make([]limit.Result, len(cs))
+		for attempt := 0; ; attempt++ {
+			ok, err := s.Apply(ctx, t0, cs, res)
+			switch {
+			case err == nil && ok:
+				return res
+			case err == nil, attempt == 5, strings.Contains(err.Error(), "Function not found"):
+				t.Fatalf("Apply after a restart = %v, %v", ok, err)
+			}
+		}
+	}
+	for _, ch := range charges {
+		run(ch)
+	}
+	// Three charges on each key, but the restarted master lost the first.
+	var got []uint64
+	for _, r := range run(charges...) {
+		got = append(got, r.Remaining)
+	}
+	slices.Sort(got)
+	if want := []uint64{7, 7, 8}; !slices.Equal(got, want) {
+		t.Errorf("after the restart, %v left, want %v", got, want)
+	}
+	libs, err := c.Servers()[1].Client(t).FunctionList(ctx, redis.FunctionListQuery{}).Result()
+	if err != nil || len(libs) != 1 || libs[0].Name != "tollgate_"+strings.TrimPrefix(s.apply.fn, "tollgate_apply_") {
+		t.Errorf("the restarted master holds the libraries %+v (%v), want the store's", libs, err)
+	}
+}

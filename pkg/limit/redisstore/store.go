@@ -4,8 +4,9 @@
 // memstore to the millisecond.
 //
 // Every decision on a single node or Sentinel, and every decision whose
-// keys share a Redis Cluster slot, is one EVALSHA: all or nothing by
-// Redis's own atomicity. limit.Key gives the counters of one descriptor
+// keys share a Redis Cluster slot, is one FCALL (one EVALSHA on a server
+// without functions: see applier): all or nothing by Redis's own
+// atomicity. limit.Key gives the counters of one descriptor
 // family one hash tag, so most decisions are one slot.
 //
 // A cluster decision whose keys span slots runs the script once per slot,
@@ -20,6 +21,17 @@
 // decision can see, and be denied by, charges about to be taken back.
 // A lease acquisition or renewal taken back goes to the deadline it had
 // before, if no other decision has changed it since.
+//
+// A window is a string per key, its high-water mark and dense bucket
+// counts in MessagePack, read with one GET and written with one SET (see
+// apply.lua). A hash of bucket fields took three or four commands and
+// most of the script's time to parse and diff, and more memory: a key
+// with all 21 buckets of a default window costs Redis 214 bytes where the
+// hash cost 358, one with one bucket 177 where it cost 193, key and
+// expiry included (BenchmarkKeyMemory). A window still in the hash of
+// earlier versions is read as one and written back as a string; a
+// replica of such a version that meets a rewritten window fails its
+// decision (WRONGTYPE) until it is upgraded too.
 //
 // Concurrency leases are a sorted set per key (member -> deadline), Once
 // marks a string holding the mark's deadline. A Once mark that does not
@@ -56,7 +68,7 @@ var applyLua string
 type Store struct {
 	c       redis.UniversalClient
 	cluster *redis.ClusterClient // nil unless c is a cluster client
-	script  *redis.Script
+	apply   *applier
 }
 
 var _ limit.Store = (*Store)(nil)
@@ -66,7 +78,7 @@ var _ limit.Store = (*Store)(nil)
 // each decision in one script call.
 func New(c redis.UniversalClient) *Store {
 	cc, _ := c.(*redis.ClusterClient)
-	return &Store{c: c, cluster: cc, script: redis.NewScript(applyLua)}
+	return &Store{c: c, cluster: cc, apply: newApplier(applyLua)}
 }
 
 // Ping checks that Redis answers (every master, for a cluster).
@@ -107,15 +119,15 @@ func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge
 	if err != nil {
 		return false, err
 	}
-	rep, err := s.run(ctx, s.c, call)
+	rep, err := s.run(ctx, call)
 	if err != nil {
 		return false, err
 	}
 	return call.decode(rep, charges, res)
 }
 
-func (s *Store) run(ctx context.Context, c redis.Scripter, call *call) ([]any, error) {
-	rep, err := s.script.Run(ctx, c, call.keys, call.args...).Slice()
+func (s *Store) run(ctx context.Context, call *call) ([]any, error) {
+	rep, err := s.apply.run(ctx, s.c, call)
 	if err != nil {
 		return nil, fmt.Errorf("run apply script: %w", err)
 	}

@@ -455,15 +455,16 @@ func TestApplyTTLValues(t *testing.T) {
 	}
 }
 
-// roundTrips counts the commands a client sends.
-type roundTrips struct{ n, evalsha atomic.Int64 }
+// roundTrips counts the commands a client sends, and among them the runs
+// of the apply code (FCALL, or EVALSHA on a server without functions).
+type roundTrips struct{ n, runs atomic.Int64 }
 
 func (h *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		h.n.Add(1)
-		if cmd.Name() == "evalsha" {
-			h.evalsha.Add(1)
+		if cmd.Name() == "fcall" || cmd.Name() == "evalsha" {
+			h.runs.Add(1)
 		}
 		return next(ctx, cmd)
 	}
@@ -504,15 +505,22 @@ func commandStats(t testing.TB, c *redis.Client, cmd string) (calls, usec int64)
 	return calls, usec
 }
 
+// scriptStats sums INFO commandstats' calls and usec over the commands
+// that run the apply code, however the store sends it.
+func scriptStats(t testing.TB, c *redis.Client) (calls, usec int64) {
+	t.Helper()
+	for _, cmd := range []string{"fcall", "evalsha", "eval"} {
+		n, u := commandStats(t, c, cmd)
+		calls += n
+		usec += u
+	}
+	return calls, usec
+}
+
 func commandCalls(t testing.TB, c *redis.Client, cmd string) int64 {
 	t.Helper()
 	calls, _ := commandStats(t, c, cmd)
 	return calls
-}
-
-func evalshaStats(t testing.TB, c *redis.Client) (calls, usec int64) {
-	t.Helper()
-	return commandStats(t, c, "evalsha")
 }
 
 func TestApplyOneRoundTrip(t *testing.T) {
@@ -527,10 +535,10 @@ func TestApplyOneRoundTrip(t *testing.T) {
 
 	r := rand.New(rand.NewPCG(3, 3))
 	now := t0
-	apply(t, s, now, randomCharges(r, now, true)...) // loads the script (EVALSHA, NOSCRIPT, EVAL)
+	apply(t, s, now, randomCharges(r, now, true)...) // loads the function (FCALL, FUNCTION LOAD, FCALL)
 	h.n.Store(0)
-	h.evalsha.Store(0)
-	before := commandCalls(t, admin, "evalsha")
+	h.runs.Store(0)
+	before := commandCalls(t, admin, "fcall")
 	const decisions = 50
 	for range decisions {
 		now = now.Add(time.Second)
@@ -539,30 +547,61 @@ func TestApplyOneRoundTrip(t *testing.T) {
 	if got := h.n.Load(); got != decisions {
 		t.Errorf("%d round trips for %d decisions", got, decisions)
 	}
-	if got := h.evalsha.Load(); got != decisions {
-		t.Errorf("%d EVALSHA for %d decisions", got, decisions)
+	if got := h.runs.Load(); got != decisions {
+		t.Errorf("%d FCALL for %d decisions", got, decisions)
 	}
-	if got := commandCalls(t, admin, "evalsha") - before; got != decisions {
-		t.Errorf("server counted %d EVALSHA for %d decisions", got, decisions)
+	if got := commandCalls(t, admin, "fcall") - before; got != decisions {
+		t.Errorf("server counted %d FCALL for %d decisions", got, decisions)
 	}
 }
 
-func TestApplyAfterScriptFlush(t *testing.T) {
+// TestApplyLoadsCode checks that the store loads its code again when the
+// server lost it, and runs scripts on a server without functions.
+func TestApplyLoadsCode(t *testing.T) {
 	t.Parallel()
-	s, c := newSingle(t)
-	ctx := context.Background()
-	ch := limit.Charge{Key: key(limit.FixedWindow, time.Hour, "a"), Algorithm: limit.FixedWindow, Amount: 10, Window: time.Hour, Cost: 1}
-	apply(t, s, t0, ch)
-	if err := c.ScriptFlush(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	ok, res := apply(t, s, t0, ch)
-	if !ok || res[0].Remaining != 8 {
-		t.Fatalf("after SCRIPT FLUSH: admitted %v, %+v; want admitted with 8 left", ok, res[0])
-	}
-	exists, err := c.ScriptExists(ctx, s.script.Hash()).Result()
-	if err != nil || !exists[0] {
-		t.Errorf("script not loaded again after SCRIPT FLUSH: %v, %v", exists, err)
+	for _, tt := range []struct {
+		name string
+		args []string
+		// wantRun is the command that runs the code once it is loaded.
+		wantRun string
+	}{
+		{name: "functions", wantRun: "fcall"},
+		{name: "no FCALL", args: []string{"--rename-command", "FCALL", ""}, wantRun: "evalsha"},
+		{name: "no FUNCTION", args: []string{"--rename-command", "FUNCTION", ""}, wantRun: "evalsha"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s, c := newSingle(t, redistest.WithArgs(tt.args...))
+			ctx := context.Background()
+			ch := limit.Charge{Key: key(limit.FixedWindow, time.Hour, "a"), Algorithm: limit.FixedWindow, Amount: 10, Window: time.Hour, Cost: 1}
+			apply(t, s, t0, ch)
+			for i, flush := range []func() error{
+				func() error { return c.ScriptFlush(ctx).Err() },
+				func() error {
+					if tt.wantRun != "fcall" {
+						return nil
+					}
+					return c.FunctionFlush(ctx).Err()
+				},
+			} {
+				if err := flush(); err != nil {
+					t.Fatal(err)
+				}
+				before := commandCalls(t, c, tt.wantRun)
+				ok, res := apply(t, s, t0, ch)
+				if want := uint64(10 - 2 - i); !ok || res[0].Remaining != want {
+					t.Fatalf("flush %d: admitted %v, %+v; want admitted with %d left", i, ok, res[0], want)
+				}
+				if got := commandCalls(t, c, tt.wantRun) - before; got < 1 {
+					t.Errorf("flush %d: no %s", i, tt.wantRun)
+				}
+			}
+			before := commandCalls(t, c, tt.wantRun)
+			apply(t, s, t0, ch)
+			if got := commandCalls(t, c, tt.wantRun) - before; got != 1 {
+				t.Errorf("a decision after the code was loaded: %d %s, want 1", got, tt.wantRun)
+			}
+		})
 	}
 }
 
@@ -714,7 +753,7 @@ func BenchmarkApply(b *testing.B) {
 			if _, err := s.Apply(ctx, now, cs, res); err != nil { // loads the script
 				b.Fatal(err)
 			}
-			calls, usec := evalshaStats(b, admin)
+			calls, usec := scriptStats(b, admin)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for b.Loop() {
@@ -725,7 +764,7 @@ func BenchmarkApply(b *testing.B) {
 			}
 			b.StopTimer()
 			// The script's own time in Redis, apart from the round trip.
-			calls2, usec2 := evalshaStats(b, admin)
+			calls2, usec2 := scriptStats(b, admin)
 			if calls2 > calls {
 				b.ReportMetric(float64(usec2-usec)/float64(calls2-calls), "redis-µs/op")
 			}
