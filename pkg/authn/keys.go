@@ -97,7 +97,10 @@ func (k *Keys) Lookup(presented string) (Identity, bool) {
 	if k == nil || presented == "" {
 		return Identity{}, false
 	}
-	h := sha256.Sum256([]byte(presented))
+	// Hashed from a copy on the stack: a conversion allocates for a key
+	// longer than 32 bytes, and Lookup runs on every request.
+	var buf [256]byte
+	h := sha256.Sum256(append(buf[:0], presented...))
 	e, ok := k.set.byHash[h]
 	// The map finds the entry by comparing hashes, which says nothing
 	// useful about the key (SHA-256 is preimage resistant); the constant-

@@ -68,7 +68,6 @@ func tooLargeMessage(limit int64) string {
 // Envoy applies its own failure_mode_allow / status_on_error, as for
 // ShouldRateLimit.
 func toAnswer(ctx context.Context, err error, c *call) (*authv3.CheckResponse, string, error) {
-	var p *problem
 	switch {
 	case err == nil && (c.dec == nil || c.dec.Code == limit.CodeOK):
 		return okResponse(c), resultOK, nil
@@ -78,6 +77,11 @@ func toAnswer(ctx context.Context, err error, c *call) (*authv3.CheckResponse, s
 		return unavailableResponse(c, "upstream_unavailable", "The model is failing and temporarily unavailable"), resultBreakerOpen, nil
 	case err == nil:
 		return overLimitResponse(c), resultOverLimit, nil
+	}
+	// Declared past the answers without an error: errors.As moves p to
+	// the heap, which every admitted request would pay for.
+	var p *problem
+	switch {
 	case errors.As(err, &p):
 		return deniedResponse(p, c), p.result, nil
 	case errors.Is(err, limit.ErrInvalid):
@@ -100,37 +104,123 @@ func option(key, value string) *corev3.HeaderValueOption {
 	}
 }
 
+// optionValue is an option and its header, allocated together.
+type optionValue struct {
+	option corev3.HeaderValueOption
+	header corev3.HeaderValue
+}
+
+// options returns an option (as option makes it) for each of hs, in two
+// allocations rather than two per header: every answer sets several.
+func options(hs []headers.Header) []*corev3.HeaderValueOption {
+	if len(hs) == 0 {
+		return nil
+	}
+	return fillOptions(hs, make([]optionValue, len(hs)), make([]*corev3.HeaderValueOption, len(hs)))
+}
+
+// fillOptions is options in storage the caller has: vs and out are as
+// long as hs.
+func fillOptions(hs []headers.Header, vs []optionValue, out []*corev3.HeaderValueOption) []*corev3.HeaderValueOption {
+	for i, h := range hs {
+		v := &vs[i]
+		v.header.Key, v.header.Value = h.Key, h.Value
+		v.option.Header = &v.header
+		v.option.AppendAction = corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
+		out[i] = &v.option
+	}
+	return out
+}
+
+// okAnswer is an admitted request's answer. Its messages are allocated
+// together, not one by one, since Check answers most requests with one.
+type okAnswer struct {
+	resp   authv3.CheckResponse
+	status rpcstatus.Status
+	oneof  authv3.CheckResponse_OkResponse
+	ok     authv3.OkHttpResponse
+	remove [3]string
+	opts   [3 + maxRateLimitHeaders]optionValue
+	ptrs   [3 + maxRateLimitHeaders]*corev3.HeaderValueOption
+	meta   metaValues
+}
+
 func okResponse(c *call) *authv3.CheckResponse {
-	ok := &authv3.OkHttpResponse{}
+	a := &okAnswer{}
+	var buf [3 + maxRateLimitHeaders]headers.Header
+	set := buf[:0]
 	// Each identity header is set, overwriting what the client sent, or,
 	// when there is no value, removed. Never both: Envoy removes after it
 	// sets, so removing a header it set would drop it.
-	for _, h := range [...]struct{ name, value string }{
-		{HeaderTenant, c.id.Tenant}, {HeaderTier, c.id.Tier}, {HeaderModel, c.model},
+	removed := 0
+	for _, h := range [...]headers.Header{
+		{Key: HeaderTenant, Value: c.id.Tenant}, {Key: HeaderTier, Value: c.id.Tier}, {Key: HeaderModel, Value: c.model},
 	} {
-		if h.value != "" && printable(h.value) {
-			ok.Headers = append(ok.Headers, option(h.name, h.value))
+		if h.Value != "" && printable(h.Value) {
+			set = append(set, h)
 		} else {
-			ok.HeadersToRemove = append(ok.HeadersToRemove, h.name)
+			a.remove[removed] = h.Key
+			removed++
 		}
 	}
-	ok.ResponseHeadersToAdd = rateLimitHeaders(c, nil)
-	return &authv3.CheckResponse{
-		Status:          &rpcstatus.Status{Code: int32(codes.OK)},
-		HttpResponse:    &authv3.CheckResponse_OkResponse{OkResponse: ok},
-		DynamicMetadata: metadata(c),
+	identity := len(set)
+	set = rateLimitHeaders(c, set)
+	var all []*corev3.HeaderValueOption
+	if len(set) <= len(a.opts) {
+		all = fillOptions(set, a.opts[:len(set)], a.ptrs[:len(set)])
+	} else {
+		all = options(set) // more headers than maxRateLimitHeaders says
 	}
+	if identity > 0 {
+		a.ok.Headers = all[:identity:identity]
+	}
+	if len(all) > identity {
+		a.ok.ResponseHeadersToAdd = all[identity:]
+	}
+	if removed > 0 {
+		a.ok.HeadersToRemove = a.remove[:removed]
+	}
+	a.status.Code = int32(codes.OK)
+	a.oneof.OkResponse = &a.ok
+	a.resp.Status = &a.status
+	a.resp.HttpResponse = &a.oneof
+	a.resp.DynamicMetadata = a.meta.fill(c)
+	return &a.resp
+}
+
+// metaValues holds an admitted request's dynamic metadata: the struct
+// and its values, allocated together rather than two allocations a value.
+type metaValues struct {
+	meta   structpb.Struct
+	values [7]structpb.Value
+	strs   [5]structpb.Value_StringValue
+	nums   [2]structpb.Value_NumberValue
 }
 
 // metadata is the dynamic metadata of an admitted request: who and what,
 // and, when it reserved something, the ticket that settles it.
-func metadata(c *call) *structpb.Struct {
+func metadata(c *call) *structpb.Struct { return new(metaValues).fill(c) }
+
+func (m *metaValues) fill(c *call) *structpb.Struct {
 	f := make(map[string]*structpb.Value, 7)
+	nv, ns, nn := 0, 0, 0 // values, strings and numbers used
+	str := func(k, v string) {
+		m.strs[ns].StringValue = v
+		m.values[nv].Kind = &m.strs[ns]
+		f[k] = &m.values[nv]
+		nv, ns = nv+1, ns+1
+	}
+	num := func(k string, v float64) {
+		m.nums[nn].NumberValue = v
+		m.values[nv].Kind = &m.nums[nn]
+		f[k] = &m.values[nv]
+		nv, nn = nv+1, nn+1
+	}
 	for _, kv := range [...]struct{ k, v string }{
 		{reservation.FieldTenant, c.id.Tenant}, {reservation.FieldTier, c.id.Tier}, {reservation.FieldModel, c.model},
 	} {
 		if kv.v != "" {
-			f[kv.k] = structpb.NewStringValue(kv.v)
+			str(kv.k, kv.v)
 		}
 	}
 	if c.dec != nil && len(c.dec.Probes) > 0 {
@@ -142,10 +232,8 @@ func metadata(c *call) *structpb.Struct {
 	}
 	if c.dec != nil && c.dec.Reservation != nil {
 		r := c.dec.Reservation
-		f[reservation.FieldReservationID] = structpb.NewStringValue(r.ID)
-		f[reservation.FieldReservedTokens] = structpb.NewNumberValue(float64(r.Tokens))
-		f[reservation.FieldReservedAtMs] = structpb.NewNumberValue(float64(r.At.UnixMilli()))
-		f[reservation.Field] = structpb.NewStringValue(reservation.Encode(&reservation.Reservation{
+		str(reservation.FieldReservationID, r.ID)
+		str(reservation.Field, reservation.Encode(&reservation.Reservation{
 			ID:          r.ID,
 			Domain:      c.req.Domain,
 			Descriptors: c.req.Descriptors,
@@ -156,8 +244,11 @@ func metadata(c *call) *structpb.Struct {
 			Tokens: r.Tokens,
 			At:     r.At,
 		}))
+		num(reservation.FieldReservedTokens, float64(r.Tokens))
+		num(reservation.FieldReservedAtMs, float64(r.At.UnixMilli()))
 	}
-	return &structpb.Struct{Fields: f}
+	m.meta.Fields = f
+	return &m.meta
 }
 
 func overLimitResponse(c *call) *authv3.CheckResponse {
@@ -250,12 +341,13 @@ func deniedResponse(p *problem, c *call) *authv3.CheckResponse {
 		typ = "invalid_request_error"
 	}
 	body, _ := json.Marshal(errorBody{Error: errorDetail{Message: p.msg, Type: typ, Code: p.errCode}})
-	all := rateLimitHeaders(c, []*corev3.HeaderValueOption{option("content-type", "application/json")})
+	var buf [1 + maxRateLimitHeaders]headers.Header
+	all := rateLimitHeaders(c, append(buf[:0], headers.Header{Key: "content-type", Value: "application/json"}))
 	return &authv3.CheckResponse{
 		Status: &rpcstatus.Status{Code: int32(grpcCode(p.status))},
 		HttpResponse: &authv3.CheckResponse_DeniedResponse{DeniedResponse: &authv3.DeniedHttpResponse{
 			Status:  &typev3.HttpStatus{Code: p.status},
-			Headers: all,
+			Headers: options(all),
 			Body:    string(body),
 		}},
 	}
@@ -276,23 +368,24 @@ func grpcCode(s typev3.StatusCode) codes.Code {
 	}
 }
 
+// maxRateLimitHeaders is the most rateLimitHeaders appends: the four of
+// headers.Append and the estimate marker.
+const maxRateLimitHeaders = 5
+
 // rateLimitHeaders appends to dst the x-ratelimit-* and retry-after
 // headers of the decision, as ShouldRateLimit sends them, and the
 // estimate marker.
-func rateLimitHeaders(c *call, dst []*corev3.HeaderValueOption) []*corev3.HeaderValueOption {
+func rateLimitHeaders(c *call, dst []headers.Header) []headers.Header {
 	if c.dec != nil {
 		var buf [8]headers.Quota
 		qs := buf[:0]
 		for i := range c.dec.Statuses {
 			qs = append(qs, quota(&c.dec.Statuses[i]))
 		}
-		var hbuf [4]headers.Header
-		for _, h := range headers.Append(hbuf[:0], qs) {
-			dst = append(dst, option(h.Key, h.Value))
-		}
+		dst = headers.Append(dst, qs)
 	}
 	if c.partial {
-		dst = append(dst, option(HeaderEstimate, "partial-body"))
+		dst = append(dst, headers.Header{Key: HeaderEstimate, Value: "partial-body"})
 	}
 	return dst
 }

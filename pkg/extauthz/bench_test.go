@@ -2,8 +2,10 @@ package extauthz
 
 import (
 	"context"
-	"github.com/tollgate-dev/tollgate/test/testutil"
+	"strings"
 	"testing"
+
+	"github.com/tollgate-dev/tollgate/test/testutil"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -59,6 +61,25 @@ func BenchmarkCheck(b *testing.B) {
 // BenchmarkParseBody is the body parser alone on the same 2 KB body.
 func BenchmarkParseBody(b *testing.B) {
 	body := []byte(chatBody("gpt-4o", 1900, 256))
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		if _, err := ParseBody(body, "model", false); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkParseBodyMixed is a conversation of about 2 KB as clients send
+// it: several messages with escaped newlines and quotes, non-ASCII text,
+// content parts and tools, which take the parser's slower paths.
+func BenchmarkParseBodyMixed(b *testing.B) {
+	turn := `{"role":"user","content":"Résumé of the \"plan\":\n- step one\n- step two ✓\n\tdone."},` +
+		`{"role":"assistant","content":[{"type":"text","text":"Voilà: the plan, in three lines.\nÉtape 1, then 2."}]},`
+	body := []byte(`{"model":"gpt-4o-mini","stream":true,"temperature":0.2,"messages":[{"role":"system","content":"You are terse."},` +
+		strings.Repeat(turn, 9) + `{"role":"user","content":"和平"}],` +
+		`"tools":[{"type":"function","function":{"name":"lookup","parameters":{"type":"object","properties":{"q":{"type":"string"}}}}}],` +
+		`"max_completion_tokens":512}`)
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {

@@ -1,12 +1,13 @@
 package extauthz
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
-	"io"
 	"math"
+	"math/bits"
 	"strconv"
+	"strings"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -54,132 +55,286 @@ var (
 	errChoices   = &bodyError{code: "invalid_n", msg: "n must be a non-negative integer."}
 )
 
-// ParseBody reads the fields of an OpenAI-style body that Check needs,
-// with encoding/json's streaming decoder: the work and memory are linear
-// in len(data), which the caller bounds. modelField names the body's model
-// field ("" reads none). A partial body (Envoy buffered only its start)
-// yields what its prefix holds; a complete one must be exactly one JSON
-// object. An empty body yields a zero Body with Choices 1.
+// maxSkipDepth is how deep a value the parser skips whole may nest:
+// encoding/json's limit, which the parser's first version (a json.Decoder)
+// applied there, kept so that the same bodies are refused.
+const maxSkipDepth = 10000
+
+// errTruncated is a body that ends inside a value: where a partial body
+// was cut, or a broken complete one.
+var errTruncated = errors.New("body ends inside a value")
+
+// ParseBody reads the fields of an OpenAI-style body that Check needs, in
+// one pass that builds nothing it does not keep: the work is linear in
+// len(data), which the caller bounds, and it allocates the model and
+// nothing else (but for a key or model with escapes, which it decodes).
+// modelField names the body's model field ("" reads none). A partial body
+// (Envoy buffered only its start) yields what its prefix holds; a
+// complete one must be exactly one JSON object. An empty body yields a
+// zero Body with Choices 1.
+//
+// It reads JSON as encoding/json does, strictly, with invalid UTF-8 in a
+// string and an unpaired surrogate escape standing for U+FFFD;
+// FuzzParseBodyReference holds it to the json.Decoder version it
+// replaced.
 func ParseBody(data []byte, modelField string, partial bool) (Body, error) {
-	return parseBody(bytes.NewReader(data), modelField, partial)
+	return parseBody(data, modelField, partial)
 }
 
-// parseBody is ParseBody over a reader, so Check reads Envoy's body string
-// and raw_body bytes alike without copying either.
-func parseBody(r io.Reader, modelField string, partial bool) (Body, error) {
-	b := Body{Choices: 1}
-	p := bodyParser{dec: json.NewDecoder(r), body: &b, modelField: modelField}
-	p.dec.UseNumber()
-	err := p.object()
-	if errors.Is(err, errEmpty) {
-		return b, nil
+// parseBody is ParseBody over Envoy's body string or raw_body bytes, so
+// Check copies neither.
+func parseBody[T string | []byte](data T, modelField string, partial bool) (Body, error) {
+	s := scanner[T]{data: data, modelField: modelField, body: Body{Choices: 1}}
+	switch err := s.document(); {
+	case err == nil, err == errTruncated && partial:
+		return s.body, nil
+	case err == errTruncated:
+		return s.body, errNotJSON
+	default:
+		return s.body, err // a *bodyError
 	}
-	if err == nil {
-		// Exactly one value: trailing bytes mean the client and the
-		// upstream may read different things.
-		if _, e := p.dec.Token(); !errors.Is(e, io.EOF) {
-			err = errNotJSON
-		}
-	}
-	if err != nil {
-		if partial && truncated(err) {
-			return b, nil
-		}
-		var be *bodyError
-		if errors.As(err, &be) {
-			return b, be
-		}
-		return b, errNotJSON
-	}
-	return b, nil
 }
 
-// truncated says whether err is where a cut-off body ends.
-func truncated(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
-}
-
-type bodyParser struct {
-	dec        *json.Decoder
-	body       *Body
+// scanner reads one body left to right. A method that reads a value
+// starts with s.i at its first byte (white space skipped, not at the end)
+// and leaves s.i just past it. Errors are errTruncated or a *bodyError
+// (errNotJSON for bad syntax).
+type scanner[T string | []byte] struct {
+	data       T
+	i          int
 	modelField string
+	body       Body
 }
 
-// errEmpty is a body with nothing but white space.
-var errEmpty = errors.New("empty body")
+// token is a scalar's kind and, for a string or a number, where its
+// text is: a string's between its quotes.
+type token struct {
+	kind     tokenKind
+	start    int
+	end      int
+	escaped  bool // a string with a backslash escape
+	nonASCII bool // a string with a byte >= 0x80
+}
 
-func (p *bodyParser) object() error {
-	t, err := p.dec.Token()
-	if errors.Is(err, io.EOF) {
-		return errEmpty
+type tokenKind uint8
+
+const (
+	tokenString tokenKind = iota + 1
+	tokenNumber
+	tokenBool
+	tokenNull
+)
+
+// plain says whether a string token is ASCII without escapes: its text is
+// its value, a byte a character.
+func (t token) plain() bool { return !t.escaped && !t.nonASCII }
+
+func (s *scanner[T]) document() error {
+	if _, err := s.next(); err != nil {
+		return nil // nothing but white space
 	}
-	if err != nil {
-		return err
-	}
-	if t != json.Delim('{') {
+	switch s.data[s.i] {
+	case '{':
+	case '[':
+		return errNotObject
+	default:
+		if _, err := s.scalar(); err != nil {
+			return err
+		}
 		return errNotObject
 	}
-	for p.dec.More() {
-		kt, err := p.dec.Token()
-		if err != nil {
-			return err
-		}
-		key, _ := kt.(string)
-		switch {
-		case p.modelField != "" && key == p.modelField:
-			err = p.model()
-		case key == "max_tokens" || key == "max_completion_tokens":
-			err = p.maxTokens()
-		case key == "n":
-			err = p.choices()
-		case key == "messages":
-			err = p.messages()
-		case key == "prompt":
-			err = p.prompt()
-		default:
-			err = p.skip()
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return p.end('}')
-}
-
-// end reads the closing delimiter d.
-func (p *bodyParser) end(d json.Delim) error {
-	t, err := p.dec.Token()
-	if err != nil {
+	if err := s.object(s.member); err != nil {
 		return err
 	}
-	if t != d {
+	// Exactly one value: trailing bytes mean the client and the upstream
+	// may read different things.
+	if _, err := s.next(); err == nil {
 		return errNotJSON
 	}
 	return nil
 }
 
-func (p *bodyParser) skip() error {
-	var v json.RawMessage
-	return p.dec.Decode(&v)
+// next skips white space and returns the byte after it.
+func (s *scanner[T]) next() (byte, error) {
+	for s.i < len(s.data) {
+		switch c := s.data[s.i]; c {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return c, nil
+		}
+	}
+	return 0, errTruncated
 }
 
-func (p *bodyParser) model() error {
-	t, err := p.dec.Token()
+// object reads an object, handing member each key and the scanner at the
+// member's value.
+func (s *scanner[T]) object(member func(key token) error) error {
+	s.i++ // '{'
+	c, err := s.next()
 	if err != nil {
 		return err
 	}
-	switch v := t.(type) {
-	case nil:
-		p.body.Model = ""
-	case string:
-		if !printable(v) {
-			return errModel
+	if c == '}' {
+		s.i++
+		return nil
+	}
+	for {
+		k, err := s.key()
+		if err != nil {
+			return err
 		}
-		p.body.Model = v
+		if err := member(k); err != nil {
+			return err
+		}
+		if c, err = s.next(); err != nil {
+			return err
+		}
+		switch c {
+		case ',':
+			s.i++
+			if _, err := s.next(); err != nil {
+				return err
+			}
+		case '}':
+			s.i++
+			return nil
+		default:
+			return errNotJSON
+		}
+	}
+}
+
+// key reads a member's key and its colon, and skips to its value.
+func (s *scanner[T]) key() (token, error) {
+	if s.data[s.i] != '"' {
+		return token{}, errNotJSON
+	}
+	k, err := s.str()
+	if err != nil {
+		return k, err
+	}
+	c, err := s.next()
+	if err != nil {
+		return k, err
+	}
+	if c != ':' {
+		return k, errNotJSON
+	}
+	s.i++
+	_, err = s.next()
+	return k, err
+}
+
+// array reads an array, calling item at each element.
+func (s *scanner[T]) array(item func() error) error {
+	s.i++ // '['
+	c, err := s.next()
+	if err != nil {
+		return err
+	}
+	if c == ']' {
+		s.i++
+		return nil
+	}
+	for {
+		if err := item(); err != nil {
+			return err
+		}
+		if c, err = s.next(); err != nil {
+			return err
+		}
+		switch c {
+		case ',':
+			s.i++
+			if _, err := s.next(); err != nil {
+				return err
+			}
+		case ']':
+			s.i++
+			return nil
+		default:
+			return errNotJSON
+		}
+	}
+}
+
+// is says whether key k is name. A key with escapes or non-ASCII bytes is
+// decoded first, which allocates; real bodies have none.
+func (s *scanner[T]) is(k token, name string) bool {
+	if k.plain() {
+		return string(s.data[k.start:k.end]) == name
+	}
+	return s.unquote(k) == name
+}
+
+// unquote decodes string token t as encoding/json does, replacing invalid
+// UTF-8 and unpaired surrogates with U+FFFD.
+func (s *scanner[T]) unquote(t token) string {
+	var v string
+	// The token was checked: the quotes around it make a valid JSON string.
+	_ = json.Unmarshal([]byte(s.data[t.start-1:t.end+1]), &v)
+	return v
+}
+
+func (s *scanner[T]) member(k token) error {
+	switch {
+	case s.modelField != "" && s.is(k, s.modelField):
+		return s.model()
+	case s.is(k, "max_tokens"), s.is(k, "max_completion_tokens"):
+		return s.maxTokens()
+	case s.is(k, "n"):
+		return s.choices()
+	case s.is(k, "messages"):
+		return s.messages()
+	case s.is(k, "prompt"):
+		return s.prompt()
+	}
+	return s.skip(true)
+}
+
+func (s *scanner[T]) model() error {
+	if c := s.data[s.i]; c == '{' || c == '[' {
+		return errModel
+	}
+	t, err := s.scalar()
+	if err != nil {
+		return err
+	}
+	switch t.kind {
+	case tokenNull:
+		s.body.Model = ""
+		return nil
+	case tokenString:
 	default:
 		return errModel
 	}
+	if !t.plain() {
+		m := s.unquote(t)
+		if !printable(m) {
+			return errModel
+		}
+		s.body.Model = m
+		return nil
+	}
+	raw := s.data[t.start:t.end]
+	for i := range len(raw) {
+		if raw[i] == 0x7f { // the other control characters cannot be raw in JSON
+			return errModel
+		}
+	}
+	s.body.Model = copyString(raw)
 	return nil
+}
+
+// copyString is d as a string of its own: the model outlives the request
+// (in the limiter's keys and maps), and a substring of Envoy's body string
+// would keep all of it alive.
+func copyString[T string | []byte](d T) string {
+	if s, ok := any(d).(string); ok {
+		return strings.Clone(s)
+	}
+	return string(d)
 }
 
 // printable says whether s can go in a header value and a descriptor:
@@ -196,233 +351,486 @@ func printable(s string) bool {
 	return true
 }
 
-func (p *bodyParser) maxTokens() error {
-	v, set, err := p.count(errMaxTokens)
+func (s *scanner[T]) maxTokens() error {
+	v, set, err := s.count(errMaxTokens)
 	if err != nil || !set {
 		return err
 	}
-	p.body.MaxTokens = max(p.body.MaxTokens, v)
-	p.body.HasMaxTokens = true
+	s.body.MaxTokens = max(s.body.MaxTokens, v)
+	s.body.HasMaxTokens = true
 	return nil
 }
 
-func (p *bodyParser) choices() error {
-	v, set, err := p.count(errChoices)
+func (s *scanner[T]) choices() error {
+	v, set, err := s.count(errChoices)
 	if err != nil || !set {
 		return err
 	}
-	p.body.Choices = min(max(v, 1), maxChoices)
+	s.body.Choices = min(max(v, 1), maxChoices)
 	return nil
 }
 
 // count reads a non-negative integer or null (set is false), clamped to
 // maxCost; anything else is bad.
-func (p *bodyParser) count(bad *bodyError) (v uint64, set bool, err error) {
-	t, err := p.dec.Token()
-	if err != nil {
+func (s *scanner[T]) count(bad *bodyError) (v uint64, set bool, err error) {
+	if c := s.data[s.i]; c == '{' || c == '[' {
+		return 0, false, bad
+	}
+	t, err := s.scalar()
+	switch {
+	case err != nil:
 		return 0, false, err
-	}
-	switch n := t.(type) {
-	case nil:
+	case t.kind == tokenNull:
 		return 0, false, nil
-	case json.Number:
-		if u, err := strconv.ParseUint(string(n), 10, 64); err == nil {
-			return min(u, maxCost), true, nil
-		}
-		// 100.0 and 1e3 are whole numbers too.
-		f, err := strconv.ParseFloat(string(n), 64)
-		if err != nil && !errors.Is(err, strconv.ErrRange) {
-			return 0, false, bad
-		}
-		if f < 0 || f != math.Trunc(f) {
-			return 0, false, bad
-		}
-		return uint64(min(f, maxCost)), true, nil
+	case t.kind != tokenNumber:
+		return 0, false, bad
 	}
-	return 0, false, bad
+	num := s.data[t.start:t.end]
+	if len(num) <= 15 && num[0] != '-' && digits(num) == len(num) {
+		for i := range len(num) {
+			v = v*10 + uint64(num[i]-'0')
+		}
+		return min(v, maxCost), true, nil
+	}
+	if u, err := strconv.ParseUint(string(num), 10, 64); err == nil {
+		return min(u, maxCost), true, nil
+	}
+	// 100.0 and 1e3 are whole numbers too.
+	f, err := strconv.ParseFloat(string(num), 64)
+	if err != nil && !errors.Is(err, strconv.ErrRange) {
+		return 0, false, bad
+	}
+	if f < 0 || f != math.Trunc(f) {
+		return 0, false, bad
+	}
+	return uint64(min(f, maxCost)), true, nil
 }
 
-func (p *bodyParser) messages() error {
-	t, err := p.dec.Token()
-	if err != nil {
-		return err
+// digits is the length of the run of ASCII digits d starts with.
+func digits[T string | []byte](d T) int {
+	i := 0
+	for i < len(d) && '0' <= d[i] && d[i] <= '9' {
+		i++
 	}
-	if t == nil {
-		return nil
-	}
-	if t != json.Delim('[') {
-		return p.rest(t)
-	}
-	for p.dec.More() {
-		if err := p.message(); err != nil {
-			return err
-		}
-	}
-	return p.end(']')
+	return i
 }
 
-// message reads one messages item and counts its content.
-func (p *bodyParser) message() error {
-	t, err := p.dec.Token()
-	if err != nil {
-		return err
+// messages counts the content of each item of a chat's messages.
+func (s *scanner[T]) messages() error {
+	if s.data[s.i] != '[' {
+		return s.skip(false)
 	}
-	if t != json.Delim('{') {
-		return p.rest(t)
-	}
-	return p.members("content", p.content)
+	return s.array(s.message)
 }
 
-// members reads the rest of an object whose '{' was read, handing the
-// value of member name to read and skipping every other value.
-func (p *bodyParser) members(name string, read func() error) error {
-	for p.dec.More() {
-		kt, err := p.dec.Token()
-		if err != nil {
-			return err
-		}
-		if kt == name {
-			err = read()
-		} else {
-			err = p.skip()
-		}
-		if err != nil {
-			return err
-		}
+func (s *scanner[T]) message() error {
+	if s.data[s.i] != '{' {
+		return s.skip(false)
 	}
-	return p.end('}')
+	return s.object(s.messageMember)
+}
+
+func (s *scanner[T]) messageMember(k token) error {
+	if s.is(k, "content") {
+		return s.content()
+	}
+	return s.skip(true)
 }
 
 // content counts a message's content: a string, or a list of parts whose
 // text is counted.
-func (p *bodyParser) content() error {
-	t, err := p.dec.Token()
-	if err != nil {
-		return err
+func (s *scanner[T]) content() error {
+	switch s.data[s.i] {
+	case '"':
+		return s.chars()
+	case '[':
+		return s.array(s.part)
 	}
-	if s, ok := t.(string); ok {
-		p.chars(s)
-		return nil
-	}
-	if t != json.Delim('[') {
-		return p.rest(t)
-	}
-	for p.dec.More() {
-		if err := p.part(); err != nil {
-			return err
-		}
-	}
-	return p.end(']')
+	return s.skip(false)
 }
 
-func (p *bodyParser) part() error {
-	t, err := p.dec.Token()
-	if err != nil {
-		return err
+func (s *scanner[T]) part() error {
+	switch s.data[s.i] {
+	case '"':
+		return s.chars()
+	case '{':
+		return s.object(s.partMember)
 	}
-	if s, ok := t.(string); ok {
-		p.chars(s)
-		return nil
+	return s.skip(false)
+}
+
+func (s *scanner[T]) partMember(k token) error {
+	if s.is(k, "text") {
+		return s.text()
 	}
-	if t != json.Delim('{') {
-		return p.rest(t)
-	}
-	return p.members("text", p.text)
+	return s.skip(true)
 }
 
 // text counts a string value and skips any other.
-func (p *bodyParser) text() error {
-	t, err := p.dec.Token()
-	if err != nil {
-		return err
+func (s *scanner[T]) text() error {
+	if s.data[s.i] == '"' {
+		return s.chars()
 	}
-	if s, ok := t.(string); ok {
-		p.chars(s)
-		return nil
-	}
-	return p.rest(t)
+	return s.skip(false)
 }
 
 // prompt counts a completions prompt: a string, a list of strings, a list
 // of token IDs, or a list of lists of token IDs.
-func (p *bodyParser) prompt() error {
-	t, err := p.dec.Token()
+func (s *scanner[T]) prompt() error {
+	switch s.data[s.i] {
+	case '"':
+		return s.chars()
+	case '[':
+		return s.array(s.promptItem)
+	}
+	return s.skip(false)
+}
+
+func (s *scanner[T]) promptItem() error {
+	switch s.data[s.i] {
+	case '"':
+		return s.chars()
+	case '[':
+		return s.array(s.tokenID)
+	}
+	return s.tokenID()
+}
+
+// tokenID counts a number and skips any other value.
+func (s *scanner[T]) tokenID() error {
+	if c := s.data[s.i]; c == '{' || c == '[' {
+		return s.skip(false)
+	}
+	t, err := s.scalar()
+	if err == nil && t.kind == tokenNumber {
+		s.body.PromptTokens++
+	}
+	return err
+}
+
+// chars counts the characters of a string: the runes it decodes to.
+func (s *scanner[T]) chars() error {
+	t, err := s.str()
 	if err != nil {
 		return err
 	}
-	if s, ok := t.(string); ok {
-		p.chars(s)
+	if t.plain() {
+		s.body.PromptChars += uint64(t.end - t.start)
 		return nil
 	}
-	if t != json.Delim('[') {
-		return p.rest(t)
-	}
-	for p.dec.More() {
-		t, err := p.dec.Token()
-		if err != nil {
-			return err
+	d := s.data[:t.end]
+	n := 0
+	for i := t.start; i < t.end; {
+		j := i
+		for j < t.end && d[j] != '\\' {
+			j++
 		}
-		switch v := t.(type) {
-		case string:
-			p.chars(v)
-		case json.Number:
-			p.body.PromptTokens++
-		case json.Delim:
-			if v != '[' {
-				if err := p.rest(t); err != nil {
-					return err
-				}
-				continue
-			}
-			for p.dec.More() {
-				t, err := p.dec.Token()
-				if err != nil {
-					return err
-				}
-				if _, ok := t.(json.Number); ok {
-					p.body.PromptTokens++
-					continue
-				}
-				if err := p.rest(t); err != nil {
-					return err
-				}
-			}
-			if err := p.end(']'); err != nil {
-				return err
-			}
+		n += runeCount(d[i:j]) // invalid UTF-8: a rune (U+FFFD) a byte
+		if j == t.end {
+			break
+		}
+		// An escape is one rune; a \u escape of a surrogate pair, which
+		// takes two, too.
+		n++
+		if d[j+1] != 'u' {
+			i = j + 2
+			continue
+		}
+		i = j + 6
+		if r := hex4(d[j+2:]); utf16.IsSurrogate(r) && i+6 <= t.end && d[i] == '\\' && d[i+1] == 'u' &&
+			utf16.DecodeRune(r, hex4(d[i+2:])) != utf8.RuneError {
+			i += 6
 		}
 	}
-	return p.end(']')
-}
-
-// rest skips the remainder of a value whose first token t was read: all
-// of an object or array that t opens, nothing for a scalar.
-func (p *bodyParser) rest(t json.Token) error {
-	d, ok := t.(json.Delim)
-	if !ok {
-		return nil
-	}
-	if d != '{' && d != '[' {
-		return errNotJSON
-	}
-	for depth := 1; depth > 0; {
-		t, err := p.dec.Token()
-		if err != nil {
-			return err
-		}
-		if d, ok := t.(json.Delim); ok {
-			if d == '{' || d == '[' {
-				depth++
-			} else {
-				depth--
-			}
-		}
-	}
+	s.body.PromptChars += uint64(n)
 	return nil
 }
 
-func (p *bodyParser) chars(s string) {
-	p.body.PromptChars += uint64(utf8.RuneCountInString(s))
+// hex4 decodes the four hex digits d starts with (str checked them).
+func hex4[T string | []byte](d T) rune {
+	var r rune
+	for i := range 4 {
+		c := d[i]
+		switch {
+		case c <= '9':
+			c -= '0'
+		case c >= 'a':
+			c -= 'a' - 10
+		default:
+			c -= 'A' - 10
+		}
+		r = r<<4 | rune(c)
+	}
+	return r
+}
+
+// runeCount is utf8.RuneCount or RuneCountInString, whichever d needs.
+func runeCount[T string | []byte](d T) int {
+	if b, ok := any(d).([]byte); ok {
+		return utf8.RuneCount(b)
+	}
+	return utf8.RuneCountInString(string(d))
+}
+
+// scalar reads a string, a number, true, false or null.
+func (s *scanner[T]) scalar() (token, error) {
+	switch c := s.data[s.i]; {
+	case c == '"':
+		return s.str()
+	case c == '-' || '0' <= c && c <= '9':
+		return s.number()
+	case c == 't':
+		return token{kind: tokenBool}, s.literal("true")
+	case c == 'f':
+		return token{kind: tokenBool}, s.literal("false")
+	case c == 'n':
+		return token{kind: tokenNull}, s.literal("null")
+	}
+	return token{}, errNotJSON
+}
+
+func (s *scanner[T]) literal(word string) error {
+	for i := range len(word) {
+		switch {
+		case s.i+i >= len(s.data):
+			return errTruncated
+		case s.data[s.i+i] != word[i]:
+			return errNotJSON
+		}
+	}
+	s.i += len(word)
+	return nil
+}
+
+// number reads a number: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+// One that could go on when the body ends is complete, as for
+// encoding/json.
+func (s *scanner[T]) number() (token, error) {
+	d, i := s.data, s.i
+	t := token{kind: tokenNumber, start: i}
+	if d[i] == '-' {
+		i++
+	}
+	switch {
+	case i == len(d):
+		return t, errTruncated
+	case d[i] == '0':
+		i++
+	case '1' <= d[i] && d[i] <= '9':
+		i += digits(d[i:])
+	default:
+		return t, errNotJSON
+	}
+	if i < len(d) && d[i] == '.' {
+		i++
+		n := digits(d[i:])
+		switch {
+		case i == len(d):
+			return t, errTruncated
+		case n == 0:
+			return t, errNotJSON
+		}
+		i += n
+	}
+	if i < len(d) && (d[i] == 'e' || d[i] == 'E') {
+		i++
+		if i < len(d) && (d[i] == '+' || d[i] == '-') {
+			i++
+		}
+		n := digits(d[i:])
+		switch {
+		case i == len(d):
+			return t, errTruncated
+		case n == 0:
+			return t, errNotJSON
+		}
+		i += n
+	}
+	s.i, t.end = i, i
+	return t, nil
+}
+
+// str reads a string: any bytes but control characters, with valid
+// escapes.
+func (s *scanner[T]) str() (token, error) {
+	d := s.data
+	i := s.i + 1
+	t := token{kind: tokenString, start: i}
+	high := uint64(hi) // a byte >= 0x80 stops the fast loop until one is seen
+	for i < len(d) {
+		// Eight bytes at a time up to the next that is not plain: most
+		// of a body is message text.
+		for ; i+8 <= len(d); i += 8 {
+			x := load64(d, i)
+			q, b := x^(lo*'"'), x^(lo*'\\')
+			if m := ((x-lo*0x20)&^x | (q-lo)&^q | (b-lo)&^b | x&high) & hi; m != 0 {
+				i += bits.TrailingZeros64(m) / 8
+				break
+			}
+		}
+		if i == len(d) {
+			break
+		}
+		c := d[i]
+		if c >= 0x20 && c < 0x80 && c != '"' && c != '\\' {
+			i++
+			continue
+		}
+		switch {
+		case c == '"':
+			s.i, t.end = i+1, i
+			return t, nil
+		case c >= 0x80:
+			t.nonASCII, high = true, 0
+			i++
+		case c < 0x20:
+			return t, errNotJSON
+		default: // '\\'
+			t.escaped = true
+			if i+1 == len(d) {
+				return t, errTruncated
+			}
+			switch d[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i += 2
+				continue
+			case 'u':
+			default:
+				return t, errNotJSON
+			}
+			for j := i + 2; j < i+6; j++ {
+				switch {
+				case j == len(d):
+					return t, errTruncated
+				case !isHex(d[j]):
+					return t, errNotJSON
+				}
+			}
+			i += 6
+		}
+	}
+	return t, errTruncated
+}
+
+// lo and hi are a word's bytes' low and high bits. A byte's high bit in
+// (x-lo*n)&^x is set where a byte of x is under n (for n <= 0x80), in
+// (x-lo)&^x where it is zero, and x&hi where it is >= 0x80. A borrow can
+// set a bit above a byte that was rightly flagged, never below one, so
+// the lowest bit set is exact.
+const (
+	lo = 0x0101010101010101
+	hi = 0x8080808080808080
+)
+
+// load64 is the little-endian word at d[i:i+8].
+func load64[T string | []byte](d T, i int) uint64 {
+	d = d[i : i+8]
+	return uint64(d[0]) | uint64(d[1])<<8 | uint64(d[2])<<16 | uint64(d[3])<<24 |
+		uint64(d[4])<<32 | uint64(d[5])<<40 | uint64(d[6])<<48 | uint64(d[7])<<56
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+// skip reads any value and keeps nothing. limited refuses nesting deeper
+// than maxSkipDepth, as the first version did for a member it skipped
+// (but not for a value of the wrong shape where it expected messages,
+// content or a prompt).
+func (s *scanner[T]) skip(limited bool) error {
+	var open nesting
+	for {
+		// At a value.
+		if c := s.data[s.i]; c == '{' || c == '[' {
+			open.push(c == '{')
+			if limited && open.depth > maxSkipDepth {
+				return errNotJSON
+			}
+			s.i++
+			c, err := s.next()
+			if err != nil {
+				return err
+			}
+			switch {
+			case c == '}' && open.object():
+			case c == ']' && !open.object():
+			case open.object():
+				if _, err := s.key(); err != nil {
+					return err
+				}
+				continue
+			default:
+				continue
+			}
+			s.i++
+			open.pop()
+		} else if _, err := s.scalar(); err != nil {
+			return err
+		}
+		// After a value: close what it ends, up to the next value.
+		for {
+			if open.depth == 0 {
+				return nil
+			}
+			c, err := s.next()
+			if err != nil {
+				return err
+			}
+			if c == ',' {
+				s.i++
+				if _, err := s.next(); err != nil {
+					return err
+				}
+				if open.object() {
+					if _, err := s.key(); err != nil {
+						return err
+					}
+				}
+				break
+			}
+			if c != '}' && c != ']' || (c == '}') != open.object() {
+				return errNotJSON
+			}
+			s.i++
+			open.pop()
+		}
+	}
+}
+
+// nesting is a stack of open objects and arrays, a bit each; the first
+// 256 levels cost no allocation.
+type nesting struct {
+	depth int
+	small [4]uint64
+	more  []uint64
+}
+
+func (n *nesting) word(d int) *uint64 {
+	w := d / 64
+	if w < len(n.small) {
+		return &n.small[w]
+	}
+	for w-len(n.small) >= len(n.more) {
+		n.more = append(n.more, 0)
+	}
+	return &n.more[w-len(n.small)]
+}
+
+func (n *nesting) push(object bool) {
+	w, bit := n.word(n.depth), uint64(1)<<(n.depth%64)
+	if object {
+		*w |= bit
+	} else {
+		*w &^= bit
+	}
+	n.depth++
+}
+
+func (n *nesting) pop() { n.depth-- }
+
+// object says whether the innermost open value is an object.
+func (n *nesting) object() bool {
+	return *n.word(n.depth - 1)&(uint64(1)<<((n.depth-1)%64)) != 0
 }
 
 // estimate is a request's token cost: its prompt at charsPerToken

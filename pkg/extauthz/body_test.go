@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -194,4 +195,39 @@ func FuzzBody(f *testing.F) {
 			t.Fatalf("ParseBody took %v on %d bytes", d, len(data))
 		}
 	})
+}
+
+// TestReadBodyRawOrString: Envoy sends the body as a string, or as
+// raw_body bytes when pack_as_bytes is set; both read the same.
+func TestReadBodyRawOrString(t *testing.T) {
+	t.Parallel()
+	set := newSettings(t, testSettings)
+	body := `{"model":"gpt-4o","messages":[{"content":"héllo\n"}],"max_tokens":5}`
+	want := Body{Model: "gpt-4o", MaxTokens: 5, HasMaxTokens: true, Choices: 1, PromptChars: 6}
+	for _, h := range []*authv3.AttributeContext_HttpRequest{{Body: body}, {RawBody: []byte(body)}} {
+		got, err := readBody(set, h, int64(len(body)), false)
+		if err != nil {
+			t.Fatalf("readBody: %v", err)
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("readBody (-want +got):\n%s", diff)
+		}
+	}
+}
+
+// TestParseBodyAllocs: a chat body costs one allocation, its model,
+// however many messages it has. Not parallel: AllocsPerRun counts the
+// whole process's allocations.
+func TestParseBodyAllocs(t *testing.T) {
+	body := chatBody("gpt-4o", 1900, 256)
+	body = body[:len(body)-1] + `,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"stream":true}`
+	raw := []byte(body)
+	for _, run := range []func(){
+		func() { _, _ = ParseBody(raw, "model", false) },
+		func() { _, _ = parseBody(body, "model", false) },
+	} {
+		if n := testing.AllocsPerRun(100, run); n > 1 {
+			t.Errorf("ParseBody allocates %v times, want 1", n)
+		}
+	}
 }

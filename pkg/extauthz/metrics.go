@@ -2,6 +2,9 @@ package extauthz
 
 import (
 	"fmt"
+	"maps"
+	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -31,6 +34,41 @@ type metrics struct {
 	checks    *prometheus.CounterVec
 	duration  prometheus.Histogram
 	estimated prometheus.Histogram
+
+	// counters caches the children of checks, which WithLabelValues
+	// would validate, hash and find under a shared lock on every call.
+	// The map is never written once stored; a new label set (there are
+	// few: the labels are bounded) stores a copy with it added.
+	counters   atomic.Pointer[map[checkLabels]prometheus.Counter]
+	countersMu sync.Mutex // held to add to counters
+}
+
+type checkLabels struct{ domain, tier, result string }
+
+// check returns the child of checks with these labels.
+func (m *metrics) check(domain, tier, result string) prometheus.Counter {
+	k := checkLabels{domain, tier, result}
+	if p := m.counters.Load(); p != nil {
+		if c, ok := (*p)[k]; ok {
+			return c
+		}
+	}
+	m.countersMu.Lock()
+	defer m.countersMu.Unlock()
+	old := m.counters.Load()
+	if old != nil {
+		if c, ok := (*old)[k]; ok {
+			return c
+		}
+	}
+	next := map[checkLabels]prometheus.Counter{}
+	if old != nil {
+		next = maps.Clone(*old)
+	}
+	c := m.checks.WithLabelValues(domain, tier, result)
+	next[k] = c
+	m.counters.Store(&next)
+	return c
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {

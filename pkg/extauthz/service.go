@@ -16,12 +16,11 @@
 package extauthz
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"io"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -161,7 +160,8 @@ func (s *Service) decide(ctx context.Context, set *Settings, in *authv3.CheckReq
 		c.model = get(set.ModelHeader)
 	}
 
-	descs, err := descriptors(set, c, h, get)
+	a := new(admission)
+	descs, err := descriptors(set, c, h, get, a.descs[:0], a.entries[:0])
 	if err != nil {
 		return err
 	}
@@ -169,7 +169,7 @@ func (s *Service) decide(ctx context.Context, set *Settings, in *authv3.CheckReq
 	if len(descs) == 0 {
 		return nil // nothing to limit this request by: admitted, no reservation
 	}
-	c.req = &limit.Request{
+	a.req = limit.Request{
 		Domain:      c.domain,
 		Descriptors: descs,
 		Tokens:      c.tokens,
@@ -184,8 +184,18 @@ func (s *Service) decide(ctx context.Context, set *Settings, in *authv3.CheckReq
 		// even when the descriptors mapping leaves it out.
 		Model: c.model,
 	}
+	c.req = &a.req
 	c.dec, err = s.decider.Decide(ctx, c.req)
 	return err
+}
+
+// admission is a request's limit.Request with room for its descriptors:
+// one allocation between them for a mapping of a few short descriptors,
+// as mappings are.
+type admission struct {
+	req     limit.Request
+	descs   [4]limit.Descriptor
+	entries [8]limit.Entry
 }
 
 // identify works out who is calling: the API key's identity or, when the
@@ -221,44 +231,48 @@ func readBody(set *Settings, h *authv3.AttributeContext_HttpRequest, size int64,
 	if size > set.MaxBodyBytes {
 		return Body{Choices: 1}, &problem{status: 413, errCode: "request_too_large", msg: tooLargeMessage(set.MaxBodyBytes), result: resultBadRequest}
 	}
-	raw, str := h.GetRawBody(), h.GetBody()
-	var r io.Reader
-	if len(raw) > 0 {
-		r = bytes.NewReader(raw)
+	var b Body
+	var err error
+	if raw := h.GetRawBody(); len(raw) > 0 {
+		b, err = parseBody(raw, set.ModelBodyField, partial)
 	} else {
-		r = strings.NewReader(str)
+		b, err = parseBody(h.GetBody(), set.ModelBodyField, partial)
 	}
-	b, err := parseBody(r, set.ModelBodyField, partial)
-	if err != nil {
-		var be *bodyError
-		if errors.As(err, &be) {
-			return b, &problem{status: 400, errCode: be.code, msg: be.msg, result: resultBadRequest}
-		}
-		return b, err
+	if be, ok := err.(*bodyError); ok {
+		return b, &problem{status: 400, errCode: be.code, msg: be.msg, result: resultBadRequest}
 	}
-	return b, nil
+	return b, err
 }
 
-// descriptors builds the request's descriptors from the mapping. An entry
-// whose value is empty drops its descriptor; a value too long to be a
-// descriptor refuses the request, since dropping it would let a client
-// escape a limit by sending a long header.
-func descriptors(set *Settings, c *call, h *authv3.AttributeContext_HttpRequest, get func(string) string) ([]limit.Descriptor, error) {
-	out := make([]limit.Descriptor, 0, len(set.Descriptors))
+// descriptors builds the request's descriptors from the mapping,
+// appending to out and, for their entries, to entries, which it grows
+// when they are too short. An entry whose value is empty drops its
+// descriptor; a value too long to be a descriptor refuses the request,
+// since dropping it would let a client escape a limit by sending a long
+// header.
+func descriptors(set *Settings, c *call, h *authv3.AttributeContext_HttpRequest, get func(string) string, out []limit.Descriptor, entries []limit.Entry) ([]limit.Descriptor, error) {
+	n := 0
+	for _, d := range set.Descriptors {
+		n += len(d)
+	}
+	// Every descriptor's entries share one array.
+	out = slices.Grow(out, len(set.Descriptors))
+	entries = slices.Grow(entries, n)
 next:
 	for _, d := range set.Descriptors {
-		entries := make([]limit.Entry, len(d))
-		for i, e := range d {
+		start := len(entries)
+		for _, e := range d {
 			v := value(e.Source, c, h, get)
 			if v == "" {
+				entries = entries[:start]
 				continue next
 			}
 			if len(v) > limit.MaxValueBytes {
 				return nil, errValueTooLong
 			}
-			entries[i] = limit.Entry{Key: e.Key, Value: v}
+			entries = append(entries, limit.Entry{Key: e.Key, Value: v})
 		}
-		out = append(out, limit.Descriptor{Entries: entries})
+		out = append(out, limit.Descriptor{Entries: entries[start:len(entries):len(entries)]})
 	}
 	return out, nil
 }
@@ -297,14 +311,13 @@ func reservationID(requestID string) string {
 	var r [8]byte
 	_, _ = rand.Read(r[:]) // never fails (crypto/rand, Go 1.24+)
 	const maxPrefix = 128
-	if requestID == "" || len(requestID) > maxPrefix || !printable(requestID) {
-		return hex.EncodeToString(r[:])
+	var buf [maxPrefix + 1 + 2*len(r)]byte
+	b := buf[:0]
+	if requestID != "" && len(requestID) <= maxPrefix && printable(requestID) {
+		b = append(b, requestID...)
+		b = append(b, '.')
 	}
-	b := make([]byte, 0, len(requestID)+1+2*len(r))
-	b = append(b, requestID...)
-	b = append(b, '.')
-	b = hex.AppendEncode(b, r[:])
-	return string(b)
+	return string(hex.AppendEncode(b, r[:]))
 }
 
 // observe counts and logs one call. Nothing here names a key: the
@@ -321,7 +334,7 @@ func (s *Service) observe(c *call, result string, err error) {
 	if c.dec != nil && c.dec.Tier != "" {
 		tier = c.dec.Tier
 	}
-	s.metrics.checks.WithLabelValues(domain, tier, result).Inc()
+	s.metrics.check(domain, tier, result).Inc()
 	if c.dec != nil {
 		s.metrics.estimated.Observe(float64(c.tokens))
 	}

@@ -87,15 +87,12 @@ func (r *Reservation) Request() *limit.Request {
 	return &limit.Request{Domain: r.Domain, Descriptors: r.Descriptors, Overrides: r.Overrides, ID: r.ID, Tier: r.Tier}
 }
 
-// Encode returns r as a compact, URL-safe string.
+// Encode returns r as a compact, URL-safe string. Check encodes one for
+// every admitted request, so it allocates nothing but the string for the
+// few short descriptors of an authz config.
 func Encode(r *Reservation) string {
-	n := 26 + len(r.ID) + len(r.Domain) + len(r.Tier)
-	for _, d := range r.Descriptors {
-		for _, e := range d.Entries {
-			n += 4 + len(e.Key) + len(e.Value)
-		}
-	}
-	b := make([]byte, 0, n)
+	var buf [512]byte
+	b := buf[:0]
 	v := byte(version1)
 	if r.Tier != "" {
 		v = version2
@@ -114,18 +111,21 @@ func Encode(r *Reservation) string {
 		}
 	}
 	b = binary.AppendUvarint(b, uint64(len(r.Overrides)))
-	// Sorted, so a ticket is a function of the reservation.
-	for _, name := range slices.Sorted(maps.Keys(r.Overrides)) {
-		o := r.Overrides[name]
-		b = appendString(b, name)
-		b = binary.AppendUvarint(b, o.Amount)
-		b = binary.AppendUvarint(b, uint64(o.Unit))
-		b = binary.AppendUvarint(b, uint64(o.Multiplier))
+	if len(r.Overrides) > 0 {
+		// Sorted, so a ticket is a function of the reservation.
+		for _, name := range slices.Sorted(maps.Keys(r.Overrides)) {
+			o := r.Overrides[name]
+			b = appendString(b, name)
+			b = binary.AppendUvarint(b, o.Amount)
+			b = binary.AppendUvarint(b, uint64(o.Unit))
+			b = binary.AppendUvarint(b, uint64(o.Multiplier))
+		}
 	}
 	if v == version2 {
 		b = appendString(b, r.Tier)
 	}
-	return base64.RawURLEncoding.EncodeToString(b)
+	var out [683]byte // the base64 of buf
+	return string(base64.RawURLEncoding.AppendEncode(out[:0], b))
 }
 
 func appendString(b []byte, s string) []byte {

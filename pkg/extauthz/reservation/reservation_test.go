@@ -49,6 +49,12 @@ func TestRoundTrip(t *testing.T) {
 		},
 		{name: "empty", give: &Reservation{At: time.UnixMilli(0)}},
 		{
+			// Past the buffer Encode starts on the stack.
+			name: "long values",
+			give: &Reservation{ID: strings.Repeat("i", 300), Domain: "d", At: time.UnixMilli(3),
+				Descriptors: []limit.Descriptor{{Entries: entries("tenant", strings.Repeat("t", 1000), "model", strings.Repeat("m", 900))}}},
+		},
+		{
 			name: "with a tier",
 			give: &Reservation{ID: "r", Domain: "d", At: time.UnixMilli(2), Tier: "premium",
 				Descriptors: []limit.Descriptor{{Entries: entries("tenant", "acme")}}},
