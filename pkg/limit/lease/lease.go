@@ -45,11 +45,16 @@
 //
 // # Sizing
 //
-// A lease takes at most Options.Fraction of the room the store last
-// reported, so replicas share what is left and, near the limit, leases
-// shrink to nothing and every decision asks the store. Within that, a
-// key's next lease doubles when the last one ran out before it ended and
-// shrinks to what was used when it ended with units left.
+// Only a key decided on again within MaxLife of its last decision is
+// leased: the first decision on a key, and every decision on a key seen
+// once in a while (a long tail of tenants), asks the store for its own
+// cost only, as a lease there would cost a refund per decision. A lease
+// takes at most Options.Fraction of the room the store last reported, so
+// replicas share what is left and, near the limit, leases shrink to
+// nothing and every decision asks the store. Within that, a key's next
+// lease doubles when the last one ran out before it ended and shrinks to
+// what was used when it ended with units left. Keys with no lease make
+// room for new ones when MaxEntries are tracked.
 package lease
 
 import (
@@ -163,6 +168,9 @@ type entry struct {
 	// replica's lease; seen is when (Unix ms).
 	room uint64
 	seen int64
+	// last is when the key was last decided on (Unix ms), here or by the
+	// store.
+	last int64
 	// rate is the units per ms the key's last lease was spent at.
 	rate float64
 	// refill is closed when the store call asking for the key's next
@@ -419,6 +427,7 @@ func (s *Store) admitLocally(now int64, charges []limit.Charge, res []limit.Resu
 			return false
 		}
 		g.balance -= c.Cost
+		e.last = now
 		if g.balance == 0 {
 			// Used up before it ended: the next lease may be larger.
 			e.next = max(e.next, 2*g.size)
@@ -459,28 +468,25 @@ func (s *Store) extraFor(now int64, charges []limit.Charge, i int) (x int64, mar
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.m[c.Key]
-	want, room := int64(firstLease), c.Amount
-	switch {
-	case e != nil && e.sameLimit(c):
-		want = max(e.next, 1)
-		if tail {
-			// What the key used per ms, for the time left, and a quarter.
-			want = int64(e.rate*float64(end-now)*1.25) + 1
-		}
-		if now-e.seen < s.opts.MaxLife.Milliseconds() {
-			room = e.room
-		}
-	case tail:
-		return 0, nil, nil // no use seen yet to size a tail lease by
-	case e == nil && len(sh.m) >= s.perShard:
+	// Only a key used again within a lease's life is leased: a key seen
+	// once (a long tail of tenants) would cost a refund per decision.
+	if e == nil || !e.sameLimit(c) || now-e.last >= s.opts.MaxLife.Milliseconds() {
 		return 0, nil, nil
+	}
+	want, room := max(e.next, 1), c.Amount
+	if tail {
+		// What the key used per ms, for the time left, and a quarter.
+		want = int64(e.rate*float64(end-now)*1.25) + 1
+	}
+	if now-e.seen < s.opts.MaxLife.Milliseconds() {
+		room = e.room
 	}
 	if uint64(c.Cost) >= room {
 		return 0, nil, nil
 	}
 	x = max(0, min(want, int64(s.opts.Fraction*float64(room-uint64(c.Cost)))))
 	switch {
-	case x == 0 || e == nil || !e.sameLimit(c):
+	case x == 0:
 	case e.refill != nil:
 		other = e.refill
 	default:
@@ -538,7 +544,7 @@ func (s *Store) observe(now int64, charges []limit.Charge, res []limit.Result, e
 		sh.mu.Lock()
 		e := sh.m[c.Key]
 		if e == nil || !e.sameLimit(c) {
-			if e == nil && len(sh.m) >= s.perShard {
+			if e == nil && len(sh.m) >= s.perShard && !sh.evictIdle() {
 				sh.mu.Unlock()
 				continue
 			}
@@ -550,7 +556,7 @@ func (s *Store) observe(now int64, charges []limit.Charge, res []limit.Result, e
 			e = &entry{alg: c.Algorithm, amount: c.Amount, window: c.Window, buckets: c.Buckets, next: firstLease}
 			sh.m[c.Key] = e
 		}
-		e.room, e.seen = res[i].Remaining, now
+		e.room, e.seen, e.last = res[i].Remaining, now, now
 		if x > 0 && res[i].Fits {
 			s.grant(e, c, now, x, res[i])
 			res[i].Remaining = min(c.Amount, res[i].Remaining+uint64(x))
@@ -692,6 +698,24 @@ func (s *Store) refund(ctx context.Context, now time.Time, refunds []limit.Charg
 		return
 	}
 	s.returned.Add(units)
+}
+
+// evictIdle makes room for one entry by dropping one with no lease, among
+// the first few the map yields; the caller holds sh.mu. It reports
+// whether it did.
+func (sh *shard) evictIdle() bool {
+	const look = 8
+	n := 0
+	for k, e := range sh.m {
+		if e.cur == nil && e.refill == nil {
+			delete(sh.m, k)
+			return true
+		}
+		if n++; n == look {
+			break
+		}
+	}
+	return false
 }
 
 // Forget drops the sizing of keys with no lease for a while, so idle keys

@@ -322,16 +322,17 @@ func TestLimitChange(t *testing.T) {
 	c := limit.Charge{Key: "k", Algorithm: limit.SlidingWindow, Amount: 3000, Window: time.Minute, Cost: 1}
 	ctx := context.Background()
 	res := make([]limit.Result, 1)
-	_, _ = s.Apply(ctx, t0, []limit.Charge{c}, res)
-	_, _ = s.Apply(ctx, t0, []limit.Charge{c}, res)
-	if got := inner.calls.Load(); got != 1 {
-		t.Fatalf("%d store calls, want 1 (the second from the lease)", got)
+	for range 3 {
+		_, _ = s.Apply(ctx, t0, []limit.Charge{c}, res)
+	}
+	if got := inner.calls.Load(); got != 2 {
+		t.Fatalf("%d store calls, want 2 (the first seen, the second leasing, the third from the lease)", got)
 	}
 	shed := c
 	shed.Amount = 1000
 	_, _ = s.Apply(ctx, t0, []limit.Charge{shed}, res)
-	if got := inner.calls.Load(); got != 2 {
-		t.Fatalf("%d store calls, want 2: a lease under 3000 answered a limit of 1000", got)
+	if got := inner.calls.Load(); got != 3 {
+		t.Fatalf("%d store calls, want 3: a lease under 3000 answered a limit of 1000", got)
 	}
 	s.ReturnEnded(ctx, t0.Add(time.Millisecond))
 	if st := s.Stats(); st.Returned == 0 {
@@ -443,5 +444,38 @@ func TestUsedUpLeaseOneCall(t *testing.T) {
 	// without waiting, each used-up lease would cost up to 50 calls.
 	if calls > 40 {
 		t.Errorf("%d store calls, want <= 40", calls)
+	}
+}
+
+// TestOnceSeenKeysNotLeased: keys decided on once each (a long tail of
+// tenants) cost one store call each, never a lease and its refund.
+func TestOnceSeenKeysNotLeased(t *testing.T) {
+	t.Parallel()
+	inner := &counting{Store: memstore.New()}
+	s := lease.New(inner, lease.Options{MaxEntries: 1000})
+	ctx := context.Background()
+	res := make([]limit.Result, 1)
+	const n = 5000
+	for i := range n {
+		c := limit.Charge{Key: fmt.Sprint("tenant-", i), Algorithm: limit.SlidingWindow, Amount: 1_000_000, Window: time.Hour, Cost: 1}
+		if ok, err := s.Apply(ctx, t0.Add(ms(int64(i))), []limit.Charge{c}, res); !ok || err != nil {
+			t.Fatalf("admitted %v, err %v", ok, err)
+		}
+	}
+	s.ReturnAll(ctx, t0.Add(ms(n)))
+	if got := inner.calls.Load(); got != n {
+		t.Errorf("%d store calls for %d once-seen keys, want %d", got, n, n)
+	}
+	if st := s.Stats(); st.Granted != 0 || st.Keys > 1000 {
+		t.Errorf("stats %+v: want no lease, at most MaxEntries keys", st)
+	}
+	// A hot key arriving while the table is full of once-seen keys is
+	// still leased.
+	hot := limit.Charge{Key: "hot", Algorithm: limit.SlidingWindow, Amount: 1_000_000, Window: time.Hour, Cost: 1}
+	for i := range 100 {
+		_, _ = s.Apply(ctx, t0.Add(ms(n+int64(i))), []limit.Charge{hot}, res)
+	}
+	if st := s.Stats(); st.Granted == 0 || st.Local < 90 {
+		t.Errorf("hot key after a full table: %+v, want leases", st)
 	}
 }
