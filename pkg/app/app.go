@@ -53,6 +53,7 @@ const usage = `Usage: tollgate <command> [arguments]
 Commands:
   serve [flags]    serve Envoy's rate limit API and the admin HTTP API
   validate PATH    check a rule file or directory; print each problem as file:line: path: message
+  explain [flags]  show which rules, plan, shedding step, breakers and store keys a request meets
   version          print the version
 
 Run 'tollgate serve -h' for serve's flags.
@@ -73,6 +74,8 @@ func (a *App) Run(ctx context.Context, args []string) int {
 		return a.serve(ctx, rest)
 	case "validate":
 		return a.validate(rest)
+	case "explain":
+		return a.explain(rest)
 	case "version":
 		return a.version(rest)
 	case "help", "-h", "-help", "--help":
