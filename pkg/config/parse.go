@@ -28,7 +28,10 @@
 //	      tokens_per_unit: 500000      #   without unlimited and replaces
 //	    shadow_mode: false             # (Optional) report over-limit in metrics, never deny; default false
 //	    detailed_metric: false         # (Optional) let metrics carry the descriptor's values; default false
+//	    store_failure: deny            # (Optional) allow|deny|local when the store cannot answer; default the
+//	                                   #   nearest parent rule's, else the file's, else --store-failure
 //	    descriptors: []                # (Optional) child rules, matched by the next descriptor entry
+//	store_failure: local               # (Optional) allow|deny|local for every rule that sets none; default --store-failure
 //	tiers:                             # (Optional) plan multipliers; default none (every limit as written)
 //	  key: tier                        #   (Required) the descriptor entry that carries the plan; rules must not use it
 //	  default: free                    #   (Required) the plan of a request with none or an unknown one; one of plans
@@ -100,14 +103,14 @@ const (
 
 // The keys each mapping accepts, in the order error messages list them.
 var (
-	fileKeys       = []string{"domain", "algorithm", "descriptors", "tiers", "shedding", "breakers"}
+	fileKeys       = []string{"domain", "algorithm", "descriptors", "tiers", "shedding", "breakers", "store_failure"}
 	tiersKeys      = []string{"key", "default", "plans"}
 	sheddingKeys   = []string{"steps", "hysteresis", "hold", "shadow", "min_factor", "scope"}
 	stepKeys       = []string{"above", "shed", "admit_only", "limit_factor", "burst", "continuous"}
 	breakerKeys    = []string{"key", "failure_threshold", "window", "open_for", "half_open_probes", "close_after", "probe_lease", "timeout", "cache"}
 	descriptorKeys = []string{
 		"key", "value", "rate_limit", "token_limit", "shadow_mode", "detailed_metric", "descriptors",
-		"quota_mode", "value_to_metric", "share_threshold", "max_concurrent",
+		"quota_mode", "value_to_metric", "share_threshold", "max_concurrent", "store_failure",
 	}
 	rateLimitKeys = []string{
 		"unit", "requests_per_unit", "unlimited", "name", "replaces",
@@ -334,6 +337,9 @@ func (w *walker) domain(root *yaml.Node) (*limit.Domain, int) {
 	if n, has := f["breakers"]; has {
 		d.Breakers = w.breakers(n)
 	}
+	if n, has := f["store_failure"]; has {
+		d.StoreFailure = w.storeFailure(n, "store_failure")
+	}
 	if !ok {
 		return nil, 0
 	}
@@ -438,10 +444,26 @@ func (w *walker) rule(n *yaml.Node, path string, depth int, seen map[string]int)
 	if r.ShareThreshold = w.flag(f, "share_threshold", path); r.ShareThreshold && !strings.HasSuffix(r.Value, "*") {
 		w.addf(f["share_threshold"], path+".share_threshold", "applies only to a wildcard value (one ending in *)")
 	}
+	if sn, has := f["store_failure"]; has {
+		r.StoreFailure = w.storeFailure(sn, path+".store_failure")
+	}
 	if cn, has := f["descriptors"]; has {
 		r.Children = w.rules(cn, path+".descriptors", depth+1)
 	}
 	return r
+}
+
+// storeFailure reads a store_failure: allow, deny or local.
+func (w *walker) storeFailure(n *yaml.Node, path string) limit.StoreFailure {
+	s, ok := w.str(n, path)
+	if !ok {
+		return limit.FailureUnset
+	}
+	p, ok := limit.ParseStoreFailure(s)
+	if !ok {
+		w.addf(n, path, "%q is not one of %s", s, limit.StoreFailureNames())
+	}
+	return p
 }
 
 // limit reads a rate_limit (kind Requests) or token_limit (kind Tokens).

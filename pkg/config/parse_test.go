@@ -192,7 +192,7 @@ testdata/bad/max_concurrent_bad.yaml:7: descriptors[1].max_concurrent.lease: 100
 		{
 			name: "top level is a list",
 			give: "top_level_list.yaml",
-			want: `testdata/bad/top_level_list.yaml:1: want a mapping with keys domain|algorithm|descriptors|tiers|shedding|breakers, got a list`,
+			want: `testdata/bad/top_level_list.yaml:1: want a mapping with keys domain|algorithm|descriptors|tiers|shedding|breakers|store_failure, got a list`,
 		},
 		{
 			name: "tiers without key, default or plans",
@@ -272,6 +272,13 @@ testdata/bad/tiers_rule_uses_key.yaml:11: descriptors[2].key: tier is the tiers.
 			name: "shedding not number",
 			give: "shedding_not_number.yaml",
 			want: `testdata/bad/shedding_not_number.yaml:4: shedding.steps[0].above: want a number such as 0.7, got the string "high"`,
+		},
+		{
+			name: "store_failure not a policy, in the file, a rule and a child",
+			give: "store_failure_bad.yaml",
+			want: `testdata/bad/store_failure_bad.yaml:2: store_failure: "open" is not one of allow|deny|local
+testdata/bad/store_failure_bad.yaml:5: descriptors[0].store_failure: "Deny" is not one of allow|deny|local
+testdata/bad/store_failure_bad.yaml:9: descriptors[0].descriptors[0].store_failure: want a string, got a list`,
 		},
 		{
 			name: "breaker no threshold",
@@ -646,6 +653,38 @@ func TestParseFileAlgorithm(t *testing.T) {
 			t.Parallel()
 			if got := ruleString(d.Match(tt.give)); got != tt.want {
 				t.Errorf("Match = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestLoadStoreFailure checks that store_failure is inherited down the
+// rule tree from the nearest rule that sets it, then from the file.
+func TestLoadStoreFailure(t *testing.T) {
+	t.Parallel()
+	rs, err := Load(filepath.Join("testdata", "good", "store-failure.yaml"))
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	d := rs.Domain("degraded")
+	if d.StoreFailure != limit.FailureLocal {
+		t.Errorf("domain store_failure = %v, want local", d.StoreFailure)
+	}
+	tests := []struct {
+		name string
+		give []limit.Entry
+		want limit.StoreFailure
+	}{
+		{name: "the rule's own", give: []limit.Entry{{Key: "tenant", Value: "a"}}, want: limit.FailureDeny},
+		{name: "inherited from the parent rule", give: []limit.Entry{{Key: "tenant", Value: "a"}, {Key: "model", Value: "m"}}, want: limit.FailureDeny},
+		{name: "the nearest wins", give: []limit.Entry{{Key: "tenant", Value: "a"}, {Key: "user", Value: "u"}}, want: limit.FailureAllow},
+		{name: "the file's", give: []limit.Entry{{Key: "path", Value: "/"}}, want: limit.FailureLocal},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if got := d.Match(tt.give).StoreFailure; got != tt.want {
+				t.Errorf("store_failure = %v, want %v", got, tt.want)
 			}
 		})
 	}

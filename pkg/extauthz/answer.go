@@ -31,6 +31,9 @@ const (
 	// HeaderEstimate says, on the response, that the token estimate was
 	// made from a partial body: its value is "partial-body".
 	HeaderEstimate = "x-tollgate-estimate"
+	// HeaderDegraded says, on the response, that the store could not
+	// answer and the rules' store_failure did: its value is "store".
+	HeaderDegraded = headers.Degraded
 )
 
 // problem is a request Check refuses with an HTTP answer; its msg is
@@ -64,9 +67,10 @@ func tooLargeMessage(limit int64) string {
 // CheckResponse for an admission or a refusal, or the gRPC error for a
 // failure, plus the metric result. A refusal's text is the client's
 // message; a store's error text never reaches the client, since it may
-// carry addresses. A failure is a gRPC error rather than a denial so that
-// Envoy applies its own failure_mode_allow / status_on_error, as for
-// ShouldRateLimit.
+// carry addresses. A store failure reaches here only from a Limiter
+// without store_failure (limit.WithStoreFailure), or when the caller gave
+// up; it is a gRPC error rather than a denial so that Envoy applies its
+// own failure_mode_allow / status_on_error, as for ShouldRateLimit.
 func toAnswer(ctx context.Context, err error, c *call) (*authv3.CheckResponse, string, error) {
 	switch {
 	case err == nil && (c.dec == nil || c.dec.Code == limit.CodeOK):
@@ -369,12 +373,12 @@ func grpcCode(s typev3.StatusCode) codes.Code {
 }
 
 // maxRateLimitHeaders is the most rateLimitHeaders appends: the four of
-// headers.Append and the estimate marker.
-const maxRateLimitHeaders = 5
+// headers.Append, the estimate marker and the degraded marker.
+const maxRateLimitHeaders = 6
 
 // rateLimitHeaders appends to dst the x-ratelimit-* and retry-after
-// headers of the decision, as ShouldRateLimit sends them, and the
-// estimate marker.
+// headers of the decision, as ShouldRateLimit sends them, the estimate
+// marker, and x-tollgate-degraded when store_failure answered.
 func rateLimitHeaders(c *call, dst []headers.Header) []headers.Header {
 	if c.dec != nil {
 		var buf [8]headers.Quota
@@ -386,6 +390,9 @@ func rateLimitHeaders(c *call, dst []headers.Header) []headers.Header {
 	}
 	if c.partial {
 		dst = append(dst, headers.Header{Key: HeaderEstimate, Value: "partial-body"})
+	}
+	if c.dec != nil && c.dec.Degraded {
+		dst = append(dst, headers.Header{Key: HeaderDegraded, Value: headers.DegradedStore})
 	}
 	return dst
 }

@@ -10,9 +10,12 @@
 // The reservation travels in the dynamic metadata (see package
 // reservation) to the access log, where pkg/accesslog settles it.
 //
-// A store failure is not a denial: Check returns gRPC Unavailable, as
-// ShouldRateLimit does, and Envoy applies failure_mode_allow (admit) or
-// status_on_error (deny, 403 unless set) as configured.
+// A store that cannot answer is answered by the rules' store_failure
+// (allow, deny or a local limit) when the Limiter has one
+// (limit.WithStoreFailure), and the answer carries x-tollgate-degraded:
+// store. Without one, a store failure is not a denial: Check returns gRPC
+// Unavailable, as ShouldRateLimit does, and Envoy applies
+// failure_mode_allow (admit) or status_on_error (deny, 403 unless set).
 package extauthz
 
 import (

@@ -123,6 +123,11 @@ type Decision struct {
 	// Probes are the half-open breakers' probes the admitted request
 	// holds; their outcomes must be reported with the probe IDs.
 	Probes []Probe
+	// Degraded: the store could not answer (an error, a timeout, its
+	// circuit open) and the rules' store_failure did; Policy is the one
+	// that chose Code (deny over local over allow).
+	Degraded bool
+	Policy   StoreFailure
 }
 
 // Limiter matches requests against the current rules and applies the
@@ -137,6 +142,12 @@ type Limiter struct {
 	clock    Clock
 	shedder  Shedder
 	breakers Breakers
+	// failure, when set, bounds store calls and answers for a store that
+	// cannot (WithStoreFailure).
+	failure *FailurePolicy
+	// localLeases is set once a degraded decision took a concurrency
+	// lease on the in-process store, so Reconcile releases there too.
+	localLeases atomic.Bool
 }
 
 // NewLimiter returns a Limiter over store; rules may be nil (everything is
@@ -170,8 +181,12 @@ type plan struct {
 }
 
 // Decide answers req. It returns an error wrapping ErrInvalid for a
-// malformed request, and the store's error when the store (or a
-// breaker's) fails.
+// malformed request. When the store (or a breaker's) fails, it returns
+// the store's error, unless the Limiter was made WithStoreFailure: then
+// each store call runs under the store timeout, a breaker that cannot be
+// read is passed, and a failed Apply is answered by the rules'
+// store_failure (see StoreFailure), with Degraded set. Either way a
+// caller that gave up (its context done) gets its context's error.
 //
 // The steps, each skipped when the domain does not configure it: the
 // tier's shedding under the current pressure (refused: ReasonShed); each
@@ -206,7 +221,17 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	dec.Tier = b.tier
 	now := l.clock.Now()
 	if len(dom.Breakers) > 0 {
-		if ok, err := l.allowBreakers(ctx, now, dom, req, dec); err != nil || !ok {
+		sctx, cancel := l.storeCtx(ctx)
+		ok, err := l.allowBreakers(sctx, now, dom, req, dec)
+		cancel()
+		if err != nil && l.failure != nil && !gaveUp(ctx, err) {
+			// A breaker whose state cannot be read is passed as closed:
+			// the limits that follow answer by store_failure, which is
+			// the operator's choice for a store that is down.
+			l.storeFailed(dom)
+			ok, err = true, nil
+		}
+		if err != nil || !ok {
 			if err != nil {
 				return nil, err
 			}
@@ -217,7 +242,14 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 		return dec, nil
 	}
 	res := b.results(len(b.charges))
-	admitted, err := l.store.Apply(ctx, now, b.charges, res)
+	sctx, cancel := l.storeCtx(ctx)
+	admitted, err := l.store.Apply(sctx, now, b.charges, res)
+	cancel()
+	if err != nil && l.failure != nil && !gaveUp(ctx, err) {
+		l.storeFailed(dom)
+		l.degrade(ctx, now, dom, req, b, dec)
+		return dec, nil
+	}
 	if err != nil {
 		if len(dec.Probes) > 0 {
 			l.release(ctx, now, dom, dec)
@@ -326,11 +358,25 @@ func (l *Limiter) Reconcile(ctx context.Context, req *Request, at time.Time, res
 		Cost:      1,
 	})
 	res := b.results(len(charges))
-	done, err := l.store.Apply(ctx, l.clock.Now(), charges, res)
+	now := l.clock.Now()
+	l.releaseLocal(ctx, now, charges)
+	sctx, cancel := l.storeCtx(ctx)
+	done, err := l.store.Apply(sctx, now, charges, res)
+	cancel()
 	if err != nil {
+		if l.failure != nil && !gaveUp(ctx, err) {
+			l.storeFailed(dom)
+		}
 		return false, fmt.Errorf("reconcile %d charges: %w", len(charges), err)
 	}
 	return done, nil
+}
+
+// storeFailed reports a store failure of a decision of dom.
+func (l *Limiter) storeFailed(dom *Domain) {
+	if o := l.failure.Observer; o != nil {
+		o.StoreFailed(dom.Name)
+	}
 }
 
 // reconcileMarkTTL is how long a settled reservation is remembered, so a

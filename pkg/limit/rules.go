@@ -39,7 +39,12 @@ type Rule struct {
 	// Replaces names limits (rate_limit.name) that this rule displaces when
 	// both match in one request.
 	Replaces []string
-	Children []*Rule
+	// StoreFailure is what the rule's charges do when the store cannot
+	// answer. NewRuleSet fills an unset one from the nearest ancestor
+	// that sets one, then the domain; unset after that means the
+	// Limiter's default.
+	StoreFailure StoreFailure
+	Children     []*Rule
 	// ID is a stable, human-readable path used as a metric label and in
 	// /debug/config: "tenant.model_gpt-4o".
 	ID string
@@ -68,6 +73,9 @@ type Domain struct {
 	// Breakers are the domain's circuit breakers, one per key (with a
 	// Limiter made WithBreakers).
 	Breakers []BreakerConfig
+	// StoreFailure is the domain's store_failure, inherited by rules
+	// that set none (FailureUnset: the Limiter's default).
+	StoreFailure StoreFailure
 
 	root Rule
 }
@@ -217,7 +225,7 @@ func NewRuleSet(domains ...*Domain) (*RuleSet, error) {
 		if prev, ok := rs.domains[d.Name]; ok {
 			return nil, fmt.Errorf("domain %q is defined twice (%s and %s)", d.Name, prev.Source, d.Source)
 		}
-		d.root = Rule{Children: d.Descriptors}
+		d.root = Rule{Children: d.Descriptors, StoreFailure: d.StoreFailure}
 		if err := index(&d.root, ""); err != nil {
 			return nil, fmt.Errorf("domain %q: %w", d.Name, err)
 		}
@@ -267,6 +275,9 @@ func index(r *Rule, prefix string) error {
 		}
 		if c.ID == "" {
 			c.ID = id
+		}
+		if c.StoreFailure == FailureUnset {
+			c.StoreFailure = r.StoreFailure // the nearest ancestor's, or the domain's
 		}
 		switch {
 		case c.Value == "":

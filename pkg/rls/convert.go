@@ -26,6 +26,7 @@ const (
 	HeaderReset      = headers.Reset
 	HeaderRetryAfter = headers.RetryAfter
 	HeaderReason     = headers.Reason
+	HeaderDegraded   = headers.Degraded
 )
 
 // scratchRequest is a limit.Request with the arrays behind its
@@ -135,6 +136,9 @@ func toResponse(dec *limit.Decision) *rlsv3.RateLimitResponse {
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
 			&corev3.HeaderValue{Key: HeaderRetryAfter, Value: strconv.FormatInt(max(1, headers.CeilSeconds(dec.RetryAfter)), 10)},
 			&corev3.HeaderValue{Key: HeaderReason, Value: dec.Reason.String()})
+	}
+	if dec.Degraded {
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: HeaderDegraded, Value: headers.DegradedStore})
 	}
 	if len(dec.Probes) > 0 {
 		resp.DynamicMetadata = probesMetadata(dec.Probes)

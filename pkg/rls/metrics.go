@@ -29,11 +29,10 @@ const (
 // metrics are the service's per-instance collectors, registered on the
 // Registerer the caller passes in.
 type metrics struct {
-	decisions   *prometheus.CounterVec
-	detailed    *prometheus.CounterVec
-	duration    prometheus.Histogram
-	storeErrors prometheus.Counter
-	invalid     prometheus.Counter
+	decisions *prometheus.CounterVec
+	detailed  *prometheus.CounterVec
+	duration  prometheus.Histogram
+	invalid   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -51,16 +50,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Time to answer one ShouldRateLimit call, store round trip included.",
 			Buckets: []float64{.00001, .000025, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
 		}),
-		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tollgate_store_errors_total",
-			Help: "Decisions that failed because the counter store did not answer.",
-		}),
 		invalid: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tollgate_rls_invalid_requests_total",
 			Help: "ShouldRateLimit calls rejected as malformed (InvalidArgument).",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.detailed, m.duration, m.storeErrors, m.invalid} {
+	for _, c := range []prometheus.Collector{m.decisions, m.detailed, m.duration, m.invalid} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register rls metrics: %w", err)
 		}

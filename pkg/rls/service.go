@@ -91,9 +91,9 @@ func (s *Service) fail(ctx context.Context, domain string, err error, msg string
 		s.metrics.invalid.Inc()
 		s.log.Debug("invalid rate limit request", zap.Error(err), zap.String("domain", safeDomain(domain)))
 	default:
-		// A call the client gave up on still counts: a store too slow for
-		// Envoy's timeout shows up only this way.
-		s.metrics.storeErrors.Inc()
+		// Store failures are counted where they happen, by the Limiter's
+		// observer (tollgate_store_errors_total); with store_failure set
+		// (WithStoreFailure) only a caller that gave up gets here.
 		s.log.Warn("rate limit decision failed", zap.Error(err), zap.String("domain", safeDomain(domain)), zap.Stringer("code", st.Code()))
 	}
 	return st.Err()

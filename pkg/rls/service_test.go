@@ -485,9 +485,8 @@ func TestMetrics(t *testing.T) {
 		`tollgate_rls_decisions_total{domain="ai",result="shadow_over",rule="shadow",tier="none"}`:                                     1,
 		`tollgate_rls_decisions_total{domain="unknown",result="unknown",rule="none",tier="none"}`:                                      1,
 		`tollgate_rls_detailed_decisions_total{descriptor="tenant=b,model=gpt-4o",domain="ai",result="ok",rule="tenant.model_gpt-4o"}`: 1,
-		`tollgate_store_errors_total`:                  1,
-		`tollgate_rls_invalid_requests_total`:          1,
-		`tollgate_rls_decision_duration_seconds_count`: float64(len(calls) + 2),
+		`tollgate_rls_invalid_requests_total`:                                                                                          1,
+		`tollgate_rls_decision_duration_seconds_count`:                                                                                 float64(len(calls) + 2),
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("metrics (-want +got):\n%s", diff)

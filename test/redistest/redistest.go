@@ -7,6 +7,7 @@ package redistest
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -38,7 +39,17 @@ type config struct {
 	// under the name sentinelName.
 	sentinel     *Server
 	sentinelName string
-	args         []string
+	// downAfter, failoverTimeout and quorum, when set, replace
+	// Sentinel's defaults (30s, 3min) and redistest's quorum of 1.
+	downAfter, failoverTimeout time.Duration
+	quorum                     int
+	// replicaOf, when set, makes this server a replica of it.
+	replicaOf *Server
+	// replicas is how many replicas StartCluster gives each master.
+	replicas    int
+	tls         *Certs
+	authClients string
+	args        []string
 }
 
 // WithUnixSocket makes the server listen on a unix socket in a temporary
@@ -49,6 +60,25 @@ func WithUnixSocket() Option { return func(c *config) { c.unix = true } }
 func WithArgs(args ...string) Option {
 	return func(c *config) { c.args = append(c.args, args...) }
 }
+
+// WithReplicaOf makes the server a replica of master (--replicaof).
+func WithReplicaOf(master *Server) Option {
+	return func(c *config) { c.replicaOf = master }
+}
+
+// WithSentinelTimeouts is for StartSentinel: the master is subjectively
+// down after downAfter without an answer, and a failover that has not
+// ended after failoverTimeout is given up (and may start again after
+// twice that). A quorum of quorum sentinels must agree it is down.
+// Sentinel's defaults, 30s and 3min, are too slow for a test.
+func WithSentinelTimeouts(downAfter, failoverTimeout time.Duration, quorum int) Option {
+	return func(c *config) {
+		c.downAfter, c.failoverTimeout, c.quorum = downAfter, failoverTimeout, quorum
+	}
+}
+
+// WithReplicas is for StartCluster: each master gets n replicas.
+func WithReplicas(n int) Option { return func(c *config) { c.replicas = n } }
 
 // Server is one redis-server process owned by a test.
 type Server struct {
@@ -155,7 +185,14 @@ func (s *Server) args() ([]string, error) {
 		// Sentinel rewrites its configuration file, so it needs one.
 		host, port, _ := net.SplitHostPort(s.cfg.sentinel.addr)
 		conf := filepath.Join(s.dir, "sentinel.conf")
-		body := fmt.Sprintf("sentinel monitor %s %s %s 1\n", s.cfg.sentinelName, host, port)
+		name := s.cfg.sentinelName
+		body := fmt.Sprintf("sentinel monitor %s %s %s %d\n", name, host, port, max(s.cfg.quorum, 1))
+		if d := s.cfg.downAfter; d > 0 {
+			body += fmt.Sprintf("sentinel down-after-milliseconds %s %d\n", name, d.Milliseconds())
+		}
+		if d := s.cfg.failoverTimeout; d > 0 {
+			body += fmt.Sprintf("sentinel failover-timeout %s %d\n", name, d.Milliseconds())
+		}
 		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
 			return nil, fmt.Errorf("write %s: %w", conf, err)
 		}
@@ -172,7 +209,16 @@ func (s *Server) args() ([]string, error) {
 		a = append(a, "--port", "0", "--unixsocket", s.addr, "--unixsocketperm", "700")
 	} else {
 		_, port, _ := net.SplitHostPort(s.addr)
-		a = append(a, "--bind", "127.0.0.1", "--port", port)
+		if s.cfg.tls != nil {
+			a = append(a, "--bind", "127.0.0.1", "--port", "0", "--tls-port", port)
+		} else {
+			a = append(a, "--bind", "127.0.0.1", "--port", port)
+		}
+	}
+	a = append(a, s.tlsArgs()...)
+	if m := s.cfg.replicaOf; m != nil {
+		host, port, _ := net.SplitHostPort(m.addr)
+		a = append(a, "--replicaof", host, port)
 	}
 	if s.cfg.cluster {
 		a = append(a,
@@ -217,14 +263,9 @@ func (s *Server) spawn() error {
 func (s *Server) waitReady(p *process) error {
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
-	c := redis.NewClient(&redis.Options{
-		Network:     s.network(),
-		Addr:        s.addr,
-		DialTimeout: 200 * time.Millisecond,
-		ReadTimeout: 500 * time.Millisecond,
-		MaxRetries:  -1,
-		PoolSize:    1,
-	})
+	o := s.options()
+	o.DialTimeout, o.ReadTimeout, o.MaxRetries, o.PoolSize = 200*time.Millisecond, 500*time.Millisecond, -1, 1
+	c := redis.NewClient(o)
 	defer c.Close()
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
@@ -243,6 +284,22 @@ func (s *Server) waitReady(p *process) error {
 	}
 }
 
+// options are go-redis options that reach the server: over TLS, with the
+// client certificate, for a server started WithTLS.
+func (s *Server) options() *redis.Options {
+	o := &redis.Options{Network: s.network(), Addr: s.addr}
+	if s.cfg.tls != nil {
+		tc, err := s.cfg.tls.clientTLS()
+		if err != nil {
+			// The files were written by NewCerts; a failure here is a
+			// broken test environment, reported by the first command.
+			tc = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		o.TLSConfig = tc
+	}
+	return o
+}
+
 func (s *Server) network() string {
 	if s.cfg.unix {
 		return "unix"
@@ -251,13 +308,19 @@ func (s *Server) network() string {
 }
 
 // StartSentinel starts a Redis Sentinel that monitors master under name,
-// with a quorum of 1, on its own free port. Addr is the Sentinel's.
-func StartSentinel(t testing.TB, master *Server, name string) *Server {
+// with a quorum of 1 unless WithSentinelTimeouts says otherwise, on its
+// own free port. Addr is the Sentinel's. opts may be WithSentinelTimeouts,
+// WithTLS and WithArgs.
+func StartSentinel(t testing.TB, master *Server, name string, opts ...Option) *Server {
 	t.Helper()
 	if master.cfg.unix {
 		t.Fatalf("redistest: StartSentinel: the master must listen on TCP")
 	}
-	s, err := start(t, config{sentinel: master, sentinelName: name})
+	cfg := config{sentinel: master, sentinelName: name}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	s, err := start(t, cfg)
 	if err != nil {
 		t.Fatalf("redistest: sentinel: %v", err)
 	}
@@ -267,17 +330,22 @@ func StartSentinel(t testing.TB, master *Server, name string) *Server {
 // Addr is host:port, or the socket path for a unix socket server.
 func (s *Server) Addr() string { return s.addr }
 
-// URL is redis://host:port, or unix:///path for a unix socket server.
+// URL is redis://host:port, rediss://host:port for a server started
+// WithTLS, or unix:///path for a unix socket server.
 func (s *Server) URL() string {
-	if s.cfg.unix {
+	switch {
+	case s.cfg.unix:
 		return "unix://" + s.addr
+	case s.cfg.tls != nil:
+		return "rediss://" + s.addr
 	}
 	return "redis://" + s.addr
 }
 
-// Client returns a go-redis client for the server, closed when the test ends.
+// Client returns a go-redis client for the server, closed when the test
+// ends; over TLS with the client certificate for a server started WithTLS.
 func (s *Server) Client(t testing.TB) *redis.Client {
-	c := redis.NewClient(&redis.Options{Network: s.network(), Addr: s.addr})
+	c := redis.NewClient(s.options())
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
@@ -335,4 +403,11 @@ func (b *TailBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return string(bytes.TrimSpace(b.b))
+}
+
+// down reports a server that was killed and not restarted.
+func (s *Server) down() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.proc == nil
 }

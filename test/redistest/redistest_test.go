@@ -149,3 +149,60 @@ func TestStartWithArgs(t *testing.T) {
 		t.Errorf("maxmemory = %q, want 1048576", cfg["maxmemory"])
 	}
 }
+
+func TestStartTLS(t *testing.T) {
+	t.Parallel()
+	certs := NewCerts(t)
+	s := Start(t, WithTLS(certs, ClientCertRequired))
+	if !strings.HasPrefix(s.URL(), "rediss://127.0.0.1:") {
+		t.Errorf("URL() = %q, want rediss://127.0.0.1:port", s.URL())
+	}
+	ctx := context.Background()
+	if err := s.Client(t).Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING over TLS with the client certificate: %v", err)
+	}
+	plain := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, ReadTimeout: time.Second})
+	defer plain.Close()
+	if err := plain.Ping(ctx).Err(); err == nil {
+		t.Error("PING without TLS succeeded on a TLS-only server")
+	}
+}
+
+func TestStartReplica(t *testing.T) {
+	t.Parallel()
+	master := Start(t)
+	replica := Start(t, WithReplicaOf(master))
+	ctx := context.Background()
+	if err := master.Client(t).Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rc := replica.Client(t)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		v, err := rc.Get(ctx, "k").Result()
+		if err == nil && v == "v" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GET k on the replica = %q, %v; want the master's v", v, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestStartClusterWithReplicas(t *testing.T) {
+	t.Parallel()
+	c := StartCluster(t, 3, WithReplicas(1))
+	if got := len(c.Replicas()); got != 3 {
+		t.Fatalf("Replicas() has %d entries, want 3", got)
+	}
+	slots, err := c.Client(t).ClusterSlots(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range slots {
+		if len(r.Nodes) != 2 {
+			t.Errorf("slots %d-%d have %d nodes, want a master and a replica", r.Start, r.End, len(r.Nodes))
+		}
+	}
+}

@@ -2,11 +2,13 @@ package redisstore
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"maps"
 	"net"
 	"net/url"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,6 +24,9 @@ const (
 	DefaultDialTimeout  = time.Second
 	DefaultReadTimeout  = 250 * time.Millisecond
 	DefaultWriteTimeout = 250 * time.Millisecond
+	// ClusterStateReloadInterval is how old a cluster client's slot map
+	// may grow before a command reloads it.
+	ClusterStateReloadInterval = time.Second
 )
 
 // NewClient builds a go-redis client from a URL:
@@ -32,9 +37,12 @@ const (
 //	redis+sentinel://[user:pass@]h1[:port],h2[:port]/master[?db=N]  Sentinel (port 26379 by default)
 //	redis+cluster://[user:pass@]h1[:port],h2[:port]                 Cluster
 //
-// rediss+sentinel:// and rediss+cluster:// use TLS. The credentials
-// authenticate to the data nodes; Sentinel itself is reached without
-// them. Special characters in the password must be percent-encoded.
+// rediss+sentinel:// and rediss+cluster:// use TLS, to the sentinels and
+// to every node, verified against the system's roots unless a TLS option
+// names a CA. The credentials (an ACL user and its password, or only a
+// password for the default user) authenticate to the data nodes;
+// Sentinel itself is reached without them. Special characters in the
+// password must be percent-encoded.
 //
 // Query parameters (Optional): dial_timeout (default 1s), read_timeout and
 // write_timeout (default 250ms), as Go durations; pool_size (connections
@@ -44,12 +52,93 @@ const (
 // ran but whose reply timed out would charge twice. The caller's context
 // deadline bounds every call. NewClient connects to nothing; Store.Ping
 // does. Its errors never contain the password.
-func NewClient(rawURL string) (redis.UniversalClient, error) {
+func NewClient(rawURL string, opts ...Option) (redis.UniversalClient, error) {
 	spec, err := parseURL(rawURL)
 	if err != nil {
 		return nil, err
 	}
-	return spec.client(), nil
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	tc, err := o.tls.config(spec.tls)
+	if err != nil {
+		return nil, err
+	}
+	return spec.client(tc), nil
+}
+
+// Option configures NewClient beyond what its URL says.
+type Option func(*options)
+
+type options struct {
+	tls TLS
+}
+
+// WithTLS sets the TLS files and server name of a rediss:// URL.
+func WithTLS(t TLS) Option { return func(o *options) { o.tls = t } }
+
+// TLS is how a rediss://, rediss+sentinel:// or rediss+cluster:// client
+// verifies the servers and proves itself to them. The same settings hold
+// for the sentinels and every node.
+type TLS struct {
+	// CAFile (Optional) is a PEM bundle of the CAs that sign the servers'
+	// certificates, read once by NewClient; empty trusts the system's roots.
+	CAFile string
+	// CertFile and KeyFile (Optional, together) are a PEM client
+	// certificate and its key, for servers with tls-auth-clients. They
+	// are read by NewClient and again at every new connection, so a
+	// renewed certificate is used without a restart.
+	CertFile, KeyFile string
+	// ServerName (Optional) is the name every server's certificate must
+	// carry; empty checks each server against the host it is dialled
+	// on, which is what a cluster or Sentinel setup with one certificate
+	// per node needs.
+	ServerName string
+}
+
+func (t TLS) set() bool { return t != TLS{} }
+
+// config builds the client's tls.Config: nil without TLS. TLS settings on
+// a URL without TLS are an error rather than ignored: an operator who
+// names a CA means the connection to be encrypted.
+func (t TLS) config(useTLS bool) (*tls.Config, error) {
+	if !useTLS {
+		if t.set() {
+			return nil, errors.New("TLS settings need a rediss://, rediss+sentinel:// or rediss+cluster:// URL")
+		}
+		return nil, nil
+	}
+	// No ServerName by default: go-redis dials with tls.DialWithDialer,
+	// which takes it from each node's address.
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("TLS CA file: %w", err)
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("TLS CA %q: no PEM certificate in it", t.CAFile)
+		}
+	}
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		return nil, errors.New("a TLS client certificate needs both its certificate and its key file")
+	}
+	if t.CertFile != "" {
+		if _, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile); err != nil {
+			return nil, fmt.Errorf("TLS client certificate %q, key %q: %w", t.CertFile, t.KeyFile, err)
+		}
+		certFile, keyFile := t.CertFile, t.KeyFile
+		tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			c, err := tls.LoadX509KeyPair(certFile, keyFile)
+			if err != nil {
+				return nil, fmt.Errorf("TLS client certificate %q, key %q: %w", certFile, keyFile, err)
+			}
+			return &c, nil
+		}
+	}
+	return tc, nil
 }
 
 // Topologies of a clientSpec.
@@ -74,13 +163,8 @@ type clientSpec struct {
 	poolSize     int // 0: go-redis's default
 }
 
-func (s *clientSpec) client() redis.UniversalClient {
-	var tc *tls.Config
-	if s.tls {
-		// No ServerName: crypto/tls takes it from each node's address,
-		// which a cluster or Sentinel setup needs.
-		tc = &tls.Config{MinVersion: tls.VersionTLS12}
-	}
+// client makes the client; tc is nil without TLS.
+func (s *clientSpec) client(tc *tls.Config) redis.UniversalClient {
 	switch s.topology {
 	case sentinel:
 		return redis.NewFailoverClient(&redis.FailoverOptions{
@@ -103,17 +187,25 @@ func (s *clientSpec) client() redis.UniversalClient {
 		// retries that follow MOVED and ASK while slots migrate. So a
 		// call whose reply timed out may run twice on a cluster: charged
 		// twice, it under-admits, never over-admits.
+		//
+		// A master that died answers no MOVED, and go-redis reloads the
+		// slot map on a pipeline's dial error only once it is older than
+		// ClusterStateReloadInterval (default 60s): decisions would fail
+		// for a minute after the cluster promoted a replica. One CLUSTER
+		// SLOTS a second per process is cheap, and bounds that to about
+		// a second (test/failover).
 		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:                 s.addrs,
-			Username:              s.user,
-			Password:              s.pass,
-			DialTimeout:           s.dialTimeout,
-			DialerRetries:         1,
-			ReadTimeout:           s.readTimeout,
-			WriteTimeout:          s.writeTimeout,
-			ContextTimeoutEnabled: true,
-			PoolSize:              s.poolSize,
-			TLSConfig:             tc,
+			ClusterStateReloadInterval: ClusterStateReloadInterval,
+			Addrs:                      s.addrs,
+			Username:                   s.user,
+			Password:                   s.pass,
+			DialTimeout:                s.dialTimeout,
+			DialerRetries:              1,
+			ReadTimeout:                s.readTimeout,
+			WriteTimeout:               s.writeTimeout,
+			ContextTimeoutEnabled:      true,
+			PoolSize:                   s.poolSize,
+			TLSConfig:                  tc,
 		})
 	}
 	return redis.NewClient(&redis.Options{

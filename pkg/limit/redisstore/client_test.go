@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"net/url"
 	"reflect"
 	"strings"
 	"testing"
@@ -9,7 +10,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate-dev/tollgate/pkg/breaker"
+	"github.com/tollgate-dev/tollgate/pkg/breaker/breakertest"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
 	"github.com/tollgate-dev/tollgate/test/redistest"
 )
 
@@ -135,6 +139,10 @@ func TestNewClientTypes(t *testing.T) {
 		if reflect.TypeOf(c) != reflect.TypeOf(tt.want) {
 			t.Errorf("NewClient(%q) is a %T, want %T", tt.give, c, tt.want)
 		}
+		if cc, ok := c.(*redis.ClusterClient); ok && cc.Options().ClusterStateReloadInterval != ClusterStateReloadInterval {
+			// go-redis's 60s would leave a dead master's slots failing for a minute.
+			t.Errorf("NewClient(%q): ClusterStateReloadInterval %v", tt.give, cc.Options().ClusterStateReloadInterval)
+		}
 		if o, ok := c.(*redis.Client); ok && !strings.HasPrefix(tt.give, "redis+sentinel") {
 			if o.Options().MaxRetries != 0 || o.Options().ReadTimeout != DefaultReadTimeout {
 				// go-redis stores MaxRetries -1 (none) as 0 once normalised.
@@ -207,4 +215,208 @@ func FuzzParseURL(f *testing.F) {
 			t.Fatalf("parseURL(%q) = %+v: no address", raw, spec)
 		}
 	})
+}
+
+// aclUser and aclPass are the ACL user the TLS tests connect as; the
+// password holds characters a URL must escape.
+const (
+	aclUser = "tollgate"
+	aclPass = "Tg-s3cret/#@pw"
+)
+
+// aclRules is the narrowest grant the store works with, as README tells
+// operators: the tg: keys, no channels, and only the commands that the
+// Lua function and scripts, the pressure board and the clients send.
+// Scripts' own calls are checked against it too. Each command was found
+// needed by taking it out; HELLO and AUTH need no grant. SELECT is for a
+// URL with a database other than 0; COMMAND and CLUSTER SLOTS are for a
+// cluster (without COMMAND, go-redis's cluster client asks for it again
+// before every command). Redis 7.2 adds CLIENT SETINFO, which go-redis
+// sends at connect and whose refusal it ignores.
+var aclRules = []string{
+	"resetkeys", "~tg:*", "resetchannels", "-@all",
+	"+ping", "+select", "+cluster|slots", "+command",
+	"+fcall", "+function|load", "+evalsha", "+eval",
+	"+get", "+set", "+del", "+pexpire",
+	"+hgetall", "+hset", "+hdel",
+	"+zadd", "+zrem", "+zrangebyscore", "+zremrangebyscore",
+}
+
+// withACLUser adds aclUser with aclRules to a server.
+func withACLUser() redistest.Option {
+	return redistest.WithArgs(append([]string{"--user", aclUser, "on", ">" + aclPass}, aclRules...)...)
+}
+
+// aclURL is a URL for the ACL user, its password escaped.
+func aclURL(scheme, hosts string) string {
+	return scheme + "://" + aclUser + ":" + url.PathEscape(aclPass) + "@" + hosts
+}
+
+// checkACLLog fails the test when a server denied the ACL user anything:
+// a denied FUNCTION LOAD, say, would turn the store to scripts quietly.
+func checkACLLog(t *testing.T, servers ...*redistest.Server) {
+	t.Helper()
+	for _, s := range servers {
+		log, err := s.Client(t).Do(context.Background(), "acl", "log").Slice()
+		if err != nil {
+			t.Fatalf("ACL LOG on %s: %v", s.Addr(), err)
+		}
+		for _, e := range log {
+			t.Errorf("%s denied the ACL user: %v", s.Addr(), e)
+		}
+	}
+}
+
+// TestTLSWithACLUser runs the Store, Board and Breakers conformance suites
+// over TLS with a private CA and a client certificate, as an ACL user
+// limited to aclRules, on one node, through Sentinel and on a cluster.
+func TestTLSWithACLUser(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts 6 TLS redis-servers and runs the conformance suites; skipped with -short")
+	}
+	t.Parallel()
+	certs := redistest.NewCerts(t)
+	tlsOpt := WithTLS(TLS{CAFile: certs.CAFile, CertFile: certs.ClientCertFile, KeyFile: certs.ClientKeyFile})
+	serverOpts := []redistest.Option{redistest.WithTLS(certs, redistest.ClientCertRequired), withACLUser()}
+
+	// run runs the suites on rawURL, then checks that servers denied the
+	// ACL user nothing.
+	run := func(t *testing.T, rawURL string, servers ...*redistest.Server) {
+		dial := func() (redis.UniversalClient, error) { return NewClient(rawURL, tlsOpt) }
+		c, err := dial()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := New(c)
+		t.Cleanup(func() { _ = s.Close() })
+		if err := s.Ping(context.Background()); err != nil {
+			t.Fatalf("Ping: %v", err)
+		}
+		// The suites' tests are parallel: t.Run returns once they ended.
+		t.Run("suites", func(t *testing.T) {
+			storetest.Run(t, func(testing.TB) limit.Store { return s })
+			storetest.RunBoard(t, func(testing.TB) limit.Board { return NewBoard(c) })
+			breakertest.Run(t, func(tb testing.TB, n int) []breaker.Store { return replicas(tb, n, dial) })
+		})
+		if s.apply.scripts.Load() {
+			t.Error("the store turned to scripts: the ACL user could not load the function")
+		}
+		checkACLLog(t, servers...)
+	}
+	t.Run("single", func(t *testing.T) {
+		t.Parallel()
+		srv := redistest.Start(t, serverOpts...)
+		run(t, aclURL("rediss", srv.Addr()), srv)
+	})
+	t.Run("sentinel", func(t *testing.T) {
+		t.Parallel()
+		master := redistest.Start(t, serverOpts...)
+		sen := redistest.StartSentinel(t, master, "tollgate", redistest.WithTLS(certs, redistest.ClientCertRequired))
+		run(t, aclURL("rediss+sentinel", sen.Addr()+"/tollgate"), master)
+	})
+	t.Run("cluster", func(t *testing.T) {
+		t.Parallel()
+		c := redistest.StartCluster(t, 3, serverOpts...)
+		run(t, aclURL("rediss+cluster", strings.Join(c.Addrs(), ",")), c.Servers()...)
+	})
+}
+
+// TestTLSErrors: a wrong password, a server the CA did not sign, a
+// missing client certificate or a wrong server name each fail Ping with an
+// error that says so and never holds the password.
+func TestTLSErrors(t *testing.T) {
+	t.Parallel()
+	certs := redistest.NewCerts(t)
+	other := redistest.NewCerts(t) // another CA
+	srv := redistest.Start(t, redistest.WithTLS(certs, redistest.ClientCertRequired), withACLUser())
+	good := TLS{CAFile: certs.CAFile, CertFile: certs.ClientCertFile, KeyFile: certs.ClientKeyFile}
+	withName := func(t TLS, name string) TLS { t.ServerName = name; return t }
+	tests := []struct {
+		name string
+		give string
+		tls  TLS
+		want string
+	}{
+		{name: "wrong password", give: "rediss://" + aclUser + ":not-" + url.PathEscape(aclPass) + "@" + srv.Addr(),
+			tls: good, want: "WRONGPASS"},
+		{name: "unknown user", give: "rediss://nobody:" + url.PathEscape(aclPass) + "@" + srv.Addr(), tls: good, want: "WRONGPASS"},
+		{name: "server signed by an unknown CA", give: aclURL("rediss", srv.Addr()),
+			tls: TLS{CAFile: other.CAFile, CertFile: certs.ClientCertFile, KeyFile: certs.ClientKeyFile}, want: "certificate signed by unknown authority"},
+		{name: "system roots only", give: aclURL("rediss", srv.Addr()), want: "certificate signed by unknown authority"},
+		{name: "no client certificate", give: aclURL("rediss", srv.Addr()), tls: TLS{CAFile: certs.CAFile}, want: "certificate required"},
+		{name: "client certificate from another CA", give: aclURL("rediss", srv.Addr()),
+			tls: TLS{CAFile: certs.CAFile, CertFile: other.ClientCertFile, KeyFile: other.ClientKeyFile}, want: "tls: unknown certificate authority"},
+		{name: "wrong server name", give: aclURL("rediss", srv.Addr()), tls: withName(good, "redis.example"), want: "not redis.example"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c, err := NewClient(tt.give, WithTLS(tt.tls))
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := New(c)
+			t.Cleanup(func() { _ = s.Close() })
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err = s.Ping(ctx)
+			if err == nil {
+				t.Fatal("Ping succeeded")
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Ping error = %q, want it to contain %q", err, tt.want)
+			}
+			if strings.Contains(err.Error(), "s3cret") {
+				t.Errorf("Ping error %q contains the password", err)
+			}
+		})
+	}
+	t.Run("good", func(t *testing.T) {
+		t.Parallel()
+		s, err := NewClient(aclURL("rediss", srv.Addr()), WithTLS(withName(good, "localhost")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		if err := s.Ping(context.Background()).Err(); err != nil {
+			t.Fatalf("Ping with the right CA, certificate, name and password: %v", err)
+		}
+	})
+}
+
+// TestTLSOptionErrors: TLS settings that cannot work fail NewClient,
+// before anything is dialled.
+func TestTLSOptionErrors(t *testing.T) {
+	t.Parallel()
+	certs := redistest.NewCerts(t)
+	const secret = "Sup3rS3cret"
+	tests := []struct {
+		name string
+		give string
+		tls  TLS
+		want string
+	}{
+		{name: "CA on a plain URL", give: "redis://u:" + secret + "@h", tls: TLS{CAFile: certs.CAFile}, want: "need a rediss://"},
+		{name: "server name on a plain cluster URL", give: "redis+cluster://u:" + secret + "@h", tls: TLS{ServerName: "h"}, want: "need a rediss://"},
+		{name: "missing CA file", give: "rediss://u:" + secret + "@h", tls: TLS{CAFile: "/nonexistent/ca.pem"}, want: "TLS CA file: open /nonexistent/ca.pem"},
+		{name: "CA file without a certificate", give: "rediss://u:" + secret + "@h", tls: TLS{CAFile: certs.ClientKeyFile}, want: "no PEM certificate"},
+		{name: "certificate without key", give: "rediss://u:" + secret + "@h", tls: TLS{CertFile: certs.ClientCertFile}, want: "both its certificate and its key"},
+		{name: "key of another certificate", give: "rediss://u:" + secret + "@h",
+			tls: TLS{CertFile: certs.ClientCertFile, KeyFile: certs.ServerKeyFile}, want: "private key does not match"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := NewClient(tt.give, WithTLS(tt.tls))
+			if err == nil {
+				t.Fatal("NewClient: no error")
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("NewClient error = %q, want it to contain %q", err, tt.want)
+			}
+			if strings.Contains(err.Error(), secret) {
+				t.Errorf("NewClient error %q contains the password", err)
+			}
+		})
+	}
 }

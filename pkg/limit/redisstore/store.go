@@ -54,6 +54,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -69,6 +70,8 @@ type Store struct {
 	c       redis.UniversalClient
 	cluster *redis.ClusterClient // nil unless c is a cluster client
 	apply   *applier
+	// loaded is set once a Ping has loaded the function library.
+	loaded atomic.Bool
 }
 
 var _ limit.Store = (*Store)(nil)
@@ -83,6 +86,20 @@ func New(c redis.UniversalClient) *Store {
 
 // Ping checks that Redis answers (every master, for a cluster).
 func (s *Store) Ping(ctx context.Context) error {
+	if err := s.ping(ctx); err != nil {
+		return err
+	}
+	// The first successful Ping (readiness, at start) also loads the
+	// library, so the first decisions do not each find it missing and
+	// spend their store timeout loading it.
+	if !s.loaded.Load() {
+		s.apply.load(ctx, s.c)
+		s.loaded.Store(true)
+	}
+	return nil
+}
+
+func (s *Store) ping(ctx context.Context) error {
 	if s.cluster != nil {
 		err := s.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
 			return c.Ping(ctx).Err()

@@ -771,3 +771,30 @@ func BenchmarkApply(b *testing.B) {
 		})
 	}
 }
+
+// TestPingLoadsTheLibrary: the first Ping (a replica's readiness check)
+// loads the function library, so the first decision runs it in one FCALL
+// rather than finding it missing and loading it within its timeout.
+func TestPingLoadsTheLibrary(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	s := New(client)
+	t.Cleanup(func() { _ = s.Close() })
+	admin := srv.Client(t)
+	if err := s.Ping(context.Background()); err != nil {
+		t.Fatalf("Ping: %v", err)
+	}
+	libs, err := admin.FunctionList(context.Background(), redis.FunctionListQuery{}).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(libs) != 1 || !strings.HasPrefix(libs[0].Name, "tollgate_") {
+		t.Fatalf("libraries after Ping: %+v, want the tollgate library", libs)
+	}
+	before := commandCalls(t, admin, "fcall")
+	apply(t, s, t0, limit.Charge{Key: "k", Algorithm: limit.SlidingWindow, Amount: 10, Window: time.Second, Cost: 1})
+	if got := commandCalls(t, admin, "fcall") - before; got != 1 {
+		t.Errorf("the first decision after Ping ran %d FCALLs, want 1", got)
+	}
+}

@@ -21,6 +21,10 @@ const (
 	// "shed" (tier shedding by pressure) or "breaker" (an open circuit
 	// breaker). A refusal by a limit carries none.
 	Reason = "x-tollgate-reason"
+	// Degraded says the store could not answer and the rules'
+	// store_failure did; its value is DegradedStore.
+	Degraded      = "x-tollgate-degraded"
+	DegradedStore = "store"
 )
 
 // Quota is one status as the headers report it.

@@ -1,0 +1,311 @@
+package limit
+
+import (
+	"context"
+	"errors"
+	"math"
+	"time"
+)
+
+// StoreFailure is what a rule's charges do when the store cannot answer
+// (an error, a timeout, or a circuit open in front of it): the rules
+// file's store_failure. The policies:
+//
+//   - allow: the charges are treated as admitted; nothing is recorded.
+//   - deny: the charges are over limit, with a RetryAfter of
+//     DegradedRetryAfter.
+//   - local: the charges run on an in-process store, each limit scaled by
+//     the local fraction: the fraction of each global limit one replica
+//     may spend alone while the store is down (see FailurePolicy).
+//
+// In a degraded decision, refunds (negative hits) are dropped, and so are
+// cost reports (Force charges) of allow and deny rules: the store would
+// have recorded them, and an in-process store whose state is gone with
+// the next restart is no place for them; a local rule's cost report is
+// charged locally. Concurrency caps follow their rule's policy (local:
+// a lease on the in-process store, released by the access log as
+// usual). What is dropped is counted (FailureObserver.Dropped).
+type StoreFailure uint8
+
+const (
+	// FailureUnset inherits: from the parent rule, then the domain, then
+	// the Limiter's default.
+	FailureUnset StoreFailure = iota
+	FailureAllow
+	FailureDeny
+	FailureLocal
+)
+
+var failureNames = [...]string{FailureUnset: "", FailureAllow: "allow", FailureDeny: "deny", FailureLocal: "local"}
+
+func (f StoreFailure) String() string {
+	if int(f) < len(failureNames) && f != FailureUnset {
+		return failureNames[f]
+	}
+	return "unset"
+}
+
+// StoreFailureNames lists the accepted names, for error messages.
+func StoreFailureNames() string { return "allow|deny|local" }
+
+// ParseStoreFailure maps a name (allow, deny, local) to its policy.
+func ParseStoreFailure(s string) (StoreFailure, bool) {
+	for i, n := range failureNames {
+		if n != "" && n == s {
+			return StoreFailure(i), true
+		}
+	}
+	return FailureUnset, false
+}
+
+// stricter reports whether f decides a decision's code over g: deny over
+// local over allow.
+func (f StoreFailure) stricter(g StoreFailure) bool {
+	rank := func(p StoreFailure) int {
+		switch p {
+		case FailureDeny:
+			return 3
+		case FailureLocal:
+			return 2
+		case FailureAllow:
+			return 1
+		}
+		return 0
+	}
+	return rank(f) > rank(g)
+}
+
+// DegradedRetryAfter is what a charge denied by store_failure deny is told
+// to wait: the store may be back by then.
+const DegradedRetryAfter = time.Second
+
+// DefaultStoreTimeout bounds every store call of a decision: well under
+// Envoy's 20 ms rate limit timeout, so that the policy, not Envoy's
+// failure_mode, answers a slow store.
+const DefaultStoreTimeout = 10 * time.Millisecond
+
+// DefaultLocalFraction is the fraction of each global limit one replica
+// may spend alone while the store is down.
+const DefaultLocalFraction = 0.1
+
+// FailurePolicy is how a Limiter bounds and survives its store.
+type FailurePolicy struct {
+	// Timeout bounds each store call of Decide and Reconcile (the smaller
+	// of it and the caller's deadline); 0: no bound of its own.
+	Timeout time.Duration
+	// Default is the policy of rules and domains that set none (Optional,
+	// default FailureAllow).
+	Default StoreFailure
+	// LocalFraction scales every limit a local charge is checked against,
+	// in (0,1] (Optional, default DefaultLocalFraction); amounts above 0
+	// stay at least 1.
+	LocalFraction float64
+	// Local is the in-process store of local charges (Required for
+	// local; without it, local charges are denied, the conservative
+	// reading of "a limit this replica keeps alone").
+	Local Store
+	// Observer is told of store failures and degraded decisions
+	// (Optional).
+	Observer FailureObserver
+}
+
+// FailureObserver is told what the store's failures did: the Limiter
+// itself imports no metrics library.
+type FailureObserver interface {
+	// StoreFailed: a store call of a decision (or reconciliation) of a
+	// domain failed or timed out; the caller did not give up.
+	StoreFailed(domain string)
+	// Degraded: a decision of domain was answered by policy p, the one
+	// that chose its code (deny over local over allow), and dropped
+	// charges were not recorded anywhere.
+	Degraded(domain string, p StoreFailure, dropped int)
+}
+
+// WithStoreFailure bounds store calls by p.Timeout and answers decisions
+// whose store call fails by the rules' store_failure. Without it, a
+// store error is Decide's error.
+func WithStoreFailure(p FailurePolicy) Option {
+	return func(l *Limiter) {
+		if p.Default == FailureUnset {
+			p.Default = FailureAllow
+		}
+		if !(p.LocalFraction > 0 && p.LocalFraction <= 1) {
+			p.LocalFraction = DefaultLocalFraction
+		}
+		l.failure = &p
+	}
+}
+
+// storeCtx is ctx bounded by the store timeout.
+func (l *Limiter) storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if l.failure == nil || l.failure.Timeout <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, l.failure.Timeout)
+}
+
+// gaveUp reports whether err is the caller's own cancellation or
+// deadline rather than the store's failure: only then is there nobody
+// left to answer.
+func gaveUp(ctx context.Context, err error) bool {
+	return ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
+}
+
+// policyOf is the store_failure of a charge from rule r in dom.
+func (l *Limiter) policyOf(dom *Domain, r *Rule) StoreFailure {
+	if r != nil && r.StoreFailure != FailureUnset {
+		return r.StoreFailure
+	}
+	if dom.StoreFailure != FailureUnset {
+		return dom.StoreFailure
+	}
+	return l.failure.Default
+}
+
+// degrade answers dec by store_failure after the store failed on b's
+// charges. Each status reflects its own rule's policy; the decision's code
+// is decided by the strictest policy present (deny, then local, then
+// allow), which Decision.Policy reports.
+func (l *Limiter) degrade(ctx context.Context, now time.Time, dom *Domain, req *Request, b *built, dec *Decision) {
+	dec.Degraded = true
+	dropped := 0
+	var local []Charge
+	var localPlans []plan
+	denied := false
+	for k, p := range b.plans {
+		c := b.charges[k]
+		pol := l.policyOf(dom, dec.Statuses[p.desc].Rule)
+		if pol.stricter(dec.Policy) {
+			dec.Policy = pol
+		}
+		if c.Cost < 0 {
+			dropped++ // a refund: what it gives back was taken from the store
+			continue
+		}
+		switch pol {
+		case FailureAllow:
+			if c.Force {
+				dropped++
+			}
+		case FailureDeny:
+			st := &dec.Statuses[p.desc]
+			switch {
+			case c.Force:
+				dropped++ // a cost report never blocks
+			case c.Shadow:
+				st.ShadowOver = true
+			default:
+				denied = true
+				st.Code = CodeOverLimit
+				st.RetryAfter = max(st.RetryAfter, DegradedRetryAfter)
+				if p.limit != nil {
+					st.Limit, st.Remaining = p.limit, 0
+				} else {
+					st.Concurrency = true
+				}
+			}
+		case FailureLocal:
+			local = append(local, l.localCharge(c))
+			localPlans = append(localPlans, p)
+		}
+	}
+	leased := false
+	if len(local) > 0 && !denied {
+		res := make([]Result, len(local))
+		admitted := false
+		if l.failure.Local != nil {
+			// The in-process store answers at once; the caller's context
+			// is enough.
+			var err error
+			admitted, err = l.failure.Local.Apply(context.WithoutCancel(ctx), now, local, res)
+			if err != nil {
+				admitted = false
+				clear(res)
+			}
+		}
+		for k, p := range localPlans {
+			st := &dec.Statuses[p.desc]
+			rs := res[k]
+			if !rs.Fits && local[k].Shadow {
+				st.ShadowOver, rs.Fits = true, true
+			}
+			if !rs.Fits && local[k].Force {
+				rs.Fits = true
+			}
+			if p.limit == nil {
+				if !rs.Fits && st.Code == CodeOK {
+					st.Code, st.Concurrency = CodeOverLimit, true
+					st.RetryAfter = max(rs.RetryAfter, DegradedRetryAfter)
+				}
+				if rs.Fits && admitted {
+					leased = true
+				}
+				continue
+			}
+			lim := *p.limit
+			lim.Amount, lim.Burst = local[k].Amount, local[k].Burst
+			if report(st, &lim, rs) {
+				st.Limit, st.Remaining, st.ResetAfter, st.RetryAfter = &lim, rs.Remaining, rs.ResetAfter, rs.RetryAfter
+				if !rs.Fits {
+					st.Code = CodeOverLimit
+					if st.RetryAfter <= 0 {
+						st.RetryAfter = DegradedRetryAfter
+					}
+				}
+			}
+		}
+		if !admitted {
+			denied = true
+		}
+	}
+	if denied {
+		dec.Code, dec.Reason = CodeOverLimit, ReasonLimit
+		if len(dec.Probes) > 0 {
+			l.release(ctx, now, dom, dec)
+		}
+	} else if leased && req.ID != "" {
+		// Local leases are released like any others, by the access log's
+		// Reconcile; no tokens were reserved in the store, so the usage it
+		// reports is charged there as usage spent, if the store is back.
+		l.localLeases.Store(true)
+		dec.Reservation = &Reservation{ID: req.ID, At: now}
+	}
+	if o := l.failure.Observer; o != nil {
+		o.Degraded(dom.Name, dec.Policy, dropped)
+	}
+}
+
+// localCharge is c checked against the local fraction of its limit.
+func (l *Limiter) localCharge(c Charge) Charge {
+	f := l.failure.LocalFraction
+	c.Amount = fractionOf(c.Amount, f)
+	c.Burst = fractionOf(c.Burst, f)
+	return c
+}
+
+// fractionOf is floor(n x f), at least 1 when n is: a fraction of a limit
+// never denies everything the limit admits.
+func fractionOf(n uint64, f float64) uint64 {
+	if n == 0 || f >= 1 {
+		return n
+	}
+	return max(1, uint64(math.Floor(float64(n)*f)))
+}
+
+// releaseLocal gives back, on the in-process store, the concurrency leases
+// a degraded decision may have taken for charges' member: a no-op for
+// members it holds none of.
+func (l *Limiter) releaseLocal(ctx context.Context, now time.Time, charges []Charge) {
+	if l.failure == nil || l.failure.Local == nil || !l.localLeases.Load() {
+		return
+	}
+	var rel []Charge
+	for _, c := range charges {
+		if c.Algorithm == Concurrency && c.Cost < 0 {
+			rel = append(rel, c)
+		}
+	}
+	if len(rel) > 0 {
+		_, _ = l.failure.Local.Apply(context.WithoutCancel(ctx), now, rel, make([]Result, len(rel)))
+	}
+}

@@ -1,0 +1,339 @@
+package limit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
+)
+
+var t0 = time.Unix(1_700_000_000, 0)
+
+type fixedClock struct{ t time.Time }
+
+func (c fixedClock) Now() time.Time { return c.t }
+
+// downStore fails every call; blocking, it waits for the context first.
+type downStore struct {
+	blocking bool
+	mu       sync.Mutex
+	calls    int
+}
+
+var errDown = errors.New("dial tcp 10.0.0.7:6379: connect: connection refused")
+
+func (s *downStore) Apply(ctx context.Context, _ time.Time, _ []limit.Charge, _ []limit.Result) (bool, error) {
+	s.mu.Lock()
+	s.calls++
+	s.mu.Unlock()
+	if s.blocking {
+		<-ctx.Done()
+		return false, ctx.Err()
+	}
+	return false, errDown
+}
+
+// observer records what the Limiter reports.
+type observer struct {
+	mu       sync.Mutex
+	failed   int
+	degraded map[string]int // "domain/policy"
+	dropped  int
+}
+
+func (o *observer) StoreFailed(string) {
+	o.mu.Lock()
+	o.failed++
+	o.mu.Unlock()
+}
+
+func (o *observer) Degraded(domain string, p limit.StoreFailure, dropped int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.degraded == nil {
+		o.degraded = map[string]int{}
+	}
+	o.degraded[domain+"/"+p.String()]++
+	o.dropped += dropped
+}
+
+func perMinute(n uint64) *limit.Limit {
+	return &limit.Limit{Kind: limit.Requests, Amount: n, Unit: limit.Minute}
+}
+
+// failureRules: tenant (deny), model (local, with a child that says
+// allow), path (inherits the domain's local), user (the flag's default,
+// in domain "flag"), and a concurrency cap under local.
+func failureRules(t testing.TB) *limit.RuleSet {
+	t.Helper()
+	d := &limit.Domain{Name: "d", StoreFailure: limit.FailureLocal, Descriptors: []*limit.Rule{
+		{Key: "tenant", RateLimit: perMinute(100), StoreFailure: limit.FailureDeny},
+		{Key: "model", RateLimit: perMinute(100), Children: []*limit.Rule{
+			{Key: "user", RateLimit: perMinute(100), StoreFailure: limit.FailureAllow},
+			{Key: "region", RateLimit: perMinute(100)},
+		}},
+		{Key: "path", RateLimit: perMinute(100)},
+		{Key: "shadow", RateLimit: perMinute(1), Shadow: true, StoreFailure: limit.FailureDeny},
+		{Key: "slots", MaxConcurrent: 20, Lease: time.Minute},
+	}}
+	flag := &limit.Domain{Name: "flag", Descriptors: []*limit.Rule{{Key: "user", RateLimit: perMinute(100)}}}
+	rs, err := limit.NewRuleSet(d, flag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs
+}
+
+func req(domain string, descs ...[]string) *limit.Request {
+	r := &limit.Request{Domain: domain}
+	for _, kv := range descs {
+		var d limit.Descriptor
+		for i := 0; i+1 < len(kv); i += 2 {
+			d.Entries = append(d.Entries, limit.Entry{Key: kv[i], Value: kv[i+1]})
+		}
+		r.Descriptors = append(r.Descriptors, d)
+	}
+	return r
+}
+
+func newFailing(t testing.TB, def limit.StoreFailure, o *observer) *limit.Limiter {
+	t.Helper()
+	if o == nil {
+		o = &observer{}
+	}
+	return limit.NewLimiter(&downStore{}, fixedClock{t0}, failureRules(t), limit.WithStoreFailure(limit.FailurePolicy{
+		Timeout: 10 * time.Millisecond, Default: def, LocalFraction: 0.1, Local: memstore.New(), Observer: o,
+	}))
+}
+
+func TestDegradedPolicies(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name       string
+		def        limit.StoreFailure
+		give       *limit.Request
+		wantCode   limit.Code
+		wantPolicy limit.StoreFailure
+		wantCodes  []limit.Code
+		wantRetry  []time.Duration
+		wantLimit  []uint64 // reported limit amount, 0 for none
+	}{
+		{
+			name: "deny", give: req("d", []string{"tenant", "a"}),
+			wantCode: limit.CodeOverLimit, wantPolicy: limit.FailureDeny,
+			wantCodes: []limit.Code{limit.CodeOverLimit}, wantRetry: []time.Duration{time.Second}, wantLimit: []uint64{100},
+		},
+		{
+			name: "allow, nearest rule wins over its parent's and the domain's", give: req("d", []string{"model", "m", "user", "u"}),
+			wantCode: limit.CodeOK, wantPolicy: limit.FailureAllow,
+			wantCodes: []limit.Code{limit.CodeOK}, wantRetry: []time.Duration{0}, wantLimit: []uint64{0},
+		},
+		{
+			name: "local, inherited from the domain, reports the local limit", give: req("d", []string{"path", "/p"}),
+			wantCode: limit.CodeOK, wantPolicy: limit.FailureLocal,
+			wantCodes: []limit.Code{limit.CodeOK}, wantRetry: []time.Duration{0}, wantLimit: []uint64{10},
+		},
+		{
+			name: "local, inherited from the parent rule", give: req("d", []string{"model", "m", "region", "eu"}),
+			wantCode: limit.CodeOK, wantPolicy: limit.FailureLocal,
+			wantCodes: []limit.Code{limit.CodeOK}, wantRetry: []time.Duration{0}, wantLimit: []uint64{10},
+		},
+		{
+			name: "the flag's default without a rule or domain policy", def: limit.FailureDeny, give: req("flag", []string{"user", "u"}),
+			wantCode: limit.CodeOverLimit, wantPolicy: limit.FailureDeny,
+			wantCodes: []limit.Code{limit.CodeOverLimit}, wantRetry: []time.Duration{time.Second}, wantLimit: []uint64{100},
+		},
+		{
+			name: "the default default is allow", give: req("flag", []string{"user", "u"}),
+			wantCode: limit.CodeOK, wantPolicy: limit.FailureAllow,
+			wantCodes: []limit.Code{limit.CodeOK}, wantRetry: []time.Duration{0}, wantLimit: []uint64{0},
+		},
+		{
+			name: "deny wins over local and allow; each status keeps its own", give: req("d", []string{"path", "/p"}, []string{"tenant", "a"}, []string{"model", "m", "user", "u"}),
+			wantCode: limit.CodeOverLimit, wantPolicy: limit.FailureDeny,
+			wantCodes: []limit.Code{limit.CodeOK, limit.CodeOverLimit, limit.CodeOK},
+			wantRetry: []time.Duration{0, time.Second, 0}, wantLimit: []uint64{0, 100, 0},
+		},
+		{
+			name: "local wins over allow", give: req("d", []string{"model", "m", "user", "u"}, []string{"path", "/p"}),
+			wantCode: limit.CodeOK, wantPolicy: limit.FailureLocal,
+			wantCodes: []limit.Code{limit.CodeOK, limit.CodeOK}, wantRetry: []time.Duration{0, 0}, wantLimit: []uint64{0, 10},
+		},
+		{
+			name: "a shadow rule under deny never denies", give: req("d", []string{"shadow", "s"}),
+			wantCode: limit.CodeOK, wantPolicy: limit.FailureDeny,
+			wantCodes: []limit.Code{limit.CodeOK}, wantRetry: []time.Duration{0}, wantLimit: []uint64{0},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			o := &observer{}
+			dec, err := newFailing(t, tt.def, o).Decide(context.Background(), tt.give)
+			if err != nil {
+				t.Fatalf("Decide: %v, want a degraded answer", err)
+			}
+			if !dec.Degraded || dec.Code != tt.wantCode || dec.Policy != tt.wantPolicy {
+				t.Fatalf("decision = degraded %v, %v, policy %v; want degraded, %v, %v", dec.Degraded, dec.Code, dec.Policy, tt.wantCode, tt.wantPolicy)
+			}
+			for i, st := range dec.Statuses {
+				var amount uint64
+				if st.Limit != nil {
+					amount = st.Limit.Amount
+				}
+				if st.Code != tt.wantCodes[i] || st.RetryAfter != tt.wantRetry[i] || amount != tt.wantLimit[i] {
+					t.Errorf("status %d = %v retry %v limit %d, want %v retry %v limit %d", i, st.Code, st.RetryAfter, amount, tt.wantCodes[i], tt.wantRetry[i], tt.wantLimit[i])
+				}
+			}
+			if o.failed != 1 || o.degraded[tt.give.Domain+"/"+tt.wantPolicy.String()] != 1 {
+				t.Errorf("observer: %d failures, degraded %v; want 1 and one %s", o.failed, o.degraded, tt.wantPolicy)
+			}
+		})
+	}
+}
+
+func TestDegradedLocalFraction(t *testing.T) {
+	t.Parallel()
+	l := newFailing(t, limit.FailureAllow, nil)
+	admitted := 0
+	for range 30 {
+		dec, err := l.Decide(context.Background(), req("d", []string{"path", "/p"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if dec.Code == limit.CodeOK {
+			admitted++
+		} else if r := dec.Statuses[0].RetryAfter; r <= 0 {
+			t.Errorf("local denial with RetryAfter %v", r)
+		}
+	}
+	// A limit of 100 with a fraction of 0.1: 10 a minute on this replica.
+	if admitted != 10 {
+		t.Errorf("admitted %d of 30, want 10", admitted)
+	}
+	// A denial by deny charges nothing locally: the local room is kept.
+	other := req("d", []string{"path", "/q"}, []string{"tenant", "a"})
+	for range 20 {
+		if dec, _ := l.Decide(context.Background(), other); dec.Code != limit.CodeOverLimit {
+			t.Fatalf("mixed deny and local = %v, want over limit", dec.Code)
+		}
+	}
+	if dec, _ := l.Decide(context.Background(), req("d", []string{"path", "/q"})); dec.Code != limit.CodeOK || dec.Statuses[0].Remaining != 9 {
+		t.Errorf("after denied mixed decisions: %v with %d left, want OK with 9", dec.Code, dec.Statuses[0].Remaining)
+	}
+}
+
+func TestDegradedDropsRefundsAndReports(t *testing.T) {
+	t.Parallel()
+	o := &observer{}
+	l := newFailing(t, limit.FailureAllow, o)
+	r := req("flag", []string{"user", "u"})
+	r.Descriptors[0].Negative = true
+	dec, err := l.Decide(context.Background(), r)
+	if err != nil || dec.Code != limit.CodeOK || !dec.Degraded {
+		t.Fatalf("refund = %+v, %v; want OK, degraded", dec, err)
+	}
+	if o.dropped != 1 {
+		t.Errorf("dropped = %d, want the refund counted", o.dropped)
+	}
+}
+
+func TestDegradedLocalLeaseReleasedByReconcile(t *testing.T) {
+	t.Parallel()
+	l := newFailing(t, limit.FailureAllow, nil)
+	// A cap of 20 with a fraction of 0.1: 2 in flight on this replica.
+	var held []*limit.Request
+	for i := range 3 {
+		r := req("d", []string{"slots", "s"})
+		r.ID = fmt.Sprintf("r%d", i)
+		dec, err := l.Decide(context.Background(), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := i < 2; (dec.Code == limit.CodeOK) != want {
+			t.Fatalf("request %d: %v, want admitted %v", i, dec.Code, want)
+		}
+		if dec.Code == limit.CodeOK {
+			if dec.Reservation == nil || dec.Reservation.Tokens != 0 {
+				t.Fatalf("request %d: reservation %+v, want one with no tokens", i, dec.Reservation)
+			}
+			held = append(held, r)
+		} else if !dec.Statuses[0].Concurrency {
+			t.Errorf("request %d denied without Concurrency", i)
+		}
+	}
+	// The store is still down: Reconcile fails, and the local lease goes.
+	if _, err := l.Reconcile(context.Background(), held[0], t0, 0, 0, false); err == nil {
+		t.Error("Reconcile with the store down succeeded")
+	}
+	r := req("d", []string{"slots", "s"})
+	r.ID = "r9"
+	if dec, _ := l.Decide(context.Background(), r); dec.Code != limit.CodeOK {
+		t.Errorf("after a release: %v, want admitted", dec.Code)
+	}
+}
+
+// TestDecideHonoursStoreTimeout: a store that hangs until its context ends
+// delays a decision by the store timeout, not more.
+func TestDecideHonoursStoreTimeout(t *testing.T) {
+	t.Parallel()
+	const timeout = 10 * time.Millisecond
+	s := &downStore{blocking: true}
+	l := limit.NewLimiter(s, nil, failureRules(t), limit.WithStoreFailure(limit.FailurePolicy{Timeout: timeout, Default: limit.FailureDeny}))
+	for _, r := range []*limit.Request{req("flag", []string{"user", "u"}), req("d", []string{"path", "/p"})} {
+		start := time.Now()
+		dec, err := l.Decide(context.Background(), r)
+		took := time.Since(start)
+		if err != nil || !dec.Degraded {
+			t.Fatalf("Decide = %+v, %v; want a degraded answer", dec, err)
+		}
+		// Generous: a loaded CI machine schedules late, never early.
+		if took < timeout || took > timeout+200*time.Millisecond {
+			t.Errorf("Decide took %v, want %v plus a small margin", took, timeout)
+		}
+	}
+	// local without an in-process store is deny: the conservative reading.
+	if dec, _ := l.Decide(context.Background(), req("d", []string{"path", "/p"})); dec.Code != limit.CodeOverLimit {
+		t.Errorf("local without a Local store = %v, want over limit", dec.Code)
+	}
+
+	// The caller's own, shorter deadline wins, and a caller that gave up
+	// gets its error, not a policy answer.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if _, err := l.Decide(ctx, req("flag", []string{"user", "u"})); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Decide past the caller's deadline = %v, want DeadlineExceeded", err)
+	}
+	if took := time.Since(start); took > timeout+200*time.Millisecond {
+		t.Errorf("took %v", took)
+	}
+}
+
+func TestDecideWithoutStoreFailureReturnsTheError(t *testing.T) {
+	t.Parallel()
+	l := limit.NewLimiter(&downStore{}, nil, failureRules(t))
+	if _, err := l.Decide(context.Background(), req("d", []string{"path", "/p"})); !errors.Is(err, errDown) {
+		t.Errorf("Decide = %v, want the store's error", err)
+	}
+}
+
+func TestParseStoreFailure(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"allow", "deny", "local"} {
+		p, ok := limit.ParseStoreFailure(name)
+		if !ok || p.String() != name {
+			t.Errorf("ParseStoreFailure(%q) = %v, %v", name, p, ok)
+		}
+	}
+	for _, bad := range []string{"", "unset", "Allow", "open"} {
+		if _, ok := limit.ParseStoreFailure(bad); ok {
+			t.Errorf("ParseStoreFailure(%q) accepted", bad)
+		}
+	}
+}
