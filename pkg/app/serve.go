@@ -20,6 +20,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
 	"github.com/tollgate-dev/tollgate/pkg/limit/overlimit"
 	"github.com/tollgate-dev/tollgate/pkg/limit/redisstore"
+	"github.com/tollgate-dev/tollgate/pkg/limit/storeguard"
 	"github.com/tollgate-dev/tollgate/pkg/rls"
 	"github.com/tollgate-dev/tollgate/pkg/server"
 )
@@ -31,6 +32,7 @@ type serveFlags struct {
 	grpcAddr  string
 	adminAddr string
 	redisURL  string
+	redis     redisFlags
 	logLevel  string
 	logFormat string
 	tls       tlsFlags
@@ -38,6 +40,8 @@ type serveFlags struct {
 	pressure  pressureFlags
 	debug     debugFlags
 	lease     leaseFlags
+	protect   protectFlags
+	failure   failureFlags
 }
 
 func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
@@ -48,6 +52,7 @@ func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
 	fs.StringVar(&f.grpcAddr, "grpc-addr", ":8081", "gRPC address for Envoy's APIs, health and reflection")
 	fs.StringVar(&f.adminAddr, "admin-addr", ":8080", "admin HTTP address: /metrics, /healthz, /readyz, /debug/config, /debug/pressure, /v1/pressure, /debug/pprof/ (with --pprof)")
 	fs.StringVar(&f.redisURL, "redis-url", "", "Redis URL (redis://, rediss://, unix://, redis+sentinel://, redis+cluster://); empty keeps counters in memory")
+	f.redis.register(fs)
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "json", "json or console")
 	f.tls.register(fs)
@@ -55,6 +60,8 @@ func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
 	f.pressure.register(fs)
 	f.debug.register(fs)
 	f.lease.register(fs)
+	f.failure.register(fs)
+	f.protect.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: tollgate serve [flags]\n\nEvery flag can also be set with TOLLGATE_<FLAG> (--grpc-addr: TOLLGATE_GRPC_ADDR); the flag wins.\n\n")
 		fs.PrintDefaults()
@@ -62,7 +69,7 @@ func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
 	if err := a.parseFlags(fs, args); err != nil {
 		return nil, err
 	}
-	for _, check := range []func() error{f.tls.check, f.pressure.check, f.lease.check} {
+	for _, check := range []func() error{f.tls.check, f.pressure.check, f.lease.check, f.protect.check, f.failure.check, func() error { return f.redis.check(f.redisURL) }} {
 		if err := check(); err != nil {
 			fmt.Fprintf(fs.Output(), "tollgate serve: %v\n", err)
 			return nil, errUsage
@@ -112,13 +119,14 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 	}
 	log.Info("rules loaded", zap.String("path", f.config), zap.Int("domains", len(rules.Domains())))
 
-	store, shared, closeStore, err := openStore(f.redisURL)
+	store, shared, closeStore, err := openStore(f.redisURL, f.redis.options()...)
 	if err != nil {
 		return err
 	}
 	defer closeStore()
 	var local *overlimit.Store
 	var leases *lease.Store
+	var guard *storeguard.Guard
 	if f.redisURL != "" {
 		// Busy keys with high limits are admitted from leases, and keys
 		// known to be over their limit are denied, without a Redis round
@@ -129,7 +137,8 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 		// The leases' rest goes back to Redis once the server has
 		// drained, before the client closes: hence not the serve
 		// context, which ends before draining starts.
-		local = overlimit.New(store, overlimit.Options{})
+		guard = storeguard.New(store, storeguard.Options{}) // a down Redis fails decisions fast (issue 6)
+		local = overlimit.New(guard, overlimit.Options{})
 		var outer limit.Store
 		var stopLeases func()
 		leases, outer, stopLeases = f.lease.wrap(context.WithoutCancel(ctx), local, log)
@@ -162,6 +171,10 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 			return err
 		}
 	}
+	failures, err := newFailureMetrics(reg, guard)
+	if err != nil {
+		return err
+	}
 	reloads, err := newReloadMetrics(reg)
 	if err != nil {
 		return err
@@ -176,7 +189,7 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 	if err := reg.Register(newPressureCollector(sh)); err != nil {
 		return fmt.Errorf("register pressure metrics: %w", err)
 	}
-	lim := limit.NewLimiter(store, limit.SystemClock{}, rules, sh.limiterOptions()...)
+	lim := limit.NewLimiter(store, limit.SystemClock{}, rules, append(sh.limiterOptions(), f.failure.option(failures, f.redisURL != ""))...)
 	rlsSvc, err := rls.New(lim, log.Named("rls"), reg)
 	if err != nil {
 		return err
@@ -193,6 +206,7 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 	if f.pressure.tokenFile != "" {
 		admin["/v1/pressure"] = sh.handler()
 	}
+	storeReady := &storeReadiness{policy: f.failure.parsed, guard: guard, ping: store.Ping}
 	srv, err := server.New(server.Config{
 		Services: append([]server.Service{rlsSvc}, az.services()...),
 		Logger:   log.Named("server"),
@@ -202,17 +216,18 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 			if lim.Rules() == nil {
 				return errors.New("rules not loaded")
 			}
-			if err := store.Ping(ctx); err != nil {
-				return fmt.Errorf("store ping: %w", err)
-			}
-			return nil
+			return storeReady.ready(ctx)
 		},
 		DebugConfig: func() any {
 			return newConfigView(a.versionString(), f.config, f.redisURL, lim.Rules())
 		},
-		Admin:             admin,
-		UnaryInterceptors: sh.interceptors(),
-		Pprof:             f.debug.pprof,
+		Admin:                admin,
+		UnaryInterceptors:    sh.interceptors(),
+		Pprof:                f.debug.pprof,
+		Registerer:           reg,
+		MaxInFlight:          f.protect.inFlight(),
+		MaxConnections:       f.protect.connections(),
+		MaxConcurrentStreams: f.protect.streams(),
 	})
 	if err != nil {
 		return err
@@ -293,11 +308,11 @@ type sharedState struct {
 
 // openStore returns the in-memory store for an empty URL, else a Redis
 // store, with the board and breaker store beside it; close releases them.
-func openStore(redisURL string) (store pingStore, shared sharedState, close func(), err error) {
+func openStore(redisURL string, opts ...redisstore.Option) (store pingStore, shared sharedState, close func(), err error) {
 	if redisURL == "" {
 		return memstore.New(), sharedState{board: memstore.NewBoard(), breakers: memstore.NewBreakers()}, func() {}, nil
 	}
-	c, err := redisstore.NewClient(redisURL)
+	c, err := redisstore.NewClient(redisURL, opts...)
 	if err != nil {
 		return nil, sharedState{}, nil, fmt.Errorf("--redis-url: %w", err) // redisstore's errors never hold the password
 	}

@@ -40,6 +40,9 @@ const (
 	DefaultHealthInterval       = 2 * time.Second
 	DefaultMaxRecvMsgSize       = 4 << 20
 	DefaultMaxConcurrentStreams = 1024
+	DefaultMaxInFlight          = 4096
+	DefaultMaxConnections       = 4096
+	DefaultConnectionTimeout    = 5 * time.Second
 	adminShutdownTimeout        = 5 * time.Second
 )
 
@@ -74,6 +77,32 @@ type Config struct {
 	// MaxConcurrentStreams caps calls in flight per connection; Envoy
 	// opens another connection when it reaches it (Optional; default 1024).
 	MaxConcurrentStreams uint32
+	// MaxInFlight caps the unary calls this server handles at once, health
+	// checks left out; a call past it gets Overloaded's answer at once
+	// instead of queueing (Optional; default 4096; negative: no cap). By
+	// Little's law 4096 in flight at a replica's tens of thousands of
+	// decisions a second is a queue of 40-200ms, already past Envoy's
+	// 20ms rate limit timeout, so calls beyond it would be answered too
+	// late anyway; and it caps what they hold (a goroutine and a request
+	// each, ~10 KiB) at about 40 MiB.
+	MaxInFlight int
+	// Overloaded answers a call past MaxInFlight; method is the full gRPC
+	// method name (Optional; default codes.ResourceExhausted). It must
+	// not block: it runs because the server has no room.
+	Overloaded func(ctx context.Context, method string, req any) (any, error)
+	// MaxConnections caps open connections on the gRPC port; past it a
+	// connection is closed as soon as it is accepted (Optional; default
+	// 4096; negative: no cap). Envoy keeps one or a few connections per
+	// worker thread to each replica, so thousands means thousands of
+	// Envoys, or a client that leaks connections.
+	MaxConnections int
+	// ConnectionTimeout bounds a new connection's TLS and HTTP/2
+	// handshake, so a client that connects and sends nothing frees its
+	// slot (Optional; default 5s).
+	ConnectionTimeout time.Duration
+	// Registerer receives the server's own metrics: calls in flight,
+	// overloads, connections (Optional; nil leaves them unregistered).
+	Registerer prometheus.Registerer
 	// TLS serves the gRPC port over TLS, or mutual TLS (Optional; nil
 	// serves plaintext). The admin port stays plaintext.
 	TLS *TLS
@@ -81,8 +110,8 @@ type Config struct {
 	// such as "GET /debug/pressure" (Optional). A pattern that clashes
 	// with the built-in ones makes New fail.
 	Admin map[string]http.Handler
-	// UnaryInterceptors run inside the server's own (panic recovery), in
-	// order, around every unary call (Optional).
+	// UnaryInterceptors run inside the server's own (panic recovery, then
+	// the MaxInFlight bound), in order, around every unary call (Optional).
 	UnaryInterceptors []grpc.UnaryServerInterceptor
 	// Pprof serves net/http/pprof under /debug/pprof/ on the admin port
 	// (Optional; default off: a profile shows the command line and costs
@@ -101,6 +130,7 @@ type Server struct {
 	admin    *http.Server
 	draining atomic.Bool
 	tls      *tlsFiles // nil for plaintext
+	protect  *protection
 }
 
 // New builds a Server; Serve starts it.
@@ -132,7 +162,19 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxConcurrentStreams == 0 {
 		cfg.MaxConcurrentStreams = DefaultMaxConcurrentStreams
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger}
+	if cfg.MaxInFlight == 0 {
+		cfg.MaxInFlight = DefaultMaxInFlight
+	}
+	if cfg.MaxConnections == 0 {
+		cfg.MaxConnections = DefaultMaxConnections
+	}
+	if cfg.ConnectionTimeout <= 0 {
+		cfg.ConnectionTimeout = DefaultConnectionTimeout
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, protect: newProtection(cfg)}
+	if err := s.protect.register(cfg.Registerer); err != nil {
+		return nil, err
+	}
 	var creds []grpc.ServerOption
 	if cfg.TLS != nil {
 		files, err := newTLSFiles(*cfg.TLS, s.log)
@@ -143,10 +185,15 @@ func New(cfg Config) (*Server, error) {
 		creds = append(creds, grpc.Creds(credentials.NewTLS(files.serverConfig())))
 	}
 	s.grpc = grpc.NewServer(append(creds,
-		grpc.ChainUnaryInterceptor(append([]grpc.UnaryServerInterceptor{recoverUnary(s.log)}, cfg.UnaryInterceptors...)...),
+		grpc.ChainUnaryInterceptor(append([]grpc.UnaryServerInterceptor{recoverUnary(s.log), s.protect.unary()}, cfg.UnaryInterceptors...)...),
 		grpc.ChainStreamInterceptor(recoverStream(s.log)),
 		grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSize),
 		grpc.MaxConcurrentStreams(cfg.MaxConcurrentStreams),
+		grpc.ConnectionTimeout(cfg.ConnectionTimeout),
+		// An idle connection gives its 32 KiB write buffer back to a pool,
+		// so thousands of Envoy connections that are mostly idle cost
+		// their goroutines, not their buffers.
+		grpc.SharedWriteBuffer(true),
 		// Envoy keeps its connections for a long time: ping idle ones so a
 		// peer that vanished (node gone, no FIN) is noticed, and tolerate
 		// Envoy's own keepalive pings down to 10s, with or without calls.
@@ -196,7 +243,7 @@ func (s *Server) setHealth(st healthpb.HealthCheckResponse_ServingStatus) {
 func (s *Server) Serve(ctx context.Context, grpcLis, adminLis net.Listener) error {
 	errc := make(chan error, 2)
 	go func() {
-		if err := s.grpc.Serve(grpcLis); err != nil {
+		if err := s.grpc.Serve(s.protect.listener(grpcLis)); err != nil {
 			errc <- fmt.Errorf("serve grpc on %s: %w", grpcLis.Addr(), err)
 			return
 		}

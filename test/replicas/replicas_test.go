@@ -300,6 +300,14 @@ func tryStart(t *testing.T, bin string, id int, redisURL, rulesPath string, extr
 		"--config", rulesPath,
 		"--grpc-addr", r.grpcAddr,
 		"--admin-addr", r.adminAddr,
+		// These tests are about the limit, not store failures: on a
+		// loaded 2-core CI box Redis can take longer than the 10ms
+		// default, and a degraded answer under the default policy
+		// (allow) is admitted uncounted, which the safety check would
+		// rightly call over-admission. Give Redis time, and deny if it
+		// still cannot answer.
+		"--store-timeout", "250ms",
+		"--store-failure", "deny",
 	}, extra...)
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = log, log
