@@ -83,6 +83,12 @@ bench-memory: redis ## Memory per live sliding-window key: memstore (Go benchmar
 	$(GO) test -run '^$$' -bench MemoryPerKey -benchtime 1x ./pkg/limit/memstore
 	TENANTS='$(TENANTS)' scripts/bench-redis-memory.sh
 
+SOAK ?= 3m
+
+.PHONY: soak
+soak: redis ## Soak (SOAK=3m): mixed tenants against memstore and Redis side by side; RSS and goroutines must stay flat.
+	TOLLGATE_SOAK='$(SOAK)' $(GO) test -run '^TestSoak$$' -count=1 -v -timeout 60m ./test/lifecycle
+
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME each (default 30s).
 	@set -e; for pkg in $$($(GO) list ./...); do \
@@ -91,8 +97,9 @@ fuzz: ## Run every fuzz target for FUZZTIME each (default 30s).
 	  done; done
 
 .PHONY: validate
-validate: ## Check every example rule file with `tollgate validate`.
+validate: ## Check the example rules with `tollgate validate`, and the Istio manifests against Istio's and Envoy's own types (test/istio, its own module).
 	$(GO) run ./cmd/tollgate validate config
+	cd test/istio && $(GO) vet ./... && $(GO) test -race ./...
 
 .PHONY: clean
 clean: ## Remove build output.
