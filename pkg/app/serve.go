@@ -225,6 +225,7 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 		UnaryInterceptors:    sh.interceptors(),
 		Pprof:                f.debug.pprof,
 		Registerer:           reg,
+		Overloaded:           overloadAnswer(f.failure.parsed),
 		MaxInFlight:          f.protect.inFlight(),
 		MaxConnections:       f.protect.connections(),
 		MaxConcurrentStreams: f.protect.streams(),

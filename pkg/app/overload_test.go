@@ -1,0 +1,69 @@
+package app
+
+import (
+	"context"
+	"testing"
+
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+)
+
+func TestOverloadAnswer(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name      string
+		give      limit.StoreFailure
+		wantAdmit bool
+	}{
+		{"allow admits", limit.FailureAllow, true},
+		{"deny refuses", limit.FailureDeny, false},
+		{"local refuses: no work on an overloaded replica", limit.FailureLocal, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			answer := overloadAnswer(tt.give)
+			got, err := answer(context.Background(), methodShouldRateLimit, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rl := got.(*rlsv3.RateLimitResponse)
+			if (rl.GetOverallCode() == rlsv3.RateLimitResponse_OK) != tt.wantAdmit {
+				t.Errorf("ShouldRateLimit: %v", rl.GetOverallCode())
+			}
+			if !hasHeaderValue(rl.GetResponseHeadersToAdd(), "x-tollgate-degraded", "overload") {
+				t.Errorf("ShouldRateLimit headers %v lack x-tollgate-degraded: overload", rl.GetResponseHeadersToAdd())
+			}
+			got, err = answer(context.Background(), methodCheck, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ck := got.(*authv3.CheckResponse)
+			if (ck.GetOkResponse() != nil) != tt.wantAdmit {
+				t.Errorf("Check: %v", ck)
+			}
+			if !tt.wantAdmit && ck.GetDeniedResponse().GetStatus().GetCode() != 429 {
+				t.Errorf("Check denial status %v, want 429", ck.GetDeniedResponse().GetStatus())
+			}
+			if _, err := answer(context.Background(), "/envoy.service.accesslog.v3.AccessLogService/StreamAccessLogs", nil); status.Code(err) != codes.ResourceExhausted {
+				t.Errorf("another method: %v, want ResourceExhausted", err)
+			}
+		})
+	}
+}
+
+func hasHeaderValue[H interface {
+	GetKey() string
+	GetValue() string
+}](hs []H, key, value string) bool {
+	for _, h := range hs {
+		if h.GetKey() == key && h.GetValue() == value {
+			return true
+		}
+	}
+	return false
+}
