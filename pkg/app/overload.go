@@ -24,13 +24,16 @@ const (
 // gave without deciding, because it had --max-in-flight calls already.
 const degradedOverload = "overload"
 
-// overloadAnswer answers a call past --max-in-flight at once, by the
-// default store_failure: a replica too busy to decide is, for its
-// callers, a store that cannot answer. allow admits; deny refuses with
-// Retry-After 1; local refuses too, as its in-process limit is the very
-// work an overloaded replica must not take on. Every such answer says
-// x-tollgate-degraded: overload. Calls other than ShouldRateLimit and
-// Check get RESOURCE_EXHAUSTED.
+// overloadAnswer answers a call past --max-in-flight at once, without
+// deciding. ShouldRateLimit follows the default store_failure: a replica
+// too busy to decide is, for its callers, a store that cannot answer.
+// allow admits; deny refuses with Retry-After 1; local refuses too, as
+// its in-process limit is the very work an overloaded replica must not
+// take on. Check is always refused (503, Retry-After 1): admitting it
+// would skip the API key check and let a client's own x-tollgate-*
+// headers through, turning the ext_authz path open and unauthenticated
+// under load. Every such answer says x-tollgate-degraded: overload.
+// Other calls get RESOURCE_EXHAUSTED.
 func overloadAnswer(policy limit.StoreFailure) func(ctx context.Context, method string, req any) (any, error) {
 	admit := policy == limit.FailureAllow || policy == limit.FailureUnset
 	degraded := &corev3.HeaderValue{Key: "x-tollgate-degraded", Value: degradedOverload}
@@ -44,21 +47,13 @@ func overloadAnswer(policy limit.StoreFailure) func(ctx context.Context, method 
 			return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OVER_LIMIT,
 				ResponseHeadersToAdd: []*corev3.HeaderValue{degraded, {Key: "retry-after", Value: "1"}}}, nil
 		case methodCheck:
-			if admit {
-				return &authv3.CheckResponse{
-					Status: &rpcstatus.Status{Code: int32(codes.OK)},
-					HttpResponse: &authv3.CheckResponse_OkResponse{OkResponse: &authv3.OkHttpResponse{
-						ResponseHeadersToAdd: []*corev3.HeaderValueOption{{Header: degraded}},
-					}},
-				}, nil
-			}
 			return &authv3.CheckResponse{
-				Status: &rpcstatus.Status{Code: int32(codes.ResourceExhausted)},
+				Status: &rpcstatus.Status{Code: int32(codes.Unavailable)},
 				HttpResponse: &authv3.CheckResponse_DeniedResponse{DeniedResponse: &authv3.DeniedHttpResponse{
-					Status: &typev3.HttpStatus{Code: typev3.StatusCode_TooManyRequests},
+					Status: &typev3.HttpStatus{Code: typev3.StatusCode_ServiceUnavailable},
 					Headers: []*corev3.HeaderValueOption{{Header: degraded}, {Header: &corev3.HeaderValue{Key: "retry-after", Value: "1"}},
 						{Header: &corev3.HeaderValue{Key: "content-type", Value: "application/json"}}},
-					Body: `{"error":{"message":"The rate limiter is overloaded. Retry after 1 second.","type":"rate_limit_error","code":"overloaded"}}`,
+					Body: `{"error":{"message":"The rate limiter is overloaded. Retry after 1 second.","type":"server_error","code":"overloaded"}}`,
 				}},
 			}, nil
 		}

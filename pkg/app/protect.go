@@ -43,7 +43,7 @@ func (s *setInt) Set(v string) error {
 
 func (p *protectFlags) register(fs *flag.FlagSet) {
 	fs.Var(&p.maxInFlight, "max-in-flight", fmt.Sprintf(
-		"unary gRPC calls this replica handles at once, health checks aside; past it a call is answered at once (RESOURCE_EXHAUSTED) instead of queueing; 0: no cap (default %d)",
+		"unary gRPC calls this replica handles at once, health checks aside; past it a call is answered at once without deciding instead of queueing (ShouldRateLimit by --store-failure; Check refused with 503); 0: no cap (default %d)",
 		server.DefaultMaxInFlight))
 	fs.Var(&p.maxConnections, "max-connections", fmt.Sprintf(
 		"open connections on the gRPC port; past it a new connection is closed as soon as it is accepted; 0: no cap (default %d)",
