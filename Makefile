@@ -96,10 +96,31 @@ fuzz: ## Run every fuzz target for FUZZTIME each (default 30s).
 	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
 	  done; done
 
+# helm for `make validate`, built from source: go install leaves helm's version and its default Kubernetes
+# version (used by lint's deprecation check and .Capabilities) unset, so they are passed as in helm's own
+# Makefile; HELM_KUBE_MINOR is the minor of k8s.io/client-go in that helm's go.mod (v0.37 -> 1.37).
+HELM_VERSION ?= v3.22.0
+HELM_KUBE_MINOR ?= 37
+HELM_LDFLAGS := -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
+  -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$(HELM_KUBE_MINOR) \
+  -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$(HELM_KUBE_MINOR)
+
+$(BIN)/helm:
+	GOBIN=$(abspath $(BIN)) $(GO) install -ldflags '$(HELM_LDFLAGS)' helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+
 .PHONY: validate
-validate: ## Check the example rules with `tollgate validate`, and the Istio manifests against Istio's and Envoy's own types (test/istio, its own module).
+validate: $(BIN)/helm ## Check the example rules, the Istio manifests (test/istio) and the Helm chart (lint, render, test/helm), each test dir its own module.
 	$(GO) run ./cmd/tollgate validate config
 	cd test/istio && $(GO) vet ./... && $(GO) test -race ./...
+	@v=$$($(BIN)/helm version --short); [ "$${v%%+*}" = "$(HELM_VERSION)" ] || { \
+	  echo "$(BIN)/helm is $$v, want $(HELM_VERSION): rm $(BIN)/helm and run make validate again"; exit 1; }
+	$(BIN)/helm lint --strict charts/tollgate
+	@set -e; for f in charts/tollgate/ci/*.yaml; do \
+	  echo "$(BIN)/helm lint --strict charts/tollgate -f $$f && $(BIN)/helm template ... -f $$f"; \
+	  $(BIN)/helm lint --strict --quiet charts/tollgate -f $$f; \
+	  $(BIN)/helm template tollgate charts/tollgate -n tollgate -f $$f >/dev/null; \
+	done
+	cd test/helm && $(GO) vet ./... && HELM=$(abspath $(BIN))/helm $(GO) test -race ./...
 
 .PHONY: clean
 clean: ## Remove build output.
