@@ -425,3 +425,38 @@ func freeAddr(t *testing.T) string {
 	defer l.Close()
 	return l.Addr().String()
 }
+
+// TestBrokenAlertsFail: a copy of the alert rules with a syntax error in
+// one expression, or a misspelt field, fails promtool, so the check above
+// can fail.
+func TestBrokenAlertsFail(t *testing.T) {
+	t.Parallel()
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Skip("promtool not found (make prometheus installs it)")
+	}
+	good := string(readFile(t, alertsPath))
+	tests := []struct {
+		name, old, new string
+	}{
+		{"unbalanced parenthesis", "rate(tollgate_store_errors_total", "rate((tollgate_store_errors_total"},
+		{"misspelt field", "annotations:", "anotations:"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if !strings.Contains(good, tt.old) {
+				t.Fatalf("%s no longer holds %q: pick another place to break", alertsPath, tt.old)
+			}
+			f := filepath.Join(t.TempDir(), "alerts.yaml")
+			if err := os.WriteFile(f, []byte(strings.Replace(good, tt.old, tt.new, 1)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			out, err := exec.Command(promtool, "check", "rules", f).CombinedOutput()
+			if err == nil {
+				t.Fatalf("promtool accepted the broken copy:\n%s", out)
+			}
+			t.Logf("promtool: %s", strings.TrimSpace(string(out)))
+		})
+	}
+}
