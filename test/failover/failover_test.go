@@ -17,6 +17,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/test/redistest"
+	"github.com/tollgate-dev/tollgate/test/tollgatetest"
 )
 
 // The limit under test, and the load.
@@ -51,7 +52,7 @@ func TestFailover(t *testing.T) {
 		t.Skip("builds tollgate and runs 2 tollgates on Sentinel, then on a cluster, for about 12s each; skipped with -short")
 	}
 	t.Parallel()
-	bin := buildTollgate(t)
+	bin := tollgatetest.Build(t)
 	t.Run("Sentinel", func(t *testing.T) { testSentinelFailover(t, bin) })
 	t.Run("Cluster", func(t *testing.T) { testClusterFailover(t, bin) })
 }
@@ -96,7 +97,7 @@ func testSentinelFailover(t *testing.T, bin string) {
 		return nil
 	})
 	url := "redis+sentinel://" + strings.Join(addrs, ",") + "/" + name
-	tgs := make([]*tollgate, tollgates)
+	tgs := make([]*tollgatetest.Process, tollgates)
 	for i := range tgs {
 		tgs[i] = startTollgate(t, bin, i, append([]string{"--redis-url", url}, flags...)...)
 	}
@@ -141,7 +142,7 @@ func testClusterFailover(t *testing.T, bin string) {
 	}
 	master, replica := c.Servers()[victim], c.Replicas()[victim]
 	url := "redis+cluster://" + strings.Join(c.Addrs(), ",")
-	tgs := make([]*tollgate, tollgates)
+	tgs := make([]*tollgatetest.Process, tollgates)
 	for i := range tgs {
 		tgs[i] = startTollgate(t, bin, i, append([]string{"--redis-url", url}, flags...)...)
 	}

@@ -3,10 +3,8 @@ package failover
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,7 +12,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -23,12 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/tollgate-dev/tollgate/test/redistest"
-)
-
-const (
-	readyTimeout = 15 * time.Second
-	buildTimeout = 3 * time.Minute
+	"github.com/tollgate-dev/tollgate/test/tollgatetest"
 )
 
 // rules is limitAmount per window for tenant=acme in domain failover.
@@ -68,120 +60,17 @@ func setup(t *testing.T, bin string) (flags []string, deny bool) {
 	return flags, false
 }
 
-// buildTollgate builds cmd/tollgate from the working tree.
-func buildTollgate(t *testing.T) string {
+// startTollgate starts tollgate i with args; when the test fails, its
+// store metrics are logged before it stops (cleanups run last first).
+func startTollgate(t *testing.T, bin string, i int, args ...string) *tollgatetest.Process {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "tollgate")
-	ctx, cancel := context.WithTimeout(t.Context(), buildTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/tollgate-dev/tollgate/cmd/tollgate")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/tollgate: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// tollgate is one running tollgate process.
-type tollgate struct {
-	grpcAddr, adminAddr string
-	log                 *redistest.TailBuffer
-}
-
-// startTollgate starts tollgate serve and waits for /readyz, retrying on
-// other ports when a picked port was taken first.
-func startTollgate(t *testing.T, bin string, id int, args ...string) *tollgate {
-	t.Helper()
-	var err error
-	for range 3 {
-		var tg *tollgate
-		if tg, err = tryStart(t, bin, id, args); err == nil {
-			return tg
-		}
-	}
-	t.Fatalf("tollgate %d: %v", id, err)
-	return nil
-}
-
-func tryStart(t *testing.T, bin string, id int, extra []string) (*tollgate, error) {
-	tg := &tollgate{grpcAddr: freeAddr(t), adminAddr: freeAddr(t), log: &redistest.TailBuffer{Max: 16 << 10}}
-	args := append([]string{"serve", "--grpc-addr", tg.grpcAddr, "--admin-addr", tg.adminAddr}, extra...)
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = tg.log, tg.log
-	setProcAttr(cmd)
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", bin, err)
-	}
-	exited := make(chan struct{})
-	var waitErr error
-	go func() {
-		waitErr = cmd.Wait()
-		close(exited)
-	}()
-	stop := func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(5 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	}
-	if err := waitReady(t.Context(), tg.adminAddr, exited); err != nil {
-		stop()
-		if waitErr != nil {
-			err = fmt.Errorf("%w (exit: %v)", err, waitErr)
-		}
-		return nil, fmt.Errorf("%w; log:\n%s", err, tg.log)
-	}
+	tg := tollgatetest.Start(t, bin, fmt.Sprintf("tollgate %d", i), args...)
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("tollgate %d store metrics:\n%s", id, storeMetrics(tg.adminAddr))
-		}
-		stop()
-		if out := tg.log.String(); t.Failed() && out != "" {
-			t.Logf("tollgate %d (grpc %s) log tail:\n%s", id, tg.grpcAddr, out)
+			t.Logf("tollgate %d store metrics:\n%s", i, storeMetrics(tg.Admin))
 		}
 	})
-	return tg, nil
-}
-
-func waitReady(ctx context.Context, adminAddr string, exited <-chan struct{}) error {
-	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
-	defer cancel()
-	url := "http://" + adminAddr + "/readyz"
-	tick := time.NewTicker(25 * time.Millisecond)
-	defer tick.Stop()
-	var lastErr error
-	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			err = fmt.Errorf("%s: %s", url, resp.Status)
-		}
-		lastErr = err
-		select {
-		case <-exited:
-			return errors.New("tollgate exited before it was ready")
-		case <-ctx.Done():
-			return fmt.Errorf("not ready within %v: %w", readyTimeout, lastErr)
-		case <-tick.C:
-		}
-	}
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("pick a free port: %v", err)
-	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	return addr
+	return tg
 }
 
 // outcome is what one call got.
@@ -204,7 +93,7 @@ type call struct {
 // drive sends ShouldRateLimit for tenant=acme to every tollgate from
 // workers workers each for runFor, and calls fault once, at faultAt.
 // It returns every call, sorted by send time.
-func drive(t *testing.T, tgs []*tollgate, workers int, runFor, faultAt time.Duration, fault func()) []call {
+func drive(t *testing.T, tgs []*tollgatetest.Process, workers int, runFor, faultAt time.Duration, fault func()) []call {
 	t.Helper()
 	ctx := t.Context()
 	var (
@@ -220,9 +109,9 @@ func drive(t *testing.T, tgs []*tollgate, workers int, runFor, faultAt time.Dura
 		}},
 	}
 	for i, tg := range tgs {
-		cc, err := grpc.NewClient(tg.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		cc, err := grpc.NewClient(tg.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
-			t.Fatalf("tollgate %d: dial %s: %v", i, tg.grpcAddr, err)
+			t.Fatalf("tollgate %d: dial %s: %v", i, tg.GRPC, err)
 		}
 		t.Cleanup(func() { _ = cc.Close() })
 		client := rlsv3.NewRateLimitServiceClient(cc)

@@ -3,19 +3,14 @@ package outage
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"math"
-	"net"
 	"net/http"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -23,123 +18,16 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-
-	"github.com/tollgate-dev/tollgate/test/redistest"
 )
 
 const (
-	buildTimeout = 3 * time.Minute
-	// readyTimeout bounds how long tollgate may take to report /readyz.
-	readyTimeout = 15 * time.Second
 	// httpTimeout bounds one /readyz or /metrics request.
 	httpTimeout = time.Second
 	// readyPoll is how often /readyz is asked during a run.
 	readyPoll = 50 * time.Millisecond
 )
 
-// buildTollgate builds cmd/tollgate from the working tree once.
-func buildTollgate(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "tollgate")
-	ctx, cancel := context.WithTimeout(t.Context(), buildTimeout)
-	defer cancel()
-	// go test puts its own GOROOT/bin first on PATH, so this is the same toolchain.
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/tollgate-dev/tollgate/cmd/tollgate")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/tollgate: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// tollgate is one running tollgate process.
-type tollgate struct {
-	grpcAddr, adminAddr string
-}
-
-// startTollgate starts tollgate serve and waits for /readyz. A port picked
-// free may be taken before tollgate binds it; the process then exits and
-// the start is retried on other ports.
-func startTollgate(t *testing.T, bin string, args ...string) *tollgate {
-	t.Helper()
-	var err error
-	for range 3 {
-		var tg *tollgate
-		if tg, err = tryStart(t, bin, args); err == nil {
-			return tg
-		}
-	}
-	t.Fatalf("tollgate: %v", err)
-	return nil
-}
-
-func tryStart(t *testing.T, bin string, extra []string) (*tollgate, error) {
-	tg := &tollgate{grpcAddr: freeAddr(t), adminAddr: freeAddr(t)}
-	log := &redistest.TailBuffer{Max: 16 << 10}
-	args := append([]string{"serve", "--grpc-addr", tg.grpcAddr, "--admin-addr", tg.adminAddr}, extra...)
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = log, log
-	setProcAttr(cmd)
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", bin, err)
-	}
-	exited := make(chan struct{})
-	var waitErr error
-	go func() {
-		waitErr = cmd.Wait()
-		close(exited)
-	}()
-	stop := func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(5 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	}
-	if err := waitReady(t.Context(), tg.adminAddr, exited); err != nil {
-		stop()
-		if waitErr != nil {
-			err = fmt.Errorf("%w (exit: %v)", err, waitErr)
-		}
-		return nil, fmt.Errorf("%w; log:\n%s", err, log)
-	}
-	t.Cleanup(func() {
-		stop()
-		if out := log.String(); t.Failed() && out != "" {
-			t.Logf("tollgate (grpc %s) log tail:\n%s", tg.grpcAddr, out)
-		}
-	})
-	return tg, nil
-}
-
-// waitReady polls /readyz until it answers 200, the process exits or
-// readyTimeout passes.
-func waitReady(ctx context.Context, adminAddr string, exited <-chan struct{}) error {
-	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
-	defer cancel()
-	tick := time.NewTicker(25 * time.Millisecond)
-	defer tick.Stop()
-	var lastErr error
-	for {
-		code, err := readyz(ctx, adminAddr)
-		if err == nil && code == http.StatusOK {
-			return nil
-		}
-		if err == nil {
-			err = fmt.Errorf("/readyz: %d", code)
-		}
-		lastErr = err
-		select {
-		case <-exited:
-			return errors.New("tollgate exited before it was ready")
-		case <-ctx.Done():
-			return fmt.Errorf("not ready within %v: %w", readyTimeout, lastErr)
-		case <-tick.C:
-		}
-	}
-}
-
+// readyz asks /readyz once and returns its status code.
 func readyz(ctx context.Context, adminAddr string) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, httpTimeout)
 	defer cancel()
@@ -199,18 +87,6 @@ func metric(t *testing.T, adminAddr, name string, labels ...string) (v float64, 
 
 func all[T any](s []T, f func(T) bool) bool {
 	return !slices.ContainsFunc(s, func(x T) bool { return !f(x) })
-}
-
-// freeAddr asks the kernel for a free loopback port.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("pick a free port: %v", err)
-	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	return addr
 }
 
 // answer is one ShouldRateLimit call as the client saw it.

@@ -19,6 +19,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/test/faultproxy"
 	"github.com/tollgate-dev/tollgate/test/redistest"
+	"github.com/tollgate-dev/tollgate/test/tollgatetest"
 )
 
 const (
@@ -152,7 +153,7 @@ func TestStoreOutage(t *testing.T) {
 		t.Skip("starts redis-server and tollgate twelve times for about 4.5s each; skipped with -short")
 	}
 	t.Parallel()
-	bin := buildTollgate(t)
+	bin := tollgatetest.Build(t)
 	rulesPath := filepath.Join(t.TempDir(), "rules.yaml")
 	if err := os.WriteFile(rulesPath, []byte(rules), 0o600); err != nil {
 		t.Fatal(err)
@@ -174,7 +175,7 @@ func testOutage(t *testing.T, bin, rulesPath string, f fault, pol policy) {
 		px = faultproxy.New(t, rdb.Addr())
 		addr = px.Addr()
 	}
-	tg := startTollgate(t, bin,
+	tg := tollgatetest.Start(t, bin, "tollgate",
 		"--redis-url", "redis://"+addr,
 		"--config", rulesPath,
 		"--store-timeout", storeTimeout.String(),
@@ -183,8 +184,8 @@ func testOutage(t *testing.T, bin, rulesPath string, f fault, pol policy) {
 		// slice taken before it; this test is about decisions that ask Redis.
 		"--lease-fraction=0",
 	)
-	d := startDriver(t, tg.grpcAddr, "warm", workers, pace)
-	ready := pollReadiness(t, tg.adminAddr, d.start)
+	d := startDriver(t, tg.GRPC, "warm", workers, pace)
+	ready := pollReadiness(t, tg.Admin, d.start)
 
 	name := fmt.Sprintf("%s, --store-failure=%s", f.name, pol.name)
 
@@ -202,16 +203,16 @@ func testOutage(t *testing.T, bin, rulesPath string, f fault, pol policy) {
 	f.begin(rdb, px)
 	faultAt := d.now()
 	time.Sleep(outageFor)
-	circuit, circuitFound := metric(t, tg.adminAddr, "tollgate_store_circuit_state")
+	circuit, circuitFound := metric(t, tg.Admin, "tollgate_store_circuit_state")
 	endAt := d.now()
 	f.end(rdb, px)
 	backAt := d.now()
 	first, recovered := d.waitHealthy(backAt, recoveryBound)
 	var readyAgain time.Duration = -1
 	if !pol.ready {
-		readyAgain = waitReadyAgain(t, tg.adminAddr, d)
+		readyAgain = waitReadyAgain(t, tg.Admin, d)
 	}
-	closedAgain := waitCircuitClosed(t, tg.adminAddr, d)
+	closedAgain := waitCircuitClosed(t, tg.Admin, d)
 	afterFrom := d.now()
 	time.Sleep(afterFor)
 	d.Stop()
@@ -326,7 +327,7 @@ func testOutage(t *testing.T, bin, rulesPath string, f fault, pol policy) {
 	case "local":
 		checkLocal(t, d)
 	}
-	if n, found := metric(t, tg.adminAddr, "tollgate_store_degraded_decisions_total",
+	if n, found := metric(t, tg.Admin, "tollgate_store_degraded_decisions_total",
 		`domain="`+domain+`"`, `policy="`+pol.name+`"`); !found || n < float64(len(inWindow)) {
 		t.Errorf("tollgate_store_degraded_decisions_total{policy=%q} = %v (found %v), want at least %d", pol.name, n, found, len(inWindow))
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/tollgate-dev/tollgate/test/redistest"
+	"github.com/tollgate-dev/tollgate/test/tollgatetest"
 )
 
 // busyRules is issue 5's round-trip case: 100,000 requests a minute for
@@ -33,13 +34,13 @@ func TestLeasesFewRedisCommands(t *testing.T) {
 		t.Skip("starts redis-server and three tollgate processes for about 10s; skipped with -short")
 	}
 	t.Parallel()
-	bin := buildTollgate(t)
+	bin := tollgatetest.Build(t)
 	rdb := redistest.Start(t)
 	rulesPath := filepath.Join(t.TempDir(), "rules.yaml")
 	if err := os.WriteFile(rulesPath, []byte(busyRules), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	reps := make([]*replica, replicas)
+	reps := make([]*tollgatetest.Process, replicas)
 	for i := range reps {
 		reps[i] = startReplica(t, bin, i, rdb.URL(), rulesPath)
 	}

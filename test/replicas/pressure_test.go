@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tollgate-dev/tollgate/test/redistest"
+	"github.com/tollgate-dev/tollgate/test/tollgatetest"
 )
 
 // The shedding policy under test and how fast the replicas follow it.
@@ -73,12 +74,12 @@ var tiers = []string{"premium", "standard", "free"}
 // pressureCluster is redis and three tollgate processes sharing the
 // pressure board, with the push endpoint on every one.
 type pressureCluster struct {
-	reps []*replica
+	reps []*tollgatetest.Process
 }
 
 func startPressureCluster(t *testing.T) *pressureCluster {
 	t.Helper()
-	bin := buildTollgate(t)
+	bin := tollgatetest.Build(t)
 	rdb := redistest.Start(t)
 	dir := t.TempDir()
 	rulesPath := filepath.Join(dir, "rules.yaml")
@@ -89,7 +90,7 @@ func startPressureCluster(t *testing.T) *pressureCluster {
 	if err := os.WriteFile(tokenPath, []byte(pressureToken+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c := &pressureCluster{reps: make([]*replica, replicas)}
+	c := &pressureCluster{reps: make([]*tollgatetest.Process, replicas)}
 	for i := range c.reps {
 		// --replica-id: the default is the hostname, which all three
 		// share, and they would overwrite each other's board entry.
@@ -110,7 +111,7 @@ func (c *pressureCluster) push(t *testing.T, score float64) (sent, acked time.Ti
 	body := fmt.Sprintf(`{"scope":"global","pressure":%v,"ttl":"1m"}`, score)
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPut, "http://"+c.reps[0].adminAddr+"/v1/pressure", strings.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, "http://"+c.reps[0].Admin+"/v1/pressure", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,9 +148,9 @@ func (c *pressureCluster) load(t *testing.T, tierList []string, perReplica int, 
 	var calls []tcall
 	var wg sync.WaitGroup
 	for i, r := range c.reps {
-		cc, err := grpc.NewClient(r.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		cc, err := grpc.NewClient(r.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
-			t.Fatalf("replica %d: dial %s: %v", i, r.grpcAddr, err)
+			t.Fatalf("replica %d: dial %s: %v", i, r.GRPC, err)
 		}
 		t.Cleanup(func() { _ = cc.Close() })
 		client := rlsv3.NewRateLimitServiceClient(cc)

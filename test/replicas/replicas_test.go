@@ -6,16 +6,11 @@ package replicas
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tollgate-dev/tollgate/test/redistest"
+	"github.com/tollgate-dev/tollgate/test/tollgatetest"
 )
 
 // The limit under test: limitAmount requests per window, counted by a
@@ -40,9 +36,6 @@ const (
 	// finish within callTimeout.
 	runFor      = 7 * time.Second
 	callTimeout = 3 * time.Second
-	// readyTimeout bounds how long a replica may take to report /readyz.
-	readyTimeout = 15 * time.Second
-	buildTimeout = 3 * time.Minute
 	// maxErrors stops a worker whose calls keep failing.
 	maxErrors = 100
 )
@@ -71,7 +64,7 @@ func TestReplicasShareOneLimit(t *testing.T) {
 		t.Skip("starts redis-server and three tollgate processes twice for about 10s each; skipped with -short")
 	}
 	t.Parallel()
-	bin := buildTollgate(t)
+	bin := tollgatetest.Build(t)
 	// One after the other: six replicas under load at once would share
 	// two cores, and this test is about the limit, not the machine.
 	t.Run("EveryDecisionAsksRedis", func(t *testing.T) { testShareOneLimit(t, bin, "--lease-fraction=0") })
@@ -85,7 +78,7 @@ func testShareOneLimit(t *testing.T, bin string, flags ...string) {
 	if err := os.WriteFile(rulesPath, []byte(rules), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	reps := make([]*replica, replicas)
+	reps := make([]*tollgatetest.Process, replicas)
 	for i := range reps {
 		reps[i] = startReplica(t, bin, i, rdb.URL(), rulesPath, flags...)
 	}
@@ -203,16 +196,16 @@ type runResult struct {
 
 // drive sends ShouldRateLimit for tenant=acme to every replica from
 // workersPerReplica workers each, for runFor.
-func drive(t *testing.T, reps []*replica) runResult {
+func drive(t *testing.T, reps []*tollgatetest.Process) runResult {
 	t.Helper()
 	ctx := t.Context()
 	var workers []*workerResult
 	var wg sync.WaitGroup
 	start := time.Now()
 	for i, r := range reps {
-		cc, err := grpc.NewClient(r.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		cc, err := grpc.NewClient(r.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
-			t.Fatalf("replica %d: dial %s: %v", i, r.grpcAddr, err)
+			t.Fatalf("replica %d: dial %s: %v", i, r.GRPC, err)
 		}
 		t.Cleanup(func() { _ = cc.Close() })
 		client := rlsv3.NewRateLimitServiceClient(cc)
@@ -256,50 +249,12 @@ func drive(t *testing.T, reps []*replica) runResult {
 	return runResult{workers: workers, span: time.Since(start)}
 }
 
-// buildTollgate builds cmd/tollgate once for this test.
-func buildTollgate(t *testing.T) string {
+// startReplica starts tollgate on rulesPath and Redis, with extra flags.
+func startReplica(t *testing.T, bin string, id int, redisURL, rulesPath string, extra ...string) *tollgatetest.Process {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "tollgate")
-	ctx, cancel := context.WithTimeout(t.Context(), buildTimeout)
-	defer cancel()
-	// go test puts its own GOROOT/bin first on PATH, so this is the same toolchain.
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/tollgate-dev/tollgate/cmd/tollgate")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build ./cmd/tollgate: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// replica is one running tollgate process.
-type replica struct {
-	grpcAddr, adminAddr string
-}
-
-// startReplica starts tollgate and waits for /readyz. A port picked free
-// may be taken before tollgate binds it; the process then exits and the
-// start is retried on other ports. extra flags go to serve as they are.
-func startReplica(t *testing.T, bin string, id int, redisURL, rulesPath string, extra ...string) *replica {
-	t.Helper()
-	var err error
-	for range 3 {
-		var r *replica
-		if r, err = tryStart(t, bin, id, redisURL, rulesPath, extra); err == nil {
-			return r
-		}
-	}
-	t.Fatalf("replica %d: %v", id, err)
-	return nil
-}
-
-func tryStart(t *testing.T, bin string, id int, redisURL, rulesPath string, extra []string) (*replica, error) {
-	r := &replica{grpcAddr: freeAddr(t), adminAddr: freeAddr(t)}
-	log := &redistest.TailBuffer{Max: 16 << 10}
-	args := append([]string{"serve",
+	args := append([]string{
 		"--redis-url", redisURL,
 		"--config", rulesPath,
-		"--grpc-addr", r.grpcAddr,
-		"--admin-addr", r.adminAddr,
 		// These tests are about the limit, not store failures: on a
 		// loaded 2-core CI box Redis can take longer than the 10ms
 		// default, and a degraded answer under the default policy
@@ -309,81 +264,5 @@ func tryStart(t *testing.T, bin string, id int, redisURL, rulesPath string, extr
 		"--store-timeout", "250ms",
 		"--store-failure", "deny",
 	}, extra...)
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = log, log
-	setProcAttr(cmd)
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", bin, err)
-	}
-	exited := make(chan struct{})
-	var waitErr error
-	go func() {
-		waitErr = cmd.Wait()
-		close(exited)
-	}()
-	stop := func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(5 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	}
-	if err := waitReady(t.Context(), r.adminAddr, exited); err != nil {
-		stop()
-		if waitErr != nil {
-			err = fmt.Errorf("%w (exit: %v)", err, waitErr)
-		}
-		return nil, fmt.Errorf("%w; log:\n%s", err, log)
-	}
-	t.Cleanup(func() {
-		stop()
-		if out := log.String(); t.Failed() && out != "" {
-			t.Logf("replica %d (grpc %s) log tail:\n%s", id, r.grpcAddr, out)
-		}
-	})
-	return r, nil
-}
-
-// waitReady polls /readyz until it answers 200, the process exits or
-// readyTimeout passes.
-func waitReady(ctx context.Context, adminAddr string, exited <-chan struct{}) error {
-	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
-	defer cancel()
-	url := "http://" + adminAddr + "/readyz"
-	tick := time.NewTicker(25 * time.Millisecond)
-	defer tick.Stop()
-	var lastErr error
-	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			err = fmt.Errorf("%s: %s", url, resp.Status)
-		}
-		lastErr = err
-		select {
-		case <-exited:
-			return errors.New("tollgate exited before it was ready")
-		case <-ctx.Done():
-			return fmt.Errorf("not ready within %v: %w", readyTimeout, lastErr)
-		case <-tick.C:
-		}
-	}
-}
-
-// freeAddr asks the kernel for a free loopback port.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("pick a free port: %v", err)
-	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	return addr
+	return tollgatetest.Start(t, bin, fmt.Sprintf("replica %d", id), args...)
 }

@@ -1,4 +1,4 @@
-package outage
+package tollgatetest
 
 import (
 	"os/exec"

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package replicas
+package tollgatetest
 
 import "os/exec"
 
