@@ -141,6 +141,22 @@ func geometry(ch *Charge) (w, m int64) {
 	return w, m
 }
 
+// BucketEnd is when (Unix ms) the bucket holding instant at ends, for a
+// window charge: a sliding window's bucket, or the whole fixed window,
+// with the geometry every Store uses. Decorators that act per bucket
+// (lease, overlimit) read it here rather than repeat the arithmetic.
+func BucketEnd(ch *Charge, at int64) int64 {
+	w, _ := geometry(ch)
+	return (floorDiv(at, w) + 1) * w
+}
+
+// BucketWidth is the width in ms of a window charge's bucket (see
+// BucketEnd).
+func BucketWidth(ch *Charge) int64 {
+	w, _ := geometry(ch)
+	return w
+}
+
 func windowMillis(ch *Charge) int64 {
 	if W := ch.Window.Milliseconds(); W >= 1 {
 		return W

@@ -518,8 +518,8 @@ func (s *Store) release(charges []limit.Charge, marks []chan struct{}) {
 // never given back (tail): its rest could no longer reach the store in
 // time, so it is sized to what the key has been using.
 func (s *Store) bounds(c *limit.Charge, now int64) (end, by int64, tail bool) {
-	w := bucketWidth(c)
-	bucketEnd := (floorDiv(now, w) + 1) * w
+	w := limit.BucketWidth(c)
+	bucketEnd := limit.BucketEnd(c, now)
 	guard := max(5, min(w/8, 100))
 	if now >= bucketEnd-guard {
 		return bucketEnd, 0, true
@@ -571,7 +571,7 @@ func (s *Store) grant(e *entry, c *limit.Charge, now, x int64, r limit.Result) {
 	s.grantedUnits.Add(uint64(x))
 	end, by, _ := s.bounds(c, now)
 	reset := now + r.ResetAfter.Milliseconds()
-	if g := e.cur; g != nil && !g.ended && now < g.end && floorDiv(g.at, bucketWidth(c)) == floorDiv(now, bucketWidth(c)) {
+	if g := e.cur; g != nil && !g.ended && now < g.end && limit.BucketEnd(c, g.at) == limit.BucketEnd(c, now) {
 		// Same bucket: one lease, returned at one At.
 		g.balance += x
 		g.size += x
@@ -732,29 +732,6 @@ func (s *Store) Forget(now time.Time) {
 		}
 		sh.mu.Unlock()
 	}
-}
-
-// bucketWidth is the width in ms of the bucket a charge on c lands in:
-// a sliding window's bucket, or the whole fixed window.
-func bucketWidth(c *limit.Charge) int64 {
-	W := max(c.Window.Milliseconds(), 1)
-	if c.Algorithm == limit.FixedWindow {
-		return W
-	}
-	n := int64(c.Buckets)
-	if n == 0 {
-		n = limit.DefaultBuckets
-	}
-	n = min(n, limit.MaxBuckets)
-	return (W + n - 1) / n
-}
-
-func floorDiv(a, b int64) int64 {
-	q := a / b
-	if a%b != 0 && (a < 0) != (b < 0) {
-		q--
-	}
-	return q
 }
 
 func ms(n int64) time.Duration { return time.Duration(n) * time.Millisecond }

@@ -293,34 +293,13 @@ func exactUntil(c *limit.Charge, r limit.Result, at int64, blocking bool) int64 
 	case limit.FixedWindow:
 		return at + r.ResetAfter.Milliseconds()
 	case limit.SlidingWindow:
-		w := bucketWidth(c)
-		return (floorDiv(at, w) + 1) * w
+		return limit.BucketEnd(c, at)
 	default:
 		if r.ResetAfter == 0 {
 			return forever
 		}
 		return at + 1
 	}
-}
-
-// bucketWidth is a sliding window's bucket width in ms, as limit.Counter
-// reads Window and Buckets.
-func bucketWidth(c *limit.Charge) int64 {
-	W := max(c.Window.Milliseconds(), 1)
-	n := int64(c.Buckets)
-	if n == 0 {
-		n = limit.DefaultBuckets
-	}
-	n = min(n, limit.MaxBuckets)
-	return (W + n - 1) / n
-}
-
-func floorDiv(a, b int64) int64 {
-	q := a / b
-	if a%b != 0 && (a < 0) != (b < 0) {
-		q--
-	}
-	return q
 }
 
 // blocks reports whether a charge's denial says it cannot fit for a while.
