@@ -8,62 +8,61 @@ import (
 
 	"github.com/tollgate-dev/tollgate/pkg/breaker"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/outcome"
 )
 
-// BreakerObserver is an Observer that feeds each outcome to circuit
-// breakers. A breaker's name is the outcome's value of its descriptor
-// key: Model for "model", Tenant for "tenant", Tier for "tier"; a breaker
-// on any other key learns nothing here, since an Outcome carries no other
-// values. A probe's outcome carries its probe ID (Outcome.Probes, by the
-// breaker's key), so that half-open breakers can close.
+// BreakerTimeout bounds each breaker store call of an outcome.
+const BreakerTimeout = outcome.DefaultTimeout
+
+// BreakerObserver is an Observer that feeds each outcome to the circuit
+// breakers of its domain: each breaker of the outcome's ticket
+// (Outcome.Breakers) under the name the decision gave it, with the probe
+// the request held, so that half-open breakers can close.
 type BreakerObserver struct {
-	breakers []*breaker.Breaker
+	breakers map[breakerKey]*breaker.Breaker
 	clock    limit.Clock
 	timeout  time.Duration
 	log      *zap.Logger
 }
 
+type breakerKey struct{ domain, key string }
+
 var _ Observer = (*BreakerObserver)(nil)
 
-// NewBreakerObserver returns a BreakerObserver for bs, timing outcomes by
-// clock and bounding each store call by timeout (0: DefaultTimeout).
-func NewBreakerObserver(clock limit.Clock, log *zap.Logger, timeout time.Duration, bs ...*breaker.Breaker) *BreakerObserver {
+// NewBreakerObserver returns a BreakerObserver for the breakers placed by
+// es (breaker.SetEntry: a domain's breaker on a key), timing outcomes by
+// clock and bounding each store call by timeout (0: BreakerTimeout).
+func NewBreakerObserver(clock limit.Clock, log *zap.Logger, timeout time.Duration, es ...breaker.SetEntry) *BreakerObserver {
 	if log == nil {
 		log = zap.NewNop()
 	}
 	if timeout <= 0 {
-		timeout = DefaultTimeout
+		timeout = BreakerTimeout
 	}
-	return &BreakerObserver{breakers: bs, clock: clock, timeout: timeout, log: log}
+	m := make(map[breakerKey]*breaker.Breaker, len(es))
+	for _, e := range es {
+		if e.Breaker != nil {
+			m[breakerKey{e.Domain, e.Breaker.Config().Key}] = e.Breaker
+		}
+	}
+	return &BreakerObserver{breakers: m, clock: clock, timeout: timeout, log: log}
 }
 
 // Observe implements Observer.
 func (b *BreakerObserver) Observe(ctx context.Context, o *Outcome) {
 	now := b.clock.Now()
-	for _, br := range b.breakers {
-		name := outcomeValue(o, br.Config().Key)
-		if name == "" {
+	for _, ob := range o.Breakers {
+		br := b.breakers[breakerKey{o.Domain, ob.Key}]
+		if br == nil {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(ctx, b.timeout)
 		err := br.Observe(ctx, now, breaker.Outcome{
-			Status: o.Status, Duration: o.Duration, Upstream: o.UpstreamCluster, Name: name, ProbeID: o.Probes[br.Config().Key],
+			Status: o.Status, Duration: o.Duration, Upstream: o.UpstreamCluster, Name: ob.Name, ProbeID: ob.ProbeID,
 		})
 		cancel()
 		if err != nil {
-			b.log.Warn("breaker outcome not recorded", zap.Error(err), zap.String("key", br.Config().Key))
+			b.log.Warn("breaker outcome not recorded", zap.Error(err), zap.String("key", ob.Key))
 		}
 	}
-}
-
-func outcomeValue(o *Outcome, key string) string {
-	switch key {
-	case "model":
-		return o.Model
-	case "tenant":
-		return o.Tenant
-	case "tier":
-		return o.Tier
-	}
-	return ""
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/limit/redisstore"
 	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
+	"github.com/tollgate-dev/tollgate/pkg/outcome"
 	"github.com/tollgate-dev/tollgate/test/redistest"
 )
 
@@ -54,9 +55,12 @@ func TestBreakerAcrossReplicas(t *testing.T) {
 	if dec, err := limB.Decide(ctx, req("gpt-4o")); err != nil || dec.Code != limit.CodeOK {
 		t.Fatalf("before failures: %+v, %v", dec, err)
 	}
-	obsA := NewBreakerObserver(clock, nil, 0, brA)
+	obsA := NewBreakerObserver(clock, nil, 0, breaker.SetEntry{Domain: "d", Breaker: brA})
+	on := func(probe string) []outcome.Breaker {
+		return []outcome.Breaker{{Key: "model", Name: "gpt-4o", ProbeID: probe}}
+	}
 	for range 3 {
-		obsA.Observe(ctx, &Outcome{Status: 503, UpstreamCluster: "gpu", Model: "gpt-4o", Final: true})
+		obsA.Observe(ctx, &Outcome{Status: 503, UpstreamCluster: "gpu", Domain: "d", Breakers: on("")})
 	}
 	clock.Advance(time.Second)
 	dec, err := limB.Decide(ctx, req("gpt-4o"))
@@ -80,8 +84,7 @@ func TestBreakerAcrossReplicas(t *testing.T) {
 	if err != nil || dec.Code != limit.CodeOK || len(dec.Probes) != 1 {
 		t.Fatalf("half-open: %+v, %v; want a probe", dec, err)
 	}
-	obsA.Observe(ctx, &Outcome{Status: 200, UpstreamCluster: "gpu", Model: "gpt-4o", Final: true,
-		Probes: map[string]string{"model": dec.Probes[0].ID}})
+	obsA.Observe(ctx, &Outcome{Status: 200, UpstreamCluster: "gpu", Domain: "d", Breakers: on(dec.Probes[0].ID)})
 	if st, err := brA.State(ctx, clock.Now(), "gpt-4o"); err != nil || st.State != breaker.Closed {
 		t.Errorf("after the probe's success: %+v, %v; want closed", st, err)
 	}

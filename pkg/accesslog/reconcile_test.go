@@ -20,6 +20,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
 	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
+	"github.com/tollgate-dev/tollgate/pkg/outcome"
 )
 
 // These tests run Check and the access log together, as one Envoy would
@@ -94,7 +95,12 @@ func newReplica(t testing.TB, store limit.Store, clock limit.Clock, ruleYAML str
 	if err != nil {
 		t.Fatal(err)
 	}
-	als, err := New(lim, nil, reg, Options{UsageHeader: set.UsageHeader})
+	loop, err := outcome.New(testKeys, lim, nil, reg, outcome.Options{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	authz.SetSealer(loop.Sealer())
+	als, err := New(loop, nil, reg, Options{UsageHeader: set.UsageHeader})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,9 +133,9 @@ func (r *replica) check(t testing.TB, req *authv3.CheckRequest) *authv3.CheckRes
 	return resp
 }
 
-// outcome is the access log entry Envoy sends for an admitted request:
+// outcomeEntry is the access log entry Envoy sends for an admitted request:
 // Check's dynamic metadata, and the upstream's usage header.
-func outcome(resp *authv3.CheckResponse, actual int) *datav3.HTTPAccessLogEntry {
+func outcomeEntry(resp *authv3.CheckResponse, actual int) *datav3.HTTPAccessLogEntry {
 	e := entry(resp.GetDynamicMetadata().GetFields(), 200, usageHeader, strconv.Itoa(actual))
 	if resp.GetDynamicMetadata() == nil {
 		e.CommonProperties.Metadata = nil
@@ -226,7 +232,7 @@ func TestReserveThenReconcileHoldsTheBudget(t *testing.T) {
 				total, refund, charge := 0, 0, 0
 				for i, resp := range admitted {
 					a := tt.actuals[i]
-					batch = append(batch, outcome(resp, a))
+					batch = append(batch, outcomeEntry(resp, a))
 					total += a
 					refund += max(0, 1000-a)
 					charge += max(0, a-1000)
@@ -243,12 +249,12 @@ func TestReserveThenReconcileHoldsTheBudget(t *testing.T) {
 				if tt.oneError > 0 && overshoot > tt.oneError {
 					t.Errorf("usage %d is over the budget %d by more than one estimate error (%d)", got, budget, tt.oneError)
 				}
-				want := map[string]float64{"reconciled": 10}
+				want := map[string]float64{"entries:settled": 10, "reports:accesslog/settled": 10, "tickets:accesslog/verified": 10}
 				if refund > 0 {
-					want["refund"] = float64(refund)
+					want["tokens:accesslog/refund"] = float64(refund)
 				}
 				if charge > 0 {
-					want["charge"] = float64(charge)
+					want["tokens:accesslog/charge"] = float64(charge)
 				}
 				if diff := cmp.Diff(want, counters(t, r.reg)); diff != "" {
 					t.Errorf("metrics (-want +got):\n%s", diff)
@@ -311,7 +317,7 @@ func TestReconcileExactlyOnce(t *testing.T) {
 			if got := counted(t, a.lim); got != 1000 {
 				t.Fatalf("usage after admission = %d", got)
 			}
-			e := outcome(resp, 400)
+			e := outcomeEntry(resp, 400)
 
 			send(t, a.als, []*datav3.HTTPAccessLogEntry{e}, []*datav3.HTTPAccessLogEntry{e})
 			if got := counted(t, a.lim); got != 400 {
@@ -326,7 +332,7 @@ func TestReconcileExactlyOnce(t *testing.T) {
 				t.Errorf("usage after the entry on two replicas = %d, want 400", got)
 			}
 			ma, mb := counters(t, a.reg), counters(t, b.reg)
-			if ma["reconciled"] != 1 || ma["duplicates"]+mb["duplicates"] != 3 || mb["reconciled"] != 0 {
+			if ma["entries:settled"] != 1 || ma["entries:duplicate"]+mb["entries:duplicate"] != 3 || mb["entries:settled"] != 0 {
 				t.Errorf("metrics: replica a %v, replica b %v; want 1 reconciled and 3 duplicates", ma, mb)
 			}
 		})
@@ -349,7 +355,7 @@ func TestAccessLogReleasesLease(t *testing.T) {
 			if got := third.GetDeniedResponse(); got.GetStatus().GetCode() != 429 || !containsHeader(got, "retry-after", "30") {
 				t.Fatalf("third request = %v, want 429 with retry-after 30", third)
 			}
-			send(t, r.als, []*datav3.HTTPAccessLogEntry{outcome(first, 500)})
+			send(t, r.als, []*datav3.HTTPAccessLogEntry{outcomeEntry(first, 500)})
 			if resp := r.check(t, chat(500)); resp.GetOkResponse() == nil {
 				t.Errorf("after the access log released a lease: %v", resp)
 			}

@@ -1,12 +1,17 @@
 // Package accesslog serves Envoy's AccessLogService v3 (StreamAccessLogs,
 // the http_grpc access logger): it learns each request's outcome after the
-// response. For a request Check admitted with a reservation (the ticket in
-// the ext_authz dynamic metadata, see package reservation), it settles the
-// reservation with limit.Limiter.Reconcile: the concurrency leases are
-// released and the difference between the estimate and the actual usage,
-// read from a response header, is refunded into the window it was reserved
-// in or charged. Reconcile runs at most once per reservation, so an entry
-// Envoy delivers twice, to this replica or another, counts once.
+// response. Every request Tollgate admitted carries a signed ticket in its
+// dynamic metadata (package ticket: Check's under the ext_authz namespace,
+// ShouldRateLimit's under the rate limit filter's), which package outcome
+// opens. An entry whose ticket verifies settles the request's reservation
+// when the entry carries usage (a usage header), or else releases its
+// concurrency leases and leaves the tokens to the ext_proc report that
+// reads usage from the body; and its outcome goes to an Observer, for the
+// circuit breakers and the pressure score. An entry without a ticket, or
+// with one that does not verify, changes nothing: anyone who reaches the
+// port can send entries, so nothing but a ticket a replica sealed may
+// move a budget, a breaker or the pressure (restrict the callers too:
+// pkg/server's caller allow-list, or the Istio policy in istio/).
 //
 // The other way to reconcile needs no access log: Envoy's rate limit
 // filter with apply_on_stream_done sends a descriptor with a hits_addend
@@ -15,13 +20,6 @@
 // is_negative_hits refunds the amount reserved. That charges after the
 // fact without the reservation's window, but works where no access log
 // stream is configured.
-//
-// Every request's final entry's outcome also goes to an Observer, for the
-// circuit breaker and the pressure score.
-//
-// The service trusts its callers as ShouldRateLimit does (a descriptor
-// with is_negative_hits refunds there): anyone who can reach the gRPC port
-// can send entries, so the port belongs behind mTLS or a network policy.
 package accesslog
 
 import (
@@ -38,25 +36,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/tollgate-dev/tollgate/pkg/extauthz/reservation"
-	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/outcome"
+	"github.com/tollgate-dev/tollgate/pkg/ticket"
 )
 
-// DefaultTimeout bounds the settling of one entry.
-const DefaultTimeout = 2 * time.Second
-
-// Reconciler settles reservations; *limit.Limiter is one. Rules is read
-// to tell a duplicate from a reservation whose domain the rules dropped.
-type Reconciler interface {
-	Reconcile(ctx context.Context, req *limit.Request, at time.Time, reserved, actual uint64, haveActual bool) (bool, error)
-	Rules() *limit.RuleSet
-}
-
-var _ Reconciler = (*limit.Limiter)(nil)
-
-// Outcome is what one HTTP access log entry says about a finished request.
+// Outcome is what one HTTP access log entry says about a finished request
+// that Tollgate admitted: the entry's facts, and the decision's from its
+// verified ticket.
 type Outcome struct {
 	// Status is the HTTP status sent downstream; 0 when none was.
 	Status uint32
@@ -64,24 +51,19 @@ type Outcome struct {
 	Duration time.Duration
 	// UpstreamCluster is the cluster the request was routed to.
 	UpstreamCluster string
-	// Tenant, Tier and Model come from Check's dynamic metadata; empty
-	// for a request Check did not see.
-	Tenant, Tier, Model string
-	// Probes are the circuit breaker probes the request was admitted as:
-	// breaker key -> probe ID, from Check's dynamic metadata or the rate
-	// limit filter's (see reservation.FieldProbes); nil for none. A
-	// request can probe several breakers (one per key), hence a map.
-	Probes map[string]string
-	// Final is set for the request's last entry. The Observer sees only
-	// final entries (intermediate and periodic ones are skipped, so a
-	// long stream counts once), so it is always true there; it is kept
-	// for Observers that also serve other sources.
-	Final bool
+	// Domain, Tier and Model are the decision's, from the ticket.
+	Domain, Tier, Model string
+	// ID is the ticket's: a report of the same request carries the same.
+	ID string
+	// Breakers are the breakers the request's outcome counts for, with
+	// the probes it holds on them (see outcome.Loop.Breakers).
+	Breakers []outcome.Breaker
 }
 
-// Observer learns the outcome of every finished request, once, from its
-// final entry: the circuit breaker and the pressure score plug in here. Observe runs on the
-// stream's goroutine, so it must be quick; o is valid during the call.
+// Observer learns the outcome of every finished request Tollgate admitted,
+// once, from its final entry: the circuit breaker and the pressure score
+// plug in here. Observe runs on the stream's goroutine, so it must be
+// quick; o is valid during the call.
 type Observer interface {
 	Observe(ctx context.Context, o *Outcome)
 }
@@ -89,49 +71,42 @@ type Observer interface {
 // Options configure a Service; the zero value is usable.
 type Options struct {
 	// UsageHeader is the response header holding the request's actual
-	// total tokens (Optional; default none: reservations then stand as
-	// estimated and only their leases are released). SetUsageHeader
-	// changes it later.
+	// total tokens (Optional; default none: usage then comes from
+	// ext_proc). SetUsageHeader changes it later.
 	UsageHeader string
-	// Observer receives every request's outcome, from its final entry
-	// (Optional). SetObserver changes it later.
+	// Observer receives every admitted request's outcome, from its final
+	// entry (Optional). SetObserver changes it later.
 	Observer Observer
-	// Timeout bounds the settling of one entry (Optional; default 2s).
-	Timeout time.Duration
 }
 
-// Service implements alsv3.AccessLogServiceServer over a Reconciler.
+// Service implements alsv3.AccessLogServiceServer over an outcome.Loop.
 type Service struct {
 	alsv3.UnimplementedAccessLogServiceServer
 
-	rec      Reconciler
+	loop     *outcome.Loop
 	usage    atomic.Pointer[string]
 	observer atomic.Pointer[Observer] // nil or a non-nil Observer
-	timeout  time.Duration
 	log      *zap.Logger
 	metrics  *metrics
 }
 
 var _ alsv3.AccessLogServiceServer = (*Service)(nil)
 
-// New returns a Service settling reservations with rec, logging to log
-// (nil: nowhere) and registering its metrics on reg. rec and reg are
+// New returns a Service settling outcomes through loop, logging to log
+// (nil: nowhere) and registering its metrics on reg. loop and reg are
 // Required; it fails when reg already holds metrics of the same names.
-func New(rec Reconciler, log *zap.Logger, reg prometheus.Registerer, opts Options) (*Service, error) {
-	if rec == nil || reg == nil {
-		return nil, errors.New("accesslog: a Reconciler and a Registerer are required")
+func New(loop *outcome.Loop, log *zap.Logger, reg prometheus.Registerer, opts Options) (*Service, error) {
+	if loop == nil || reg == nil {
+		return nil, errors.New("accesslog: an outcome Loop and a Registerer are required")
 	}
 	if log == nil {
 		log = zap.NewNop()
-	}
-	if opts.Timeout <= 0 {
-		opts.Timeout = DefaultTimeout
 	}
 	m, err := newMetrics(reg)
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{rec: rec, timeout: opts.Timeout, log: log, metrics: m}
+	s := &Service{loop: loop, log: log, metrics: m}
 	s.SetUsageHeader(opts.UsageHeader)
 	s.SetObserver(opts.Observer)
 	return s, nil
@@ -161,9 +136,9 @@ func (s *Service) Register(r grpc.ServiceRegistrar) {
 
 // StreamAccessLogs takes one Envoy stream of access log batches until
 // Envoy closes it. Entries are settled one at a time, each within the
-// timeout, so one stream holds at most one store call at a time and a
-// slow store slows Envoy's stream (which buffers, then drops) rather than
-// piling work up here.
+// loop's timeout, so one stream holds at most one store call at a time
+// and a slow store slows Envoy's stream (which buffers, then drops)
+// rather than piling work up here.
 func (s *Service) StreamAccessLogs(stream grpc.ClientStreamingServer[alsv3.StreamAccessLogsMessage, alsv3.StreamAccessLogsResponse]) error {
 	ctx := stream.Context()
 	for {
@@ -186,78 +161,42 @@ func (s *Service) StreamAccessLogs(stream grpc.ClientStreamingServer[alsv3.Strea
 // entry handles one HTTP entry; garbage is counted, never fatal.
 func (s *Service) entry(ctx context.Context, e *datav3.HTTPAccessLogEntry) {
 	common := e.GetCommonProperties()
-	filters := common.GetMetadata().GetFilterMetadata()
-	meta := filters[reservation.MetadataNamespace].GetFields()
-	isFinal := final(common)
-	if obs := s.observer.Load(); obs != nil && isFinal {
+	str := ticketOf(common)
+	if str == "" || !final(common) {
+		s.metrics.entries.WithLabelValues(resultIgnored).Inc()
+		return
+	}
+	t := s.loop.Open(outcome.ChannelAccessLog, str)
+	if t == nil {
+		s.metrics.entries.WithLabelValues(resultRejected).Inc()
+		return
+	}
+	if obs := s.observer.Load(); obs != nil {
 		o := Outcome{
 			Status:          e.GetResponse().GetResponseCode().GetValue(),
 			Duration:        common.GetDuration().AsDuration(),
 			UpstreamCluster: common.GetUpstreamCluster(),
-			Tenant:          meta[reservation.FieldTenant].GetStringValue(),
-			Tier:            meta[reservation.FieldTier].GetStringValue(),
-			Model:           meta[reservation.FieldModel].GetStringValue(),
-			Final:           true,
+			Domain:          t.Domain,
+			Tier:            t.Tier,
+			Model:           t.Model,
+			ID:              t.ID,
+			Breakers:        s.loop.Breakers(t),
 		}
-		o.Probes = probes(o.Probes, meta)
-		o.Probes = probes(o.Probes, filters[reservation.RateLimitNamespace].GetFields())
 		(*obs).Observe(ctx, &o)
 	}
-	ticket := meta[reservation.Field].GetStringValue()
-	if ticket == "" || !isFinal {
-		s.metrics.entries.WithLabelValues(resultIgnored).Inc()
-		return
-	}
-	r, err := reservation.Decode(ticket)
-	if err != nil {
-		s.metrics.entries.WithLabelValues(resultInvalid).Inc()
-		s.log.Debug("access log entry with an unreadable reservation", zap.Error(err))
-		return
-	}
-	if s.rec.Rules().Domain(r.Domain) == nil {
-		// The rules dropped the domain since Check: nothing to settle,
-		// and the leases expire by themselves.
-		s.metrics.entries.WithLabelValues(resultIgnored).Inc()
-		return
-	}
 	actual, have := usage(e.GetResponse(), *s.usage.Load())
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	done, err := s.rec.Reconcile(ctx, r.Request(), r.At, r.Tokens, actual, have)
-	switch {
-	case errors.Is(err, limit.ErrInvalid):
-		s.metrics.entries.WithLabelValues(resultInvalid).Inc()
-		s.log.Debug("access log entry with an invalid reservation", zap.Error(err))
-	case err != nil:
-		s.metrics.entries.WithLabelValues(resultError).Inc()
-		s.log.Warn("reconcile failed; the reservation stands and its leases expire", zap.Error(err), zap.String("domain", r.Domain))
-	case !done:
-		s.metrics.entries.WithLabelValues(resultDuplicate).Inc()
-		s.metrics.duplicates.Inc()
-	default:
-		s.metrics.entries.WithLabelValues(resultReconciled).Inc()
-		switch {
-		case !have:
-		case actual < r.Tokens:
-			s.metrics.tokens.WithLabelValues(directionRefund).Add(float64(r.Tokens - actual))
-		case actual > r.Tokens:
-			s.metrics.tokens.WithLabelValues(directionCharge).Add(float64(actual - r.Tokens))
-		}
-	}
+	r := s.loop.Report(ctx, outcome.ChannelAccessLog, t, outcome.Usage{Total: actual, Reported: have})
+	s.metrics.entries.WithLabelValues(r.String()).Inc()
 }
 
-// probes adds to dst the probe IDs of meta's FieldProbes struct; dst is
-// made only when there are some.
-func probes(dst map[string]string, meta map[string]*structpb.Value) map[string]string {
-	for k, v := range meta[reservation.FieldProbes].GetStructValue().GetFields() {
-		if id := v.GetStringValue(); id != "" && k != "" {
-			if dst == nil {
-				dst = make(map[string]string, 1)
-			}
-			dst[k] = id
-		}
+// ticketOf returns the ticket of the entry's request: Check's, else the
+// rate limit filter's. Which one does not matter: either verifies or not.
+func ticketOf(c *datav3.AccessLogCommon) string {
+	filters := c.GetMetadata().GetFilterMetadata()
+	if v := filters[ticket.MetadataNamespace].GetFields()[ticket.Field].GetStringValue(); v != "" {
+		return v
 	}
-	return dst
+	return filters[ticket.RateLimitNamespace].GetFields()[ticket.Field].GetStringValue()
 }
 
 // final says whether the entry is the request's last: an intermediate or

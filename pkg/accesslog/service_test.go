@@ -22,23 +22,24 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/tollgate-dev/tollgate/pkg/extauthz/reservation"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/outcome"
+	"github.com/tollgate-dev/tollgate/pkg/ticket"
 )
 
 // t0 is on a 180 s boundary, the bucket width of an hour's sliding window.
 var t0 = time.Unix(1_800_000_000, 0)
 
-// call is one Reconcile call a fakeReconciler saw.
+// call is one Settle or Release call a fakeLimiter saw.
 type call struct {
+	Settle           bool // else Release
 	Req              *limit.Request
 	At               time.Time
 	Reserved, Actual uint64
-	HaveActual       bool
 }
 
-// fakeReconciler records calls and answers with done and err.
-type fakeReconciler struct {
+// fakeLimiter records calls and answers with done and err.
+type fakeLimiter struct {
 	mu    sync.Mutex
 	calls []call
 	done  bool
@@ -46,14 +47,60 @@ type fakeReconciler struct {
 	rules *limit.RuleSet
 }
 
-func (f *fakeReconciler) Reconcile(_ context.Context, req *limit.Request, at time.Time, reserved, actual uint64, have bool) (bool, error) {
+func (f *fakeLimiter) Settle(_ context.Context, req *limit.Request, at time.Time, reserved, actual uint64) (bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.calls = append(f.calls, call{req, at, reserved, actual, have})
+	f.calls = append(f.calls, call{true, req, at, reserved, actual})
 	return f.done, f.err
 }
 
-func (f *fakeReconciler) Rules() *limit.RuleSet { return f.rules }
+func (f *fakeLimiter) Release(_ context.Context, req *limit.Request) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, call{Req: req})
+	return f.err
+}
+
+func (f *fakeLimiter) Rules() *limit.RuleSet { return f.rules }
+
+// testKeys are the keys the tests' loops open tickets with; otherKeys
+// are a key no replica holds.
+var (
+	testKeys  = mustKeys(1)
+	otherKeys = mustKeys(2)
+)
+
+func mustKeys(b byte) *ticket.Keys {
+	k, err := ticket.NewKeys([]byte(strings.Repeat(string(rune('a'+b)), ticket.MinKeyBytes)))
+	if err != nil {
+		panic(err)
+	}
+	return k
+}
+
+// fixedClock is the time tickets are checked at: t0 plus a second.
+type fixedClock struct{}
+
+func (fixedClock) Now() time.Time { return t0.Add(time.Second) }
+
+// newLoop is an outcome.Loop on lim opening tickets under testKeys.
+func newLoop(t testing.TB, lim outcome.Limiter, reg prometheus.Registerer) *outcome.Loop {
+	t.Helper()
+	l, err := outcome.New(testKeys, lim, nil, reg, outcome.Options{Clock: fixedClock{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// seal seals tk under keys.
+func seal(keys *ticket.Keys, tk *ticket.Ticket) string {
+	s, err := ticket.NewSealer(keys, 0)
+	if err != nil {
+		panic(err) // unreachable: keys are set
+	}
+	return s.Seal(tk)
+}
 
 type nopObserver struct{}
 
@@ -82,8 +129,8 @@ func testRuleSet(t testing.TB) *limit.RuleSet {
 	return rs
 }
 
-var testTicket = &reservation.Reservation{
-	ID: "req.1", Domain: "ai", Tokens: 1000, At: t0,
+var testTicket = &ticket.Ticket{
+	ID: "req.1", Domain: "ai", Reserved: true, Tokens: 1000, Prompt: 400, At: t0, Tier: "gold", Model: "gpt-4o",
 	Descriptors: []limit.Descriptor{{Entries: []limit.Entry{{Key: "tenant", Value: "acme"}}}},
 	Overrides:   map[string]limit.Override{"x": {Amount: 5}},
 }
@@ -104,18 +151,21 @@ func entry(meta map[string]*structpb.Value, status uint32, kv ...string) *datav3
 	}
 	if meta != nil {
 		e.CommonProperties.Metadata = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
-			reservation.MetadataNamespace: {Fields: meta},
+			ticket.MetadataNamespace: {Fields: meta},
 		}}
 	}
 	return e
 }
 
-func ticketMeta(r *reservation.Reservation) map[string]*structpb.Value {
+// ticketMeta is Check's metadata for tk, sealed under testKeys.
+func ticketMeta(tk *ticket.Ticket) map[string]*structpb.Value { return sealedMeta(testKeys, tk) }
+
+func sealedMeta(keys *ticket.Keys, tk *ticket.Ticket) map[string]*structpb.Value {
 	return map[string]*structpb.Value{
-		reservation.FieldTenant: structpb.NewStringValue("acme"),
-		reservation.FieldTier:   structpb.NewStringValue("gold"),
-		reservation.FieldModel:  structpb.NewStringValue("gpt-4o"),
-		reservation.Field:       structpb.NewStringValue(reservation.Encode(r)),
+		ticket.FieldTenant: structpb.NewStringValue("acme"),
+		ticket.FieldTier:   structpb.NewStringValue("gold"),
+		ticket.FieldModel:  structpb.NewStringValue("gpt-4o"),
+		ticket.Field:       structpb.NewStringValue(seal(keys, tk)),
 	}
 }
 
@@ -178,99 +228,151 @@ func TestStreamAccessLogs(t *testing.T) {
 	bare.CommonProperties, bare.Response = nil, nil
 	otherDomain := *testTicket
 	otherDomain.Domain = "gone"
-	want := func(actual uint64, have bool) []call {
-		return []call{{Req: testTicket.Request(), At: t0, Reserved: 1000, Actual: actual, HaveActual: have}}
+	noReservation := *testTicket
+	noReservation.Reserved, noReservation.Tokens = false, 0
+	old := *testTicket
+	old.At = t0.Add(-ticket.DefaultMaxAge - time.Minute)
+	// An altered ticket: a genuine one with one character changed.
+	altered := []byte(seal(testKeys, testTicket))
+	altered[10] ^= 'A' ^ 'B'
+	if altered[10] == 'A' || altered[10] == 'B' {
+		altered[10] ^= 'A' ^ 'B' ^ 'C' ^ 'D'
+	}
+	rlsMeta := entry(nil, 200, "x-usage", "700")
+	rlsMeta.CommonProperties.Metadata = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
+		ticket.RateLimitNamespace: {Fields: map[string]*structpb.Value{ticket.Field: structpb.NewStringValue(seal(testKeys, testTicket))}},
+	}}
+	settle := func(actual uint64) []call {
+		return []call{{Settle: true, Req: testTicket.Request(), At: t0, Reserved: 1000, Actual: actual}}
+	}
+	release := []call{{Req: testTicket.Request()}}
+	verified := map[string]float64{"tickets:accesslog/verified": 1}
+	with := func(m map[string]float64, kv ...any) map[string]float64 {
+		out := map[string]float64{}
+		for k, v := range m {
+			out[k] = v
+		}
+		for i := 0; i+1 < len(kv); i += 2 {
+			out[kv[i].(string)] = float64(kv[i+1].(int))
+		}
+		return out
 	}
 	tests := []struct {
-		name        string
-		give        *datav3.HTTPAccessLogEntry
-		done        bool
-		err         error
-		wantCalls   []call
-		wantMetrics map[string]float64
-		notFinal    bool // the observer must not see it
+		name         string
+		give         *datav3.HTTPAccessLogEntry
+		done         bool
+		err          error
+		wantCalls    []call
+		wantMetrics  map[string]float64
+		wantObserved bool
 	}{
 		{
-			name: "usage from the header is reconciled", give: entry(ticketMeta(testTicket), 200, "x-usage", " 700 "), done: true,
-			wantCalls:   want(700, true),
-			wantMetrics: map[string]float64{"reconciled": 1, "refund": 300},
+			name: "usage from the header settles", give: entry(ticketMeta(testTicket), 200, "x-usage", " 700 "), done: true,
+			wantCalls: settle(700), wantObserved: true,
+			wantMetrics: with(verified, "entries:settled", 1, "reports:accesslog/settled", 1, "tokens:accesslog/refund", 300),
 		},
 		{
 			name: "more usage than reserved is charged", give: entry(ticketMeta(testTicket), 200, "x-usage", "1300"), done: true,
-			wantCalls:   want(1300, true),
-			wantMetrics: map[string]float64{"reconciled": 1, "charge": 300},
+			wantCalls: settle(1300), wantObserved: true,
+			wantMetrics: with(verified, "entries:settled", 1, "reports:accesslog/settled", 1, "tokens:accesslog/charge", 300),
 		},
 		{
-			name: "usage from a trailer", give: trailer, done: true,
-			wantCalls:   want(321, true),
-			wantMetrics: map[string]float64{"reconciled": 1, "refund": 679},
+			name: "usage from a trailer", give: trailer, done: true, wantCalls: settle(321), wantObserved: true,
+			wantMetrics: with(verified, "entries:settled", 1, "reports:accesslog/settled", 1, "tokens:accesslog/refund", 679),
 		},
 		{
-			name: "no usage header releases without usage", give: entry(ticketMeta(testTicket), 503), done: true,
-			wantCalls:   want(0, false),
-			wantMetrics: map[string]float64{"reconciled": 1},
+			name: "the rate limit filter's ticket", give: rlsMeta, done: true, wantCalls: settle(700), wantObserved: true,
+			wantMetrics: with(verified, "entries:settled", 1, "reports:accesslog/settled", 1, "tokens:accesslog/refund", 300),
+		},
+		{
+			// Real servers send no usage header: the entry must not
+			// settle before ext_proc reports the usage from the body.
+			name: "no usage header only releases", give: entry(ticketMeta(testTicket), 503), done: true,
+			wantCalls: release, wantObserved: true,
+			wantMetrics: with(verified, "entries:released", 1, "reports:accesslog/released", 1),
 		},
 		{
 			name: "a malformed usage header is no usage", give: entry(ticketMeta(testTicket), 200, "x-usage", "-5"), done: true,
-			wantCalls:   want(0, false),
-			wantMetrics: map[string]float64{"reconciled": 1},
+			wantCalls: release, wantObserved: true,
+			wantMetrics: with(verified, "entries:released", 1, "reports:accesslog/released", 1),
 		},
 		{
 			name: "a duplicate is counted", give: entry(ticketMeta(testTicket), 200, "x-usage", "700"), done: false,
-			wantCalls:   want(700, true),
-			wantMetrics: map[string]float64{"duplicate": 1, "duplicates": 1},
+			wantCalls: settle(700), wantObserved: true,
+			wantMetrics: with(verified, "entries:duplicate", 1, "reports:accesslog/duplicate", 1),
 		},
 		{
 			name: "a store failure is counted", give: entry(ticketMeta(testTicket), 200, "x-usage", "700"), err: errors.New("down"),
-			wantCalls:   want(700, true),
-			wantMetrics: map[string]float64{"error": 1},
+			wantCalls: settle(700), wantObserved: true,
+			wantMetrics: with(verified, "entries:error", 1, "reports:accesslog/error", 1),
 		},
 		{
-			name: "an invalid request is counted", give: entry(ticketMeta(testTicket), 200), err: fmt.Errorf("%w: no", limit.ErrInvalid),
-			wantCalls:   want(0, false),
-			wantMetrics: map[string]float64{"invalid": 1},
+			name: "an invalid request settles nothing", give: entry(ticketMeta(testTicket), 200), err: fmt.Errorf("%w: no", limit.ErrInvalid),
+			wantCalls: release, wantObserved: true,
+			wantMetrics: with(verified, "entries:nothing", 1, "reports:accesslog/nothing", 1),
 		},
-		{name: "no metadata is ignored", give: entry(nil, 200, "x-usage", "5"), wantMetrics: map[string]float64{"ignored": 1}},
-		{name: "an empty entry is ignored", give: bare, wantMetrics: map[string]float64{"ignored": 1}},
+		{
+			name: "a domain the rules dropped settles nothing", give: entry(ticketMeta(&otherDomain), 200, "x-usage", "5"),
+			wantObserved: true, wantMetrics: with(verified, "entries:nothing", 1),
+		},
+		{
+			name: "a ticket without a reservation settles nothing", give: entry(ticketMeta(&noReservation), 200, "x-usage", "5"),
+			wantObserved: true, wantMetrics: with(verified, "entries:nothing", 1),
+		},
+		{name: "no metadata is ignored", give: entry(nil, 200, "x-usage", "5"), wantMetrics: map[string]float64{"entries:ignored": 1}},
+		{name: "an empty entry is ignored", give: bare, wantMetrics: map[string]float64{"entries:ignored": 1}},
 		{
 			name: "metadata without a ticket is ignored",
-			give: entry(map[string]*structpb.Value{"tenant": structpb.NewStringValue("acme")}, 200), wantMetrics: map[string]float64{"ignored": 1},
+			give: entry(map[string]*structpb.Value{"tenant": structpb.NewStringValue("acme")}, 200), wantMetrics: map[string]float64{"entries:ignored": 1},
 		},
-		{name: "an intermediate entry is ignored", give: intermediate, wantMetrics: map[string]float64{"ignored": 1}, notFinal: true},
-		{name: "a periodic entry is ignored", give: periodic, wantMetrics: map[string]float64{"ignored": 1}, notFinal: true},
-		{
-			name: "a domain the rules dropped is ignored", give: entry(ticketMeta(&otherDomain), 200),
-			wantMetrics: map[string]float64{"ignored": 1},
-		},
-		{
-			name: "a garbled ticket is invalid",
-			give: entry(map[string]*structpb.Value{reservation.Field: structpb.NewStringValue("!!")}, 200), wantMetrics: map[string]float64{"invalid": 1},
-		},
+		{name: "an intermediate entry is ignored", give: intermediate, wantMetrics: map[string]float64{"entries:ignored": 1}},
+		{name: "a periodic entry is ignored", give: periodic, wantMetrics: map[string]float64{"entries:ignored": 1}},
 		{
 			name: "a ticket of the wrong type is ignored",
-			give: entry(map[string]*structpb.Value{reservation.Field: structpb.NewNumberValue(4)}, 200), wantMetrics: map[string]float64{"ignored": 1},
+			give: entry(map[string]*structpb.Value{ticket.Field: structpb.NewNumberValue(4)}, 200), wantMetrics: map[string]float64{"entries:ignored": 1},
+		},
+		{
+			name:        "a garbled ticket changes nothing",
+			give:        entry(map[string]*structpb.Value{ticket.Field: structpb.NewStringValue("!!")}, 200, "x-usage", "0"),
+			wantMetrics: map[string]float64{"entries:rejected": 1, "tickets:accesslog/malformed": 1},
+		},
+		{
+			name:        "a ticket sealed under another key changes nothing",
+			give:        entry(sealedMeta(otherKeys, testTicket), 200, "x-usage", "0"),
+			wantMetrics: map[string]float64{"entries:rejected": 1, "tickets:accesslog/forged": 1},
+		},
+		{
+			name:        "an altered ticket changes nothing",
+			give:        entry(map[string]*structpb.Value{ticket.Field: structpb.NewStringValue(string(altered))}, 200, "x-usage", "0"),
+			wantMetrics: map[string]float64{"entries:rejected": 1, "tickets:accesslog/forged": 1},
+		},
+		{
+			name:        "an expired ticket changes nothing",
+			give:        entry(ticketMeta(&old), 200, "x-usage", "0"),
+			wantMetrics: map[string]float64{"entries:rejected": 1, "tickets:accesslog/expired": 1},
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			rec := &fakeReconciler{done: tt.done, err: tt.err, rules: testRuleSet(t)}
+			lim := &fakeLimiter{done: tt.done, err: tt.err, rules: testRuleSet(t)}
 			reg := prometheus.NewRegistry()
 			obs := &recorder{}
-			svc, err := New(rec, nil, reg, Options{UsageHeader: "X-Usage", Observer: obs})
+			svc, err := New(newLoop(t, lim, reg), nil, reg, Options{UsageHeader: "X-Usage", Observer: obs})
 			if err != nil {
 				t.Fatal(err)
 			}
 			send(t, alsv3.NewAccessLogServiceClient(serve(t, svc)), []*datav3.HTTPAccessLogEntry{tt.give})
-			if diff := cmp.Diff(tt.wantCalls, rec.calls); diff != "" {
-				t.Errorf("Reconcile calls (-want +got):\n%s", diff)
+			if diff := cmp.Diff(tt.wantCalls, lim.calls); diff != "" {
+				t.Errorf("limiter calls (-want +got):\n%s", diff)
 			}
 			if diff := cmp.Diff(tt.wantMetrics, counters(t, reg)); diff != "" {
 				t.Errorf("metrics (-want +got):\n%s", diff)
 			}
-			// The observer sees final entries only: a stream's
-			// intermediate entries would count its outcome twice.
-			if want := map[bool]int{false: 1, true: 0}[tt.notFinal]; len(obs.outcomes) != want {
+			// The observer sees the final entries of admitted requests
+			// only: an intermediate entry would count a stream twice, and
+			// an entry without a genuine ticket is nobody's outcome.
+			if want := map[bool]int{false: 0, true: 1}[tt.wantObserved]; len(obs.outcomes) != want {
 				t.Fatalf("observer saw %d outcomes, want %d", len(obs.outcomes), want)
 			}
 		})
@@ -280,36 +382,53 @@ func TestStreamAccessLogs(t *testing.T) {
 func TestObserverOutcome(t *testing.T) {
 	t.Parallel()
 	obs := &recorder{}
-	svc, err := New(&fakeReconciler{rules: testRuleSet(t)}, nil, prometheus.NewRegistry(), Options{Observer: obs})
+	rs, err := limit.NewRuleSet(&limit.Domain{Name: "ai",
+		Descriptors: []*limit.Rule{{Key: "tenant", TokenLimit: &limit.Limit{Kind: limit.Tokens, Amount: 10, Unit: limit.Hour}}},
+		Breakers: []limit.BreakerConfig{
+			{Key: "model", FailureThreshold: 1, Window: time.Minute, OpenFor: time.Minute},
+			{Key: "tenant", FailureThreshold: 1, Window: time.Minute, OpenFor: time.Minute},
+			{Key: "region", FailureThreshold: 1, Window: time.Minute, OpenFor: time.Minute},
+		},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	probeMeta := ticketMeta(testTicket)
-	probeMeta[reservation.FieldProbes] = structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-		"model": structpb.NewStringValue("1700000000000.1"),
-	}})
-	probe := entry(probeMeta, 200)
+	reg := prometheus.NewRegistry()
+	svc, err := New(newLoop(t, &fakeLimiter{rules: rs}, reg), nil, reg, Options{Observer: obs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe := *testTicket
+	probe.Probes = []limit.Probe{{Key: "model", Name: "gpt-4o", ID: "1700000000000.0123456789abcdef0123456789abcdef"}}
 	rlsProbe := entry(nil, 503)
 	rlsProbe.CommonProperties.Metadata = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
-		reservation.RateLimitNamespace: {Fields: map[string]*structpb.Value{
-			reservation.FieldProbes: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-				"tenant": structpb.NewStringValue("5.2"),
-			}}),
-		}},
+		ticket.RateLimitNamespace: {Fields: map[string]*structpb.Value{ticket.Field: structpb.NewStringValue(seal(testKeys, &ticket.Ticket{
+			ID: "rls.1", Domain: "ai", At: t0, Descriptors: []limit.Descriptor{{Entries: []limit.Entry{{Key: "tenant", Value: "t2"}}}},
+			Probes: []limit.Probe{{Key: "tenant", Name: "t2", ID: "5.ffff"}},
+		}))}},
 	}}
-	intermediate := entry(probeMeta, 200)
+	// A probe ID in metadata outside the ticket is nobody's: the old
+	// unsigned place for it.
+	unsigned := ticketMeta(testTicket)
+	unsigned["tollgate_probes"] = structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+		"model": structpb.NewStringValue("1700000000000.1"),
+	}})
+	intermediate := entry(ticketMeta(&probe), 200)
 	intermediate.CommonProperties.IntermediateLogEntry = true
 	send(t, alsv3.NewAccessLogServiceClient(serve(t, svc)),
 		[]*datav3.HTTPAccessLogEntry{entry(ticketMeta(testTicket), 502), entry(nil, 200)},
-		[]*datav3.HTTPAccessLogEntry{{}, intermediate, probe, rlsProbe},
+		[]*datav3.HTTPAccessLogEntry{{}, intermediate, entry(ticketMeta(&probe), 200), rlsProbe, entry(unsigned, 200)},
 	)
+	tenant := outcome.Breaker{Key: "tenant", Name: "acme"}
 	want := []Outcome{
-		{Status: 502, Duration: 1500 * time.Millisecond, UpstreamCluster: "llm", Tenant: "acme", Tier: "gold", Model: "gpt-4o", Final: true},
-		{Status: 200, Duration: 1500 * time.Millisecond, UpstreamCluster: "llm", Final: true},
-		{Final: true},
-		{Status: 200, Duration: 1500 * time.Millisecond, UpstreamCluster: "llm", Tenant: "acme", Tier: "gold", Model: "gpt-4o", Final: true,
-			Probes: map[string]string{"model": "1700000000000.1"}},
-		{Status: 503, Duration: 1500 * time.Millisecond, UpstreamCluster: "llm", Final: true, Probes: map[string]string{"tenant": "5.2"}},
+		{Status: 502, Duration: 1500 * time.Millisecond, UpstreamCluster: "llm", Domain: "ai", Tier: "gold", Model: "gpt-4o", ID: "req.1",
+			Breakers: []outcome.Breaker{{Key: "model", Name: "gpt-4o"}, tenant}},
+		{Status: 200, Duration: 1500 * time.Millisecond, UpstreamCluster: "llm", Domain: "ai", Tier: "gold", Model: "gpt-4o", ID: "req.1",
+			Breakers: []outcome.Breaker{{Key: "model", Name: "gpt-4o", ProbeID: probe.Probes[0].ID}, tenant}},
+		{Status: 503, Duration: 1500 * time.Millisecond, UpstreamCluster: "llm", Domain: "ai", ID: "rls.1",
+			Breakers: []outcome.Breaker{{Key: "tenant", Name: "t2", ProbeID: "5.ffff"}}},
+		{Status: 200, Duration: 1500 * time.Millisecond, UpstreamCluster: "llm", Domain: "ai", Tier: "gold", Model: "gpt-4o", ID: "req.1",
+			Breakers: []outcome.Breaker{{Key: "model", Name: "gpt-4o"}, tenant}},
 	}
 	if diff := cmp.Diff(want, obs.outcomes); diff != "" {
 		t.Errorf("outcomes (-want +got):\n%s", diff)
@@ -319,7 +438,7 @@ func TestObserverOutcome(t *testing.T) {
 func TestTCPEntriesAreIgnored(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	svc, err := New(&fakeReconciler{rules: testRuleSet(t)}, nil, reg, Options{})
+	svc, err := New(newLoop(t, &fakeLimiter{rules: testRuleSet(t)}, reg), nil, reg, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,13 +454,14 @@ func TestTCPEntriesAreIgnored(t *testing.T) {
 	if _, err := stream.CloseAndRecv(); err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(map[string]float64{"ignored": 2}, counters(t, reg)); diff != "" {
+	if diff := cmp.Diff(map[string]float64{"entries:ignored": 2}, counters(t, reg)); diff != "" {
 		t.Errorf("metrics (-want +got):\n%s", diff)
 	}
 }
 
-// counters are the service's non-zero counters by result or direction,
-// and "duplicates" for tollgate_accesslog_duplicates_total.
+// counters are the non-zero counters of the access log and the outcome
+// loop, as "name:labels", name without its tollgate_<subsystem>_ prefix
+// and _total suffix, labels joined by "/".
 func counters(t testing.TB, g prometheus.Gatherer) map[string]float64 {
 	t.Helper()
 	mfs, err := g.Gather()
@@ -350,19 +470,23 @@ func counters(t testing.TB, g prometheus.Gatherer) map[string]float64 {
 	}
 	out := map[string]float64{}
 	for _, mf := range mfs {
-		if !strings.HasPrefix(mf.GetName(), "tollgate_accesslog_") {
-			continue
+		name, ok := strings.CutPrefix(mf.GetName(), "tollgate_accesslog_")
+		if !ok {
+			if name, ok = strings.CutPrefix(mf.GetName(), "tollgate_outcome_"); !ok {
+				continue
+			}
 		}
+		name = strings.TrimSuffix(strings.TrimPrefix(name, "settled_"), "_total")
 		for _, m := range mf.GetMetric() {
 			v := m.GetCounter().GetValue()
 			if v == 0 {
 				continue
 			}
-			name := "duplicates"
+			var ls []string
 			for _, l := range m.GetLabel() {
-				name = l.GetValue()
+				ls = append(ls, l.GetValue())
 			}
-			out[name] = v
+			out[name+":"+strings.Join(ls, "/")] = v
 		}
 	}
 	return out
@@ -373,7 +497,8 @@ func counters(t testing.TB, g prometheus.Gatherer) map[string]float64 {
 func FuzzAccessLogEntry(f *testing.F) {
 	for _, e := range []*datav3.HTTPAccessLogEntry{
 		entry(ticketMeta(testTicket), 200, "x-usage", "700"),
-		entry(map[string]*structpb.Value{reservation.Field: structpb.NewStringValue("AQ")}, 0),
+		entry(map[string]*structpb.Value{ticket.Field: structpb.NewStringValue("AQ")}, 0),
+		entry(sealedMeta(otherKeys, testTicket), 200),
 		{},
 	} {
 		b, err := proto.Marshal(e)
@@ -382,7 +507,8 @@ func FuzzAccessLogEntry(f *testing.F) {
 		}
 		f.Add(b)
 	}
-	svc, err := New(&fakeReconciler{done: true, rules: testRuleSet(f)}, nil, prometheus.NewRegistry(), Options{UsageHeader: "x-usage", Observer: nopObserver{}})
+	reg := prometheus.NewRegistry()
+	svc, err := New(newLoop(f, &fakeLimiter{done: true, rules: testRuleSet(f)}, reg), nil, reg, Options{UsageHeader: "x-usage", Observer: nopObserver{}})
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/accesslog"
 	"github.com/tollgate-dev/tollgate/pkg/extauthz"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/outcome"
 	"github.com/tollgate-dev/tollgate/pkg/server"
 )
 
@@ -31,18 +32,19 @@ type authz struct {
 	path    string
 	check   *extauthz.Service // nil without --authz-config
 	als     *accesslog.Service
+	loop    *outcome.Loop
 	log     *zap.Logger
 	reloads *prometheus.CounterVec
 }
 
 // newAuthz loads the authz config, if one is given, and builds the
 // services. A config with problems stops the start, as bad rules do.
-func newAuthz(f authzFlags, lim *limit.Limiter, log *zap.Logger, reg prometheus.Registerer) (*authz, error) {
-	als, err := accesslog.New(lim, log.Named("accesslog"), reg, accesslog.Options{})
+func newAuthz(f authzFlags, lim *limit.Limiter, loop *outcome.Loop, log *zap.Logger, reg prometheus.Registerer) (*authz, error) {
+	als, err := accesslog.New(loop, log.Named("accesslog"), reg, accesslog.Options{})
 	if err != nil {
 		return nil, err
 	}
-	az := &authz{path: f.config, als: als, log: log}
+	az := &authz{path: f.config, als: als, loop: loop, log: log}
 	if f.config == "" {
 		return az, nil
 	}
@@ -55,7 +57,9 @@ func newAuthz(f authzFlags, lim *limit.Limiter, log *zap.Logger, reg prometheus.
 	if az.check, err = extauthz.New(lim, set, log.Named("extauthz"), reg); err != nil {
 		return nil, err
 	}
+	az.check.SetSealer(loop.Sealer())
 	als.SetUsageHeader(set.UsageHeader)
+	loop.SetCharsPerToken(set.CharsPerToken)
 	az.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tollgate_authz_config_reloads_total",
 		Help: "Reloads of the authz config and its keys file after a change on disk, by result (success, failure: the previous settings kept serving).",
@@ -97,6 +101,7 @@ func (az *authz) watch(ctx context.Context) {
 		}
 		az.check.SetSettings(s)
 		az.als.SetUsageHeader(s.UsageHeader)
+		az.loop.SetCharsPerToken(s.CharsPerToken)
 		az.reloads.WithLabelValues("success").Inc()
 		az.loaded("authz config reloaded", s)
 	}

@@ -430,11 +430,7 @@ func modelsOf(rules []*limit.Rule) []string {
 func (s *shedder) observer(st *shedState) accesslog.Observer {
 	var obs fanOut
 	if len(st.breakers) > 0 {
-		bs := make([]*breaker.Breaker, len(st.breakers))
-		for i, e := range st.breakers {
-			bs[i] = e.Breaker
-		}
-		obs = append(obs, accesslog.NewBreakerObserver(s.clock, s.log.Named("breaker"), 0, bs...))
+		obs = append(obs, accesslog.NewBreakerObserver(s.clock, s.log.Named("breaker"), 0, st.breakers...))
 	}
 	if s.outcomes != nil {
 		obs = append(obs, outcomeObserver{o: s.outcomes, clock: s.clock})

@@ -252,7 +252,7 @@ func TestBreakerReload(t *testing.T) {
 	const mOpen = `tollgate_breaker_state{breaker="m",domain="shed",key="model"} 2`
 	const opened = `tollgate_breaker_transitions_total{from="closed",to="open"} 1`
 
-	sendEntries(t, ctx, r.als, failure("m"), failure("m"), failure("m"))
+	sendEntries(t, ctx, r.als, r.failure("m"), r.failure("m"), r.failure("m"))
 	r.poll("model m refused", func() bool { return refused("m") })
 	if _, metrics := r.get("/metrics"); !strings.Contains(metrics, mOpen) || !strings.Contains(metrics, opened) {
 		t.Fatalf("/metrics lacks the open breaker m:\n%s", grepLines(metrics, "tollgate_breaker"))
@@ -282,11 +282,11 @@ func TestBreakerReload(t *testing.T) {
 		t.Errorf("/metrics after a decision on m lacks its open state:\n%s", grepLines(metrics, "tollgate_breaker"))
 	}
 	// The new threshold is in force: three failures no longer open n.
-	sendEntries(t, ctx, r.als, failure("n"), failure("n"), failure("n"))
+	sendEntries(t, ctx, r.als, r.failure("n"), r.failure("n"), r.failure("n"))
 	if refused("n") {
 		t.Error("model n refused after 3 failures under failure_threshold 5")
 	}
-	sendEntries(t, ctx, r.als, failure("n"), failure("n"))
+	sendEntries(t, ctx, r.als, r.failure("n"), r.failure("n"))
 	r.poll("model n refused after 5 failures", func() bool { return refused("n") })
 	if _, metrics := r.get("/metrics"); !strings.Contains(metrics, `tollgate_breaker_transitions_total{from="closed",to="open"} 2`) {
 		t.Errorf("/metrics after n opened:\n%s", grepLines(metrics, "tollgate_breaker_transitions"))

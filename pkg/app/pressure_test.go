@@ -23,7 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/tollgate-dev/tollgate/pkg/extauthz/reservation"
+	"github.com/tollgate-dev/tollgate/pkg/ticket"
 	"github.com/tollgate-dev/tollgate/test/redistest"
 )
 
@@ -336,8 +336,14 @@ func TestBreakerAcrossReplicas(t *testing.T) {
 	if resp := b.decide("premium", "m"); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("model m before failures = %v, want OK", resp)
 	}
-	// Three 5xx for model m, reported to A, open the breaker for B.
-	sendEntries(t, ctx, a.als, failure("m"), failure("m"), failure("m"))
+	// Failures without a ticket are nobody's: they open nothing.
+	sendEntries(t, ctx, a.als, forged("m"), forged("m"), forged("m"), forged("m"))
+	if resp := b.decide("premium", "m"); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("model m after forged failures = %v, want OK", resp)
+	}
+	// Three 5xx for model m, of requests B admitted, reported to A, open
+	// the breaker for B: the replicas share the ticket key through Redis.
+	sendEntries(t, ctx, a.als, b.failure("m"), b.failure("m"), b.failure("m"))
 	var resp *rlsv3.RateLimitResponse
 	b.poll("B to refuse model m", func() bool {
 		resp = b.decide("premium", "m")
@@ -360,14 +366,35 @@ func TestBreakerAcrossReplicas(t *testing.T) {
 }
 
 // failure is a final access log entry of a 500 from the upstream for a
-// request Check saw for model.
-func failure(model string) *datav3.HTTPAccessLogEntry {
+// request to model that r admitted: it carries the ticket r's answer
+// gave, as Envoy's rate limit filter hands it to the access log.
+func (r *replica) failure(model string) *datav3.HTTPAccessLogEntry {
+	r.t.Helper()
+	resp := r.decide("premium", model)
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || resp.GetDynamicMetadata() == nil {
+		r.t.Fatalf("a request to %s before its failure: %v, want admitted with a ticket", model, resp)
+	}
 	return &datav3.HTTPAccessLogEntry{
 		CommonProperties: &datav3.AccessLogCommon{
 			UpstreamCluster: "llm", Duration: durationpb.New(100 * time.Millisecond),
 			AccessLogType: datav3.AccessLogType_DownstreamEnd,
 			Metadata: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
-				reservation.MetadataNamespace: {Fields: map[string]*structpb.Value{reservation.FieldModel: structpb.NewStringValue(model)}},
+				ticket.RateLimitNamespace: resp.GetDynamicMetadata(),
+			}},
+		},
+		Response: &datav3.HTTPResponseProperties{ResponseCode: wrapperspb.UInt32(500)},
+	}
+}
+
+// forged is failure's entry without a ticket of Tollgate's: the model
+// named in metadata anyone can write.
+func forged(model string) *datav3.HTTPAccessLogEntry {
+	return &datav3.HTTPAccessLogEntry{
+		CommonProperties: &datav3.AccessLogCommon{
+			UpstreamCluster: "llm", Duration: durationpb.New(100 * time.Millisecond),
+			AccessLogType: datav3.AccessLogType_DownstreamEnd,
+			Metadata: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
+				ticket.MetadataNamespace: {Fields: map[string]*structpb.Value{ticket.FieldModel: structpb.NewStringValue(model)}},
 			}},
 		},
 		Response: &datav3.HTTPResponseProperties{ResponseCode: wrapperspb.UInt32(500)},

@@ -21,6 +21,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/limit/overlimit"
 	"github.com/tollgate-dev/tollgate/pkg/limit/redisstore"
 	"github.com/tollgate-dev/tollgate/pkg/limit/storeguard"
+	"github.com/tollgate-dev/tollgate/pkg/outcome"
 	"github.com/tollgate-dev/tollgate/pkg/rls"
 	"github.com/tollgate-dev/tollgate/pkg/server"
 )
@@ -42,6 +43,7 @@ type serveFlags struct {
 	lease     leaseFlags
 	protect   protectFlags
 	failure   failureFlags
+	tickets   ticketFlags
 }
 
 func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
@@ -62,6 +64,7 @@ func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
 	f.lease.register(fs)
 	f.failure.register(fs)
 	f.protect.register(fs)
+	f.tickets.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: tollgate serve [flags]\n\nEvery flag can also be set with TOLLGATE_<FLAG> (--grpc-addr: TOLLGATE_GRPC_ADDR); the flag wins.\n\n")
 		fs.PrintDefaults()
@@ -124,6 +127,10 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 		return err
 	}
 	defer closeStore()
+	ticketKeys, keepKeys, err := f.tickets.ticketKeys(ctx, store, log.Named("tickets"))
+	if err != nil {
+		return fmt.Errorf("--ticket-key-file: %w", err)
+	}
 	var local *overlimit.Store
 	var leases *lease.Store
 	var guard *storeguard.Guard
@@ -190,11 +197,16 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 		return fmt.Errorf("register pressure metrics: %w", err)
 	}
 	lim := limit.NewLimiter(store, limit.SystemClock{}, rules, append(sh.limiterOptions(), f.failure.option(failures, f.redisURL != ""))...)
+	loop, err := outcome.New(ticketKeys, lim, log.Named("outcome"), reg, outcome.Options{})
+	if err != nil {
+		return err
+	}
 	rlsSvc, err := rls.New(lim, log.Named("rls"), reg)
 	if err != nil {
 		return err
 	}
-	az, err := newAuthz(f.authz, lim, log, reg)
+	rlsSvc.SetSealer(loop.Sealer())
+	az, err := newAuthz(f.authz, lim, loop, log, reg)
 	if err != nil {
 		return err
 	}
@@ -275,10 +287,16 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 		defer close(authzDone)
 		az.watch(watchCtx)
 	}()
+	keysDone := make(chan struct{})
+	go func() {
+		defer close(keysDone)
+		keepKeys(watchCtx, loop.Sealer())
+	}()
 	defer func() {
 		stopWatch()
 		<-watchDone
 		<-authzDone
+		<-keysDone
 	}()
 
 	return srv.Serve(ctx, grpcLis, adminLis)

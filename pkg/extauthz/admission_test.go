@@ -12,11 +12,10 @@ import (
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/testing/protocmp"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tollgate-dev/tollgate/pkg/authn"
-	"github.com/tollgate-dev/tollgate/pkg/extauthz/reservation"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/ticket"
 )
 
 func TestToAnswerAdmission(t *testing.T) {
@@ -72,14 +71,29 @@ func TestToAnswerAdmission(t *testing.T) {
 	}
 }
 
+// TestMetadataProbes: probes travel only inside the signed ticket, so an
+// outcome cannot claim a probe its request was not given.
 func TestMetadataProbes(t *testing.T) {
 	t.Parallel()
-	c := &call{id: authn.Identity{Tenant: "acme"}, dec: &limit.Decision{Code: limit.CodeOK, Probes: []limit.Probe{{Key: "model", Name: "m", ID: "17.2"}}}}
-	want := &structpb.Struct{Fields: map[string]*structpb.Value{
-		reservation.FieldTenant: structpb.NewStringValue("acme"),
-		reservation.FieldProbes: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{"model": structpb.NewStringValue("17.2")}}),
-	}}
-	if diff := cmp.Diff(want, metadata(c), protocmp.Transform()); diff != "" {
-		t.Errorf("metadata (-want +got):\n%s", diff)
+	sealer, err := ticket.NewSealer(ticket.RandomKeys(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.UnixMilli(1_800_000_000_000)
+	probes := []limit.Probe{{Key: "model", Name: "m", ID: "17.0123456789abcdef0123456789abcdef"}}
+	c := &call{id: authn.Identity{Tenant: "acme"}, model: "m", sealer: sealer,
+		req: &limit.Request{Domain: "ai", ID: "r.1", Model: "m"},
+		dec: &limit.Decision{Code: limit.CodeOK, At: at, Probes: probes}}
+	f := metadata(c).GetFields()
+	if len(f) != 3 || f[ticket.FieldTenant].GetStringValue() != "acme" || f[ticket.FieldModel].GetStringValue() != "m" {
+		t.Errorf("metadata fields %v, want tenant, model and the ticket", f)
+	}
+	tk, err := sealer.Open(f[ticket.Field].GetStringValue(), at)
+	if err != nil {
+		t.Fatalf("the ticket does not open: %v", err)
+	}
+	want := ticket.Ticket{ID: "r.1", Domain: "ai", Model: "m", At: at, Probes: probes}
+	if diff := cmp.Diff(want, *tk); diff != "" {
+		t.Errorf("ticket (-want +got):\n%s", diff)
 	}
 }

@@ -17,9 +17,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/tollgate-dev/tollgate/pkg/extauthz/reservation"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/rls/headers"
+	"github.com/tollgate-dev/tollgate/pkg/ticket"
 )
 
 // Headers Check sets on the upstream request (overwriting any the client
@@ -202,7 +202,8 @@ type metaValues struct {
 }
 
 // metadata is the dynamic metadata of an admitted request: who and what,
-// and, when it reserved something, the ticket that settles it.
+// the reservation's figures for access log formats, and the signed
+// ticket the request's outcome comes back with.
 func metadata(c *call) *structpb.Struct { return new(metaValues).fill(c) }
 
 func (m *metaValues) fill(c *call) *structpb.Struct {
@@ -221,35 +222,35 @@ func (m *metaValues) fill(c *call) *structpb.Struct {
 		nv, nn = nv+1, nn+1
 	}
 	for _, kv := range [...]struct{ k, v string }{
-		{reservation.FieldTenant, c.id.Tenant}, {reservation.FieldTier, c.id.Tier}, {reservation.FieldModel, c.model},
+		{ticket.FieldTenant, c.id.Tenant}, {ticket.FieldTier, c.id.Tier}, {ticket.FieldModel, c.model},
 	} {
 		if kv.v != "" {
 			str(kv.k, kv.v)
 		}
 	}
-	if c.dec != nil && len(c.dec.Probes) > 0 {
-		pf := make(map[string]*structpb.Value, len(c.dec.Probes))
-		for _, p := range c.dec.Probes {
-			pf[p.Key] = structpb.NewStringValue(p.ID)
-		}
-		f[reservation.FieldProbes] = structpb.NewStructValue(&structpb.Struct{Fields: pf})
-	}
-	if c.dec != nil && c.dec.Reservation != nil {
-		r := c.dec.Reservation
-		str(reservation.FieldReservationID, r.ID)
-		str(reservation.Field, reservation.Encode(&reservation.Reservation{
-			ID:          r.ID,
+	if c.dec != nil && c.req != nil && c.sealer != nil && !c.dec.At.IsZero() {
+		t := ticket.Ticket{
+			ID:          c.req.ID,
 			Domain:      c.req.Domain,
 			Descriptors: c.req.Descriptors,
 			Overrides:   c.req.Overrides,
-			// The plan the decision was made under, which Reconcile
-			// must measure against; "" for a domain without tiers.
+			// The plan the decision was made under, which a settle must
+			// measure against; "" for a domain without tiers.
 			Tier:   c.dec.Tier,
-			Tokens: r.Tokens,
-			At:     r.At,
-		}))
-		num(reservation.FieldReservedTokens, float64(r.Tokens))
-		num(reservation.FieldReservedAtMs, float64(r.At.UnixMilli()))
+			Model:  c.req.Model,
+			At:     c.dec.At,
+			Probes: c.dec.Probes,
+		}
+		if r := c.dec.Reservation; r != nil {
+			t.Reserved, t.Tokens, t.Prompt, t.At = true, r.Tokens, min(c.prompt, r.Tokens), r.At
+			str(ticket.FieldReservationID, r.ID)
+			num(ticket.FieldReservedTokens, float64(r.Tokens))
+			num(ticket.FieldReservedAtMs, float64(r.At.UnixMilli()))
+		}
+		// Every admitted request carries a ticket, reservation or not:
+		// its outcome feeds the breakers and the pressure only through
+		// one.
+		str(ticket.Field, c.sealer.Seal(&t))
 	}
 	m.meta.Fields = f
 	return &m.meta

@@ -838,6 +838,13 @@ func (n *nesting) object() bool {
 // body counts every byte of the whole body (size, when Envoy knows it) as
 // a prompt character, which can only overestimate.
 func estimate(b *Body, s *Settings, partial bool, bodyBytes int64) uint64 {
+	total, _ := estimateParts(b, s, partial, bodyBytes)
+	return total
+}
+
+// estimateParts is estimate, and the part of it that is the prompt (the
+// rest is the completions' allowance).
+func estimateParts(b *Body, s *Settings, partial bool, bodyBytes int64) (total, promptPart uint64) {
 	chars := b.PromptChars
 	if partial {
 		chars = max(chars, uint64(max(bodyBytes, 0)))
@@ -847,9 +854,10 @@ func estimate(b *Body, s *Settings, partial bool, bodyBytes int64) uint64 {
 	if b.HasMaxTokens {
 		completion = b.MaxTokens
 	}
-	total := prompt + float64(b.PromptTokens) + float64(completion)*float64(max(b.Choices, 1))
-	if total >= maxCost {
-		return maxCost
+	in := prompt + float64(b.PromptTokens)
+	all := in + float64(completion)*float64(max(b.Choices, 1))
+	if all >= maxCost {
+		return maxCost, uint64(min(in, maxCost))
 	}
-	return uint64(total)
+	return uint64(all), uint64(in)
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/config"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
+	"github.com/tollgate-dev/tollgate/pkg/ticket"
 )
 
 // t0 is on a 180 s boundary, the bucket width of an hour's sliding window,
@@ -99,6 +100,8 @@ type harness struct {
 	client authv3.AuthorizationClient
 	clock  *storetest.FakeClock
 	reg    *prometheus.Registry
+	// sealer opens the tickets the service seals.
+	sealer *ticket.Sealer
 }
 
 // newHarness serves a Service over real gRPC on a loopback port. Its
@@ -113,7 +116,16 @@ func newHarness(t testing.TB, store limit.Store, set *Settings, log *zap.Logger)
 	}
 	var n atomic.Int64
 	svc.newID = func(id string) string { return fmt.Sprintf("%s.%d", id, n.Add(1)) }
-	return &harness{svc: svc, client: authv3.NewAuthorizationClient(serve(t, svc)), clock: clock, reg: reg}
+	keys, err := ticket.NewKeys([]byte("0123456789abcdef0123456789abcdef"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealer, err := ticket.NewSealer(keys, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.SetSealer(sealer)
+	return &harness{svc: svc, client: authv3.NewAuthorizationClient(serve(t, svc)), clock: clock, reg: reg, sealer: sealer}
 }
 
 // serve runs a gRPC server with svc on a loopback port until the test

@@ -7,8 +7,9 @@
 // expects: OK with identity headers and a reservation in the dynamic
 // metadata, or a denial with an OpenAI-style JSON body.
 //
-// The reservation travels in the dynamic metadata (see package
-// reservation) to the access log, where pkg/accesslog settles it.
+// Every admitted request carries a signed ticket in the dynamic metadata
+// (package ticket), which the access log and ext_proc bring back with
+// its outcome and usage (package outcome).
 //
 // A store that cannot answer is answered by the rules' store_failure
 // (allow, deny or a local limit) when the Limiter has one
@@ -35,6 +36,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/pkg/authn"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/ticket"
 )
 
 // ContextDomain is the ext_authz context extension (a route's
@@ -60,6 +62,7 @@ type Service struct {
 
 	decider  Decider
 	settings atomic.Pointer[Settings]
+	sealer   atomic.Pointer[ticket.Sealer]
 	log      *zap.Logger
 	metrics  *metrics
 	// newID names a reservation (reservationID; tests make it predictable).
@@ -84,7 +87,22 @@ func New(d Decider, s *Settings, log *zap.Logger, reg prometheus.Registerer) (*S
 	}
 	svc := &Service{decider: d, log: log, metrics: m, newID: reservationID}
 	svc.settings.Store(s)
+	// Until SetSealer, tickets open only in this process: the caller
+	// shares one Sealer with the services that open them.
+	sealer, err := ticket.NewSealer(ticket.RandomKeys(), 0)
+	if err != nil {
+		return nil, err
+	}
+	svc.sealer.Store(sealer)
 	return svc, nil
+}
+
+// SetSealer sets the Sealer tickets are sealed with: the one the outcome
+// channels open them with.
+func (s *Service) SetSealer(t *ticket.Sealer) {
+	if t != nil {
+		s.sealer.Store(t)
+	}
 }
 
 // SetSettings swaps the settings atomically (a reload); calls in flight
@@ -110,8 +128,11 @@ type call struct {
 	model   string
 	partial bool
 	tokens  uint64
+	prompt  uint64 // the prompt's part of tokens
 	req     *limit.Request
 	dec     *limit.Decision
+	// sealer seals the admitted request's ticket.
+	sealer *ticket.Sealer
 }
 
 // Check answers one Envoy authorization check.
@@ -120,7 +141,7 @@ func (s *Service) Check(ctx context.Context, in *authv3.CheckRequest) (*authv3.C
 	defer func() { s.metrics.duration.Observe(time.Since(start).Seconds()) }()
 
 	set := s.settings.Load()
-	c := &call{domain: set.Domain}
+	c := &call{domain: set.Domain, sealer: s.sealer.Load()}
 	if d := in.GetAttributes().GetContextExtensions()[ContextDomain]; d != "" {
 		c.domain = d
 	}
@@ -168,7 +189,7 @@ func (s *Service) decide(ctx context.Context, set *Settings, in *authv3.CheckReq
 	if err != nil {
 		return err
 	}
-	c.tokens = estimate(&body, set, partial, size)
+	c.tokens, c.prompt = estimateParts(&body, set, partial, size)
 	if len(descs) == 0 {
 		return nil // nothing to limit this request by: admitted, no reservation
 	}

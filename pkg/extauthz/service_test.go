@@ -3,6 +3,7 @@ package extauthz
 import (
 	"context"
 	"errors"
+	"fmt"
 	"github.com/tollgate-dev/tollgate/test/testutil"
 	"strings"
 	"sync"
@@ -20,8 +21,8 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/tollgate-dev/tollgate/pkg/extauthz/reservation"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/ticket"
 )
 
 // okResp is an OK answer.
@@ -50,15 +51,35 @@ func deniedResp(code codes.Code, httpStatus typev3.StatusCode, body string, head
 func str(s string) *structpb.Value  { return structpb.NewStringValue(s) }
 func num(n float64) *structpb.Value { return structpb.NewNumberValue(n) }
 
-// ticket is the reservation an OK answer for the test rules carries.
-func ticket(id, tenant, model string, tokens uint64, overrides map[string]limit.Override) *structpb.Value {
-	return str(reservation.Encode(&reservation.Reservation{
-		ID: id, Domain: "ai", Tokens: tokens, At: t0, Overrides: overrides,
+// reserved is the ticket an OK answer for the test rules carries, shown
+// as opened (see opened): tokens reserved, prompt of them the prompt's.
+func reserved(id, tenant, model string, tokens, prompt uint64, overrides map[string]limit.Override) *structpb.Value {
+	return str(fmt.Sprintf("%+v", ticket.Ticket{
+		ID: id, Domain: "ai", Reserved: true, Tokens: tokens, Prompt: prompt, At: t0, Overrides: overrides, Model: model,
 		Descriptors: []limit.Descriptor{
 			{Entries: []limit.Entry{{Key: "tenant", Value: tenant}}},
 			{Entries: []limit.Entry{{Key: "tenant", Value: tenant}, {Key: "model", Value: model}}},
 		},
 	}))
+}
+
+// opened replaces the ticket in resp's metadata by the ticket it opens
+// to under h's keys (or by the error), so answers compare by what the
+// ticket says: a sealed ticket is opaque.
+func opened(t testing.TB, h *harness, resp *authv3.CheckResponse) *authv3.CheckResponse {
+	t.Helper()
+	f := resp.GetDynamicMetadata().GetFields()
+	v, ok := f[ticket.Field]
+	if !ok {
+		return resp
+	}
+	tk, err := h.sealer.Open(v.GetStringValue(), t0)
+	if err != nil {
+		f[ticket.Field] = str(err.Error())
+		return resp
+	}
+	f[ticket.Field] = str(fmt.Sprintf("%+v", *tk))
+	return resp
 }
 
 const (
@@ -86,7 +107,7 @@ func TestCheck(t *testing.T) {
 				map[string]*structpb.Value{
 					"tenant": str("acme"), "tier": str("premium"), "model": str("gpt-4o"),
 					"reservation_id": str("req.1"), "reserved_tokens": num(1000), "reserved_at_ms": num(float64(t0.UnixMilli())),
-					"tollgate_reservation": ticket("req.1", "acme", "gpt-4o", 1000, nil),
+					"tollgate_reservation": reserved("req.1", "acme", "gpt-4o", 1000, 100, nil),
 				}),
 		},
 		{
@@ -99,7 +120,7 @@ func TestCheck(t *testing.T) {
 				map[string]*structpb.Value{
 					"tenant": str("small"), "model": str("gpt-4o"),
 					"reservation_id": str("req.1"), "reserved_tokens": num(100), "reserved_at_ms": num(float64(t0.UnixMilli())),
-					"tollgate_reservation": ticket("req.1", "small", "gpt-4o", 100, map[string]limit.Override{"tenant_model_tokens": {Amount: 2000}}),
+					"tollgate_reservation": reserved("req.1", "small", "gpt-4o", 100, 10, map[string]limit.Override{"tenant_model_tokens": {Amount: 2000}}),
 				}),
 		},
 		{
@@ -109,7 +130,13 @@ func TestCheck(t *testing.T) {
 				[]*corev3.HeaderValueOption{hv(HeaderTenant, "small")},
 				[]string{HeaderTier, HeaderModel},
 				[]*corev3.HeaderValueOption{hv("x-ratelimit-limit", `1000, 1000;w=60;name="tenant_requests"`), hv("x-ratelimit-remaining", "999"), hv("x-ratelimit-reset", resetHeader)},
-				map[string]*structpb.Value{"tenant": str("small")}),
+				// Nothing reserved, but a ticket all the same: the
+				// outcome of an admitted request feeds breakers and
+				// pressure only with one.
+				map[string]*structpb.Value{"tenant": str("small"), "tollgate_reservation": str(fmt.Sprintf("%+v", ticket.Ticket{
+					ID: "req.1", Domain: "ai", At: t0, Overrides: map[string]limit.Override{"tenant_model_tokens": {Amount: 2000}},
+					Descriptors: []limit.Descriptor{{Entries: []limit.Entry{{Key: "tenant", Value: "small"}}}},
+				}))}),
 		},
 		{
 			name: "the model header is read when the body names none",
@@ -121,7 +148,7 @@ func TestCheck(t *testing.T) {
 				map[string]*structpb.Value{
 					"tenant": str("freeco"), "tier": str("free"), "model": str("llama"),
 					"reservation_id": str("req.1"), "reserved_tokens": num(10), "reserved_at_ms": num(float64(t0.UnixMilli())),
-					"tollgate_reservation": ticket("req.1", "freeco", "llama", 10, nil),
+					"tollgate_reservation": reserved("req.1", "freeco", "llama", 10, 2, nil),
 				}),
 		},
 		{
@@ -139,7 +166,7 @@ func TestCheck(t *testing.T) {
 				map[string]*structpb.Value{
 					"tenant": str("acme"), "tier": str("premium"), "model": str("gpt-4o"),
 					"reservation_id": str("req.1"), "reserved_tokens": num(600), "reserved_at_ms": num(float64(t0.UnixMilli())),
-					"tollgate_reservation": ticket("req.1", "acme", "gpt-4o", 600, nil),
+					"tollgate_reservation": reserved("req.1", "acme", "gpt-4o", 600, 500, nil),
 				}),
 		},
 		{
@@ -156,7 +183,7 @@ func TestCheck(t *testing.T) {
 				map[string]*structpb.Value{
 					"tenant": str("acme"), "tier": str("premium"), "model": str("gpt-4o"),
 					"reservation_id": str("req.1"), "reserved_tokens": num(200), "reserved_at_ms": num(float64(t0.UnixMilli())),
-					"tollgate_reservation": ticket("req.1", "acme", "gpt-4o", 200, nil),
+					"tollgate_reservation": reserved("req.1", "acme", "gpt-4o", 200, 100, nil),
 				}),
 		},
 		{
@@ -228,7 +255,7 @@ func TestCheck(t *testing.T) {
 				map[string]*structpb.Value{
 					"tenant": str("acme"), "tier": str("gold"), "model": str("gpt-4o"),
 					"reservation_id": str("req.1"), "reserved_tokens": num(20), "reserved_at_ms": num(float64(t0.UnixMilli())),
-					"tollgate_reservation": ticket("req.1", "acme", "gpt-4o", 20, nil),
+					"tollgate_reservation": reserved("req.1", "acme", "gpt-4o", 20, 10, nil),
 				}),
 		},
 		{
@@ -257,7 +284,7 @@ func TestCheck(t *testing.T) {
 						settings = testSettings
 					}
 					h := newHarness(t, sk.Make(t), newSettings(t, settings), nil)
-					got := h.check(t, tt.give)
+					got := opened(t, h, h.check(t, tt.give))
 					if diff := cmp.Diff(tt.want, got, protocmp.Transform()); diff != "" {
 						t.Errorf("Check (-want +got):\n%s", diff)
 					}

@@ -392,6 +392,10 @@ func WithShedder(s Shedder) Option { return func(l *Limiter) { l.shedder = s } }
 // with Breakers.
 func WithBreakers(b Breakers) Option { return func(l *Limiter) { l.breakers = b } }
 
+// Value is the value of the first entry named key in r's descriptors;
+// for ModelKey, r.Model first: the name of r's breaker on key.
+func (r *Request) Value(key string) string { return valueOf(r, key) }
+
 // valueOf is the value of the first entry named key in req's
 // descriptors; for ModelKey, Request.Model first.
 func valueOf(req *Request, key string) string {

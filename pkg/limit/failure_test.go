@@ -243,7 +243,7 @@ func TestDegradedDropsRefundsAndReports(t *testing.T) {
 	}
 }
 
-func TestDegradedLocalLeaseReleasedByReconcile(t *testing.T) {
+func TestDegradedLocalLeaseReleasedByRelease(t *testing.T) {
 	t.Parallel()
 	l := newFailing(t, limit.FailureAllow, nil)
 	// A cap of 20 with a fraction of 0.1: 2 in flight on this replica.
@@ -267,9 +267,9 @@ func TestDegradedLocalLeaseReleasedByReconcile(t *testing.T) {
 			t.Errorf("request %d denied without Concurrency", i)
 		}
 	}
-	// The store is still down: Reconcile fails, and the local lease goes.
-	if _, err := l.Reconcile(context.Background(), held[0], t0, 0, 0, false); err == nil {
-		t.Error("Reconcile with the store down succeeded")
+	// The store is still down: Release fails, and the local lease goes.
+	if err := l.Release(context.Background(), held[0]); err == nil {
+		t.Error("Release with the store down succeeded")
 	}
 	r := req("d", []string{"slots", "s"})
 	r.ID = "r9"

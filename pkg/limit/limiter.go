@@ -128,6 +128,9 @@ type Decision struct {
 	// that chose Code (deny over local over allow).
 	Degraded bool
 	Policy   StoreFailure
+	// At is when the decision was made, by the Limiter's clock; zero for
+	// a domain the rules do not know.
+	At time.Time
 }
 
 // Limiter matches requests against the current rules and applies the
@@ -220,6 +223,7 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	}
 	dec.Tier = b.tier
 	now := l.clock.Now()
+	dec.At = now
 	if len(dom.Breakers) > 0 {
 		sctx, cancel := l.storeCtx(ctx)
 		ok, err := l.allowBreakers(sctx, now, dom, req, dec)
@@ -302,14 +306,30 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	return dec, nil
 }
 
-// Reconcile settles a reservation that Decide made for req (the same
-// domain, descriptors, ID and overrides) at time at: with the actual
-// usage known, the difference between it and the reserved tokens is
+// Settle settles a reservation that Decide made for req (the same
+// domain, descriptors, ID and overrides) at time at, once the actual
+// usage is known: the difference between it and the reserved tokens is
 // refunded into the window the reservation was charged in, or charged as
-// usage already spent; and the request's concurrency leases are released.
-// It runs at most once per request ID: a second call for the same ID
-// changes nothing and returns false.
-func (l *Limiter) Reconcile(ctx context.Context, req *Request, at time.Time, reserved, actual uint64, haveActual bool) (bool, error) {
+// usage already spent; and the request's concurrency leases are
+// released. It runs at most once per request ID: a second call for the
+// same ID (the access log and ext_proc both reporting, or an entry
+// delivered twice, to any replica) changes nothing and returns false.
+func (l *Limiter) Settle(ctx context.Context, req *Request, at time.Time, reserved, actual uint64) (bool, error) {
+	return l.reconcile(ctx, req, at, clampCost(actual)-clampCost(reserved), true)
+}
+
+// Release gives back the concurrency leases Decide took for req, without
+// settling its tokens: the request is over, but its usage is not known
+// yet (an access log entry without usage, before ext_proc reports it).
+// Releasing is idempotent, so it needs no mark: a lease is a member
+// named by the request ID, and removing it twice removes it once.
+func (l *Limiter) Release(ctx context.Context, req *Request) error {
+	_, err := l.reconcile(ctx, req, time.Time{}, 0, false)
+	return err
+}
+
+// reconcile applies a settle (once, with the token delta) or a release.
+func (l *Limiter) reconcile(ctx context.Context, req *Request, at time.Time, delta int64, once bool) (bool, error) {
 	if err := checkRequest(req); err != nil {
 		return false, err
 	}
@@ -328,15 +348,13 @@ func (l *Limiter) Reconcile(ctx context.Context, req *Request, at time.Time, res
 	if err := build(b, dom, req, reconcile, make([]Status, len(req.Descriptors)), noAdjust); err != nil {
 		return false, err
 	}
-	var delta int64
-	if haveActual {
-		delta = clampCost(actual) - clampCost(reserved)
-	}
 	charges := b.charges[:0]
 	for _, c := range b.charges {
 		switch {
 		case c.Algorithm == Concurrency:
 			c.Cost = -1
+		case !once:
+			continue
 		case delta < 0:
 			c.Cost, c.At = delta, at.UnixMilli()
 		case delta > 0:
@@ -346,17 +364,21 @@ func (l *Limiter) Reconcile(ctx context.Context, req *Request, at time.Time, res
 		}
 		charges = append(charges, c)
 	}
-	if len(charges) == 0 {
+	if !once && len(charges) == 0 {
 		return true, nil
 	}
-	// The mark shares the first counter's hash tag, so on Cluster it sits
-	// in a slot this decision already touches.
-	charges = append(charges, Charge{
-		Key:       onceKey(req.Domain, b.first, req.ID),
-		Algorithm: Once,
-		Window:    max(reconcileMarkTTL, b.lease),
-		Cost:      1,
-	})
+	if once {
+		// The mark shares the first counter's hash tag, so on Cluster it
+		// sits in a slot this decision already touches. It is set even
+		// when there is nothing to charge, so that a later report of the
+		// same request does not settle it a second time.
+		charges = append(charges, Charge{
+			Key:       onceKey(req.Domain, b.first, req.ID),
+			Algorithm: Once,
+			Window:    max(SettleOnceFor, b.lease),
+			Cost:      1,
+		})
+	}
 	res := b.results(len(charges))
 	now := l.clock.Now()
 	l.releaseLocal(ctx, now, charges)
@@ -369,7 +391,7 @@ func (l *Limiter) Reconcile(ctx context.Context, req *Request, at time.Time, res
 		}
 		return false, fmt.Errorf("reconcile %d charges: %w", len(charges), err)
 	}
-	return done, nil
+	return done || !once, nil
 }
 
 // storeFailed reports a store failure of a decision of dom.
@@ -379,10 +401,11 @@ func (l *Limiter) storeFailed(dom *Domain) {
 	}
 }
 
-// reconcileMarkTTL is how long a settled reservation is remembered, so a
-// duplicate access log entry is recognised: far longer than Envoy keeps
-// retrying a stream.
-const reconcileMarkTTL = time.Hour
+// SettleOnceFor is how long a settled reservation is remembered, so a
+// duplicate report is recognised: far longer than Envoy keeps retrying a
+// stream. A ticket used to settle must be refused once it is older than
+// this (package ticket's max age), or a replay would settle again.
+const SettleOnceFor = time.Hour
 
 func checkRequest(req *Request) error {
 	if req.Domain == "" {

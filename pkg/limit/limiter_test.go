@@ -433,7 +433,7 @@ func TestDecideConcurrencyDenial(t *testing.T) {
 	}
 }
 
-func TestReconcile(t *testing.T) {
+func TestSettleAndRelease(t *testing.T) {
 	t.Parallel()
 	at := time.UnixMilli(5_000_000)
 	req := &Request{Domain: "d", ID: "r1", Descriptors: []Descriptor{{Entries: entries("tenant", "a", "model", "m")}}}
@@ -456,16 +456,25 @@ func TestReconcile(t *testing.T) {
 			{Key: tokKey, Amount: 1000, Window: time.Hour, Cost: 150, Force: true},
 			{Key: once, Algorithm: Once, Window: time.Hour, Cost: 1},
 		}},
-		{"no usage known: only the lease is released", 300, 0, false, []Charge{
+		{"usage as estimated: the lease goes, the mark stays so no later report settles", 300, 300, true, []Charge{
 			{Key: leaseKey, Algorithm: Concurrency, Amount: 2, Window: time.Minute, Cost: -1, Member: "r1"},
 			{Key: once, Algorithm: Once, Window: time.Hour, Cost: 1},
+		}},
+		{"no usage known: only the lease is released, with no mark", 300, 0, false, []Charge{
+			{Key: leaseKey, Algorithm: Concurrency, Amount: 2, Window: time.Minute, Cost: -1, Member: "r1"},
 		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			st := &recordStore{}
-			done, err := NewLimiter(st, nil, reserveRules(t)).Reconcile(context.Background(), req, at, tt.reserved, tt.actual, tt.have)
+			l := NewLimiter(st, nil, reserveRules(t))
+			done, err := true, error(nil)
+			if tt.have {
+				done, err = l.Settle(context.Background(), req, at, tt.reserved, tt.actual)
+			} else {
+				err = l.Release(context.Background(), req)
+			}
 			if err != nil || !done {
 				t.Fatalf("Reconcile = %v, %v", done, err)
 			}
@@ -479,7 +488,7 @@ func TestReconcile(t *testing.T) {
 			}
 		})
 	}
-	if _, err := NewLimiter(&recordStore{}, nil, reserveRules(t)).Reconcile(context.Background(), &Request{Domain: "d", Descriptors: req.Descriptors}, at, 1, 1, true); !errors.Is(err, ErrInvalid) {
+	if _, err := NewLimiter(&recordStore{}, nil, reserveRules(t)).Settle(context.Background(), &Request{Domain: "d", Descriptors: req.Descriptors}, at, 1, 1); !errors.Is(err, ErrInvalid) {
 		t.Errorf("reconcile without an ID: %v, want ErrInvalid", err)
 	}
 }

@@ -218,7 +218,7 @@ func TestReconcileTiers(t *testing.T) {
 	t.Parallel()
 	st := &recordStore{}
 	req := &Request{Domain: "d", ID: "r1", Tier: "premium", Descriptors: []Descriptor{{Entries: entries("tier", "premium", "tenant", "a", "model", "gpt-4o")}}}
-	if _, err := NewLimiter(st, nil, tierRules(t)).Reconcile(context.Background(), req, time.UnixMilli(1000), 300, 100, true); err != nil {
+	if _, err := NewLimiter(st, nil, tierRules(t)).Settle(context.Background(), req, time.UnixMilli(1000), 300, 100); err != nil {
 		t.Fatal(err)
 	}
 	want := []Charge{

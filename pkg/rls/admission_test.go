@@ -7,14 +7,14 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	commonrl "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/testing/protocmp"
-	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/tollgate-dev/tollgate/pkg/extauthz/reservation"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/ticket"
 )
 
 func TestToResponseAdmission(t *testing.T) {
@@ -49,20 +49,6 @@ func TestToResponseAdmission(t *testing.T) {
 				},
 			},
 		},
-		{
-			name: "a probe in the dynamic metadata",
-			give: &limit.Decision{Code: limit.CodeOK, Statuses: []limit.Status{{Code: limit.CodeOK}},
-				Probes: []limit.Probe{{Key: "model", Name: "m", ID: "17.1"}}},
-			want: &rlsv3.RateLimitResponse{
-				OverallCode: rlsv3.RateLimitResponse_OK,
-				Statuses:    []*rlsv3.RateLimitResponse_DescriptorStatus{{Code: rlsv3.RateLimitResponse_OK}},
-				DynamicMetadata: &structpb.Struct{Fields: map[string]*structpb.Value{
-					reservation.FieldProbes: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-						"model": structpb.NewStringValue("17.1"),
-					}}),
-				}},
-			},
-		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -84,6 +70,66 @@ func (f fixedDecider) Decide(context.Context, *limit.Request) (*limit.Decision, 
 	return f.dec, nil
 }
 func (f fixedDecider) Rules() *limit.RuleSet { return f.rules }
+
+// TestTicket: an admitted request of a domain with breakers carries a
+// signed ticket, with its probes, for the access log; one of a domain
+// without breakers or shedding, or a refused one, carries none.
+func TestTicket(t *testing.T) {
+	t.Parallel()
+	at := time.UnixMilli(1_800_000_000_000)
+	rule := []*limit.Rule{{Key: "model", RateLimit: &limit.Limit{Amount: 1, Unit: limit.Second}}}
+	withBreaker, err := limit.NewRuleSet(
+		&limit.Domain{Name: "d", Descriptors: rule, Breakers: []limit.BreakerConfig{{Key: "model", FailureThreshold: 1, Window: time.Minute, OpenFor: time.Minute}}},
+		&limit.Domain{Name: "plain", Descriptors: rule},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealer, err := ticket.NewSealer(ticket.RandomKeys(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	probes := []limit.Probe{{Key: "model", Name: "m", ID: "17.0123456789abcdef0123456789abcdef"}}
+	descs := []*commonrl.RateLimitDescriptor{{Entries: []*commonrl.RateLimitDescriptor_Entry{{Key: "model", Value: "m"}}}}
+	for _, tt := range []struct {
+		name, domain string
+		code         limit.Code
+		want         bool
+	}{
+		{name: "admitted, with breakers", domain: "d", code: limit.CodeOK, want: true},
+		{name: "refused", domain: "d", code: limit.CodeOverLimit},
+		{name: "no breakers or shedding", domain: "plain", code: limit.CodeOK},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			dec := &limit.Decision{Code: tt.code, At: at, Probes: probes, Statuses: []limit.Status{{Code: tt.code}}}
+			svc, err := New(fixedDecider{dec: dec, rules: withBreaker}, nil, prometheus.NewRegistry())
+			if err != nil {
+				t.Fatal(err)
+			}
+			svc.SetSealer(sealer)
+			resp, err := svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: tt.domain, Descriptors: descs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			str := resp.GetDynamicMetadata().GetFields()[ticket.Field].GetStringValue()
+			if !tt.want {
+				if resp.GetDynamicMetadata() != nil {
+					t.Errorf("dynamic metadata %v, want none", resp.GetDynamicMetadata())
+				}
+				return
+			}
+			tk, err := sealer.Open(str, at)
+			if err != nil {
+				t.Fatalf("the ticket does not open: %v", err)
+			}
+			if len(tk.ID) != 32 || tk.Domain != "d" || tk.Reserved || !cmp.Equal(tk.Probes, probes) ||
+				!cmp.Equal(tk.Descriptors, []limit.Descriptor{{Entries: []limit.Entry{{Key: "model", Value: "m"}}}}) {
+				t.Errorf("ticket %+v", tk)
+			}
+		})
+	}
+}
 
 func TestMetricsAdmissionResults(t *testing.T) {
 	t.Parallel()

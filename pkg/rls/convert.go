@@ -10,10 +10,8 @@ import (
 	commonrl "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/tollgate-dev/tollgate/pkg/extauthz/reservation"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/rls/headers"
 )
@@ -140,24 +138,7 @@ func toResponse(dec *limit.Decision) *rlsv3.RateLimitResponse {
 	if dec.Degraded {
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: HeaderDegraded, Value: headers.DegradedStore})
 	}
-	if len(dec.Probes) > 0 {
-		resp.DynamicMetadata = probesMetadata(dec.Probes)
-	}
 	return resp
-}
-
-// probesMetadata is the dynamic metadata of a request admitted as a
-// circuit breaker probe: Envoy's rate limit filter emits it under
-// reservation.RateLimitNamespace, and the access log hands the probe IDs
-// back with the request's outcome.
-func probesMetadata(ps []limit.Probe) *structpb.Struct {
-	f := make(map[string]*structpb.Value, len(ps))
-	for _, p := range ps {
-		f[p.Key] = structpb.NewStringValue(p.ID)
-	}
-	return &structpb.Struct{Fields: map[string]*structpb.Value{
-		reservation.FieldProbes: structpb.NewStructValue(&structpb.Struct{Fields: f}),
-	}}
 }
 
 func toCode(c limit.Code) rlsv3.RateLimitResponse_Code {

@@ -6,7 +6,10 @@ package rls
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -15,8 +18,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/ticket"
 )
 
 // Decider answers admission questions; *limit.Limiter is one. Rules is
@@ -34,6 +39,7 @@ type Service struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 
 	decider Decider
+	sealer  atomic.Pointer[ticket.Sealer]
 	log     *zap.Logger
 	metrics *metrics
 }
@@ -54,7 +60,22 @@ func New(d Decider, log *zap.Logger, reg prometheus.Registerer) (*Service, error
 	if err != nil {
 		return nil, err
 	}
-	return &Service{decider: d, log: log, metrics: m}, nil
+	svc := &Service{decider: d, log: log, metrics: m}
+	// Until SetSealer, tickets open only in this process.
+	sealer, err := ticket.NewSealer(ticket.RandomKeys(), 0)
+	if err != nil {
+		return nil, err
+	}
+	svc.sealer.Store(sealer)
+	return svc, nil
+}
+
+// SetSealer sets the Sealer tickets are sealed with: the one the access
+// log opens them with.
+func (s *Service) SetSealer(t *ticket.Sealer) {
+	if t != nil {
+		s.sealer.Store(t)
+	}
 }
 
 // Register adds the service to a gRPC server.
@@ -78,9 +99,36 @@ func (s *Service) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReques
 	if err != nil {
 		return nil, s.fail(ctx, req.Domain, err, "")
 	}
-	known := s.decider.Rules().Domain(req.Domain) != nil
-	s.metrics.observe(req.Domain, known, req, dec)
-	return toResponse(dec), nil
+	dom := s.decider.Rules().Domain(req.Domain)
+	s.metrics.observe(req.Domain, dom != nil, req, dec)
+	resp := toResponse(dec)
+	if dec.Code == limit.CodeOK && dom != nil && (len(dom.Breakers) > 0 || dom.Shedding != nil) {
+		// The outcome of a request admitted here reaches the breakers and
+		// the pressure score only with a ticket, which the rate limit
+		// filter emits as dynamic metadata for the access log.
+		resp.DynamicMetadata = s.ticket(req, dec)
+	}
+	return resp, nil
+}
+
+// ticket is the dynamic metadata holding an admitted request's ticket.
+// RLS calls carry no request ID, so the ticket gets a random one: it
+// makes every once-only use of the ticket (a breaker failure) count once.
+func (s *Service) ticket(req *limit.Request, dec *limit.Decision) *structpb.Struct {
+	var id [16]byte
+	_, _ = rand.Read(id[:]) // never fails (crypto/rand, Go 1.24+)
+	t := ticket.Ticket{
+		ID:          hex.EncodeToString(id[:]),
+		Domain:      req.Domain,
+		Descriptors: req.Descriptors,
+		Tier:        dec.Tier,
+		Model:       req.Model,
+		At:          dec.At,
+		Probes:      dec.Probes,
+	}
+	return &structpb.Struct{Fields: map[string]*structpb.Value{
+		ticket.Field: structpb.NewStringValue(s.sealer.Load().Seal(&t)),
+	}}
 }
 
 // fail logs and counts err once and returns its gRPC status.
