@@ -17,6 +17,8 @@ import (
 // ticketFlags are serve's ticket settings.
 type ticketFlags struct {
 	keyFile string
+	// hooks let tests wait for the key file's reloads (nil: none).
+	hooks *config.WatchHooks
 }
 
 func (f *ticketFlags) register(fs *flag.FlagSet) {
@@ -120,14 +122,18 @@ func (f ticketFlags) watchKeyFile(ctx context.Context, s *ticket.Sealer, log *za
 			log.Error("ticket keys reload rejected; the keys in force stay", zap.Error(err))
 			return
 		}
-		if keys.ID() == s.Keys().ID() && keys.Len() == s.Keys().Len() {
-			return
+		if keys.Equal(s.Keys()) {
+			return // the load at the start of the watch, or a rewrite of the same keys
 		}
 		s.SetKeys(keys)
 		log.Info("ticket keys reloaded", zap.String("path", f.keyFile), zap.Int("keys", keys.Len()), zap.String("key_id", keys.ID()))
 	}
 	dir := filepath.Dir(filepath.Clean(f.keyFile))
-	if err := config.WatchFiles(ctx, []string{dir}, load, onChange); err != nil {
+	var h config.WatchHooks
+	if f.hooks != nil {
+		h = *f.hooks
+	}
+	if err := config.WatchFilesWithHooks(ctx, []string{dir}, load, onChange, h); err != nil {
 		log.Error("ticket keys will not reload", zap.Error(err))
 	}
 }

@@ -73,6 +73,19 @@ func RandomKeys() *Keys {
 // key sealed.
 func (k *Keys) Rotate(next []byte) (*Keys, error) { return NewKeys(next, k.raw[0]) }
 
+// Equal reports whether k and o hold the same keys in the same order.
+func (k *Keys) Equal(o *Keys) bool {
+	if len(k.raw) != len(o.raw) {
+		return false
+	}
+	for i := range k.raw {
+		if !hmac.Equal(k.raw[i], o.raw[i]) {
+			return false
+		}
+	}
+	return true
+}
+
 // ID fingerprints the current key, for logs: replicas that log the same
 // ID seal with the same key.
 func (k *Keys) ID() string { return k.id }
