@@ -368,6 +368,8 @@ func grpcCode(s typev3.StatusCode) codes.Code {
 		return codes.ResourceExhausted
 	case 503:
 		return codes.Unavailable
+	case 500:
+		return codes.Internal
 	default:
 		return codes.InvalidArgument
 	}

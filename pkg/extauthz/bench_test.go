@@ -2,6 +2,7 @@ package extauthz
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -33,7 +34,10 @@ func BenchmarkCheck(b *testing.B) {
 	if len(body) < 1900 || len(body) > 2100 {
 		b.Fatalf("body is %d bytes, want about 2 KB", len(body))
 	}
-	req := checkRequest(body, "authorization", bearer(keyAcme), "x-request-id", "r")
+	// As Envoy sends it with with_request_body: the client's
+	// content-length and Envoy's partial-body header.
+	req := checkRequest(body, "authorization", bearer(keyAcme), "x-request-id", "r",
+		"content-length", strconv.Itoa(len(body)), PartialBodyHeader, "false")
 	for _, sk := range testutil.StoreKinds {
 		b.Run(sk.Name, func(b *testing.B) {
 			set := newSettings(b, testSettings)

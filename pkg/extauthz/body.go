@@ -835,8 +835,9 @@ func (n *nesting) object() bool {
 
 // estimate is a request's token cost: its prompt at charsPerToken
 // characters a token, plus the completions it may generate. A partial
-// body counts every byte of the whole body (size, when Envoy knows it) as
-// a prompt character, which can only overestimate.
+// body counts every byte of the whole body (bodyBytes: its size, or the
+// fewest bytes it can have when that is unknown) as a prompt character,
+// which can only overestimate the prompt.
 func estimate(b *Body, s *Settings, partial bool, bodyBytes int64) uint64 {
 	total, _ := estimateParts(b, s, partial, bodyBytes)
 	return total

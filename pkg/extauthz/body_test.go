@@ -205,7 +205,7 @@ func TestReadBodyRawOrString(t *testing.T) {
 	body := `{"model":"gpt-4o","messages":[{"content":"héllo\n"}],"max_tokens":5}`
 	want := Body{Model: "gpt-4o", MaxTokens: 5, HasMaxTokens: true, Choices: 1, PromptChars: 6}
 	for _, h := range []*authv3.AttributeContext_HttpRequest{{Body: body}, {RawBody: []byte(body)}} {
-		got, err := readBody(set, h, int64(len(body)), false)
+		got, err := readBody(set, h, bodyShape{sent: int64(len(body)), size: int64(len(body)), least: int64(len(body))})
 		if err != nil {
 			t.Fatalf("readBody: %v", err)
 		}

@@ -18,7 +18,11 @@ const (
 	resultOverLimit       = "over_limit"
 	resultUnauthenticated = "unauthenticated"
 	resultBadRequest      = "bad_request"
-	resultError           = "error"
+	// A body Envoy cut, refused under PartialRefuse (413), and one Envoy
+	// did not send when it decides (500: the gateway's configuration).
+	resultPartialBody = "partial_body"
+	resultBodyNotSent = "body_not_sent"
+	resultError       = "error"
 	// Refusals before any limit, and a shadow shedding policy's would-be
 	// refusals; the same values as tollgate_rls_decisions_total's.
 	resultShed        = "shed"
@@ -75,7 +79,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_authz_checks_total",
-			Help: "ext_authz Check calls, by domain (\"unknown\" for domains not in the rules), tier (the plan the rules' tiers chose; \"none\" without tiers or a decision) and result (ok, over_limit, unauthenticated, bad_request, error; shed and breaker_open when tier shedding or a circuit breaker refused the request before any limit, shadow_shed when a shadow shedding policy would have).",
+			Help: "ext_authz Check calls, by domain (\"unknown\" for domains not in the rules), tier (the plan the rules' tiers chose; \"none\" without tiers or a decision) and result (ok, over_limit, unauthenticated, bad_request, error; partial_body when a body Envoy cut was refused, body_not_sent when Envoy sent no body and it decides; shed and breaker_open when tier shedding or a circuit breaker refused the request before any limit, shadow_shed when a shadow shedding policy would have).",
 		}, []string{"domain", "tier", "result"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "tollgate_authz_check_duration_seconds",

@@ -43,8 +43,10 @@ import (
 // check_settings.context_extensions) that overrides Settings.Domain.
 const ContextDomain = "tollgate.domain"
 
-// PartialBodyHeader is the header Envoy adds to a Check request whose body
-// it cut at max_request_bytes (allow_partial_message).
+// PartialBodyHeader is the header Envoy's ext_authz filter adds to a
+// Check whenever it buffered the body (with_request_body): "true" when it
+// sent only the first max_request_bytes (allow_partial_message), "false"
+// otherwise. Envoy drops any header of this name the client sent.
 const PartialBodyHeader = "x-envoy-auth-partial-body"
 
 // Decider answers admission questions; *limit.Limiter is one. Rules is
@@ -167,18 +169,25 @@ func (s *Service) decide(ctx context.Context, set *Settings, in *authv3.CheckReq
 	}
 	c.id = id
 
-	// A body Envoy did not send (no with_request_body on the route) but
-	// whose length it knows is estimated as a partial body with nothing
-	// in it: from its size, never as if it were empty. Envoy's size is
-	// the Content-Length, -1 when unknown.
-	n := int64(len(h.GetRawBody()) + len(h.GetBody()))
-	size := max(n, h.GetSize())
-	partial := get(PartialBodyHeader) == "true" || (n == 0 && size > 0)
-	body, err := readBody(set, h, size, partial)
+	// A body Envoy cut, or did not send at all (no with_request_body on
+	// the route: a cut with nothing before it), is decided on only when
+	// what is missing cannot make the decision cheaper (refusePartial),
+	// and is estimated from the whole body's size.
+	sent := len(h.GetRawBody()) // what readBody parses: raw_body, else body
+	if sent == 0 {
+		sent = len(h.GetBody())
+	}
+	shape := shapeOf(h, int64(sent))
+	body, err := readBody(set, h, shape)
 	if err != nil {
 		return err
 	}
-	c.partial = partial
+	if shape.cut {
+		if p := refusePartial(set, shape, body.Model); p != nil {
+			return p
+		}
+	}
+	c.partial = shape.cut
 	c.model = body.Model
 	if c.model == "" && set.ModelHeader != "" {
 		c.model = get(set.ModelHeader)
@@ -189,7 +198,7 @@ func (s *Service) decide(ctx context.Context, set *Settings, in *authv3.CheckReq
 	if err != nil {
 		return err
 	}
-	c.tokens, c.prompt = estimateParts(&body, set, partial, size)
+	c.tokens, c.prompt = estimateParts(&body, set, shape.cut, shape.least)
 	if len(descs) == 0 {
 		return nil // nothing to limit this request by: admitted, no reservation
 	}
@@ -249,18 +258,19 @@ func identify(set *Settings, get func(string) string) (authn.Identity, error) {
 	return id, nil
 }
 
-// readBody parses the request body within the config's bounds; size is
-// the whole body's, of which Envoy may have sent only a prefix.
-func readBody(set *Settings, h *authv3.AttributeContext_HttpRequest, size int64, partial bool) (Body, error) {
-	if size > set.MaxBodyBytes {
+// readBody parses the request body within the config's bounds: a body
+// that is (or, cut, may be) larger than MaxBodyBytes is refused whole,
+// whatever part of it Envoy sent.
+func readBody(set *Settings, h *authv3.AttributeContext_HttpRequest, shape bodyShape) (Body, error) {
+	if shape.least > set.MaxBodyBytes {
 		return Body{Choices: 1}, &problem{status: 413, errCode: "request_too_large", msg: tooLargeMessage(set.MaxBodyBytes), result: resultBadRequest}
 	}
 	var b Body
 	var err error
 	if raw := h.GetRawBody(); len(raw) > 0 {
-		b, err = parseBody(raw, set.ModelBodyField, partial)
+		b, err = parseBody(raw, set.ModelBodyField, shape.cut)
 	} else {
-		b, err = parseBody(h.GetBody(), set.ModelBodyField, partial)
+		b, err = parseBody(h.GetBody(), set.ModelBodyField, shape.cut)
 	}
 	if be, ok := err.(*bodyError); ok {
 		return b, &problem{status: 400, errCode: be.code, msg: be.msg, result: resultBadRequest}

@@ -153,11 +153,7 @@ func TestCheck(t *testing.T) {
 		},
 		{
 			name: "a partial body is estimated from its full size and says so",
-			give: func() *authv3.CheckRequest {
-				r := checkRequest(chatBody("gpt-4o", 400, 5)[:200], "authorization", bearer(keyAcme), PartialBodyHeader, "true")
-				r.Attributes.Request.Http.Size = 2000
-				return r
-			}(),
+			give: checkRequest(chatBody("gpt-4o", 400, 5)[:200], "authorization", bearer(keyAcme), PartialBodyHeader, "true", "content-length", "2000"),
 			want: okResp(
 				[]*corev3.HeaderValueOption{hv(HeaderTenant, "acme"), hv(HeaderTier, "premium"), hv(HeaderModel, "gpt-4o")},
 				nil,
@@ -167,23 +163,6 @@ func TestCheck(t *testing.T) {
 					"tenant": str("acme"), "tier": str("premium"), "model": str("gpt-4o"),
 					"reservation_id": str("req.1"), "reserved_tokens": num(600), "reserved_at_ms": num(float64(t0.UnixMilli())),
 					"tollgate_reservation": reserved("req.1", "acme", "gpt-4o", 600, 500, nil),
-				}),
-		},
-		{
-			name: "a body Envoy did not send is estimated from its size",
-			give: func() *authv3.CheckRequest {
-				r := checkRequest("", "authorization", bearer(keyAcme), "x-model", "gpt-4o")
-				r.Attributes.Request.Http.Size = 400
-				return r
-			}(),
-			want: okResp(
-				[]*corev3.HeaderValueOption{hv(HeaderTenant, "acme"), hv(HeaderTier, "premium"), hv(HeaderModel, "gpt-4o")},
-				nil,
-				[]*corev3.HeaderValueOption{hv("x-ratelimit-limit", limitHeader), hv("x-ratelimit-remaining", "999"), hv("x-ratelimit-reset", resetHeader), hv(HeaderEstimate, "partial-body")},
-				map[string]*structpb.Value{
-					"tenant": str("acme"), "tier": str("premium"), "model": str("gpt-4o"),
-					"reservation_id": str("req.1"), "reserved_tokens": num(200), "reserved_at_ms": num(float64(t0.UnixMilli())),
-					"tollgate_reservation": reserved("req.1", "acme", "gpt-4o", 200, 100, nil),
 				}),
 		},
 		{
@@ -223,7 +202,7 @@ func TestCheck(t *testing.T) {
 				`{"error":{"message":"The request body is larger than 4096 bytes.","type":"invalid_request_error","code":"request_too_large"}}`),
 		},
 		{
-			name: "a partial body whose declared size is over max_body_bytes is 413",
+			name: "a partial body of which Envoy received more than max_body_bytes is 413",
 			give: func() *authv3.CheckRequest {
 				r := checkRequest(chatBody("gpt-4o", 400, 5)[:100], "authorization", bearer(keyAcme), PartialBodyHeader, "true")
 				r.Attributes.Request.Http.Size = 1 << 20

@@ -43,7 +43,7 @@ var (
 	trustedKeys  = []string{"tenant", "tier"}
 	modelKeys    = []string{"body_field", "header"}
 	entryKeys    = []string{"key", "from"}
-	estimateKeys = []string{"chars_per_token", "default_max_tokens", "max_body_bytes"}
+	estimateKeys = []string{"chars_per_token", "default_max_tokens", "max_body_bytes", "partial_body"}
 )
 
 // SourceKind says where a descriptor entry's value comes from.
@@ -94,7 +94,21 @@ type Entry struct {
 //	  - [{key: tenant, from: tenant}]  #   value is empty drops its descriptor
 //	  - [{key: tenant, from: tenant}, {key: model, from: model}]
 //	  # from: tenant | tier | model | path (without the query) | method | "header:NAME" | "literal:VALUE"
-//	estimate: {chars_per_token: 4, default_max_tokens: 256, max_body_bytes: 1048576}  # (Optional) defaults shown
+//	estimate:                          # (Optional) defaults shown
+//	  chars_per_token: 4
+//	  default_max_tokens: 256          # the completion when the body gives no max_tokens
+//	  max_body_bytes: 1048576          # the largest body admitted, by its Content-Length (or the bytes
+//	                                   #   Envoy received, when more); a larger one is 413. Set Envoy's
+//	                                   #   with_request_body.max_request_bytes to the same value, so that
+//	                                   #   every body admitted is checked whole (docs/partial-bodies.md)
+//	  partial_body: refuse             # a body Envoy cut at max_request_bytes, or did not send:
+//	                                   #   refuse: admitted only when the part sent holds the model
+//	                                   #   (if body_field reads one) and Content-Length gives its size,
+//	                                   #   charged to that model from that size; otherwise 413 (500 when
+//	                                   #   Envoy sent no body: set with_request_body)
+//	                                   #   estimate: UNSAFE, every such body is admitted; the model from
+//	                                   #   the part sent or the header (the client's choice), the size
+//	                                   #   the largest known; a client can escape a model's limits
 //	usage_header: x-usage-total-tokens # (Optional) the response header whose integer value the access
 //	                                   #   log reconciles as the request's actual tokens; default none
 type Settings struct {
@@ -121,8 +135,12 @@ type Settings struct {
 	// DefaultMaxTokens is the completion estimate when the body gives no
 	// max_tokens or max_completion_tokens.
 	DefaultMaxTokens uint64
-	// MaxBodyBytes is the largest body Check reads; a larger one is 413.
+	// MaxBodyBytes is the largest body Check admits, by the whole body's
+	// size, however much of it Envoy sent; a larger one is 413.
 	MaxBodyBytes int64
+	// PartialBody is what Check does with a body Envoy cut or did not
+	// send.
+	PartialBody PartialBody
 	// UsageHeader is the response header the access log reads actual
 	// usage from, lower case; empty when none.
 	UsageHeader string
@@ -256,12 +274,31 @@ func (p *settingsParser) file(name string, root *yaml.Node) *Settings {
 				b, _ := p.w.Uint(v, "estimate.max_body_bytes", 1, maxMaxBodyBytes)
 				s.MaxBodyBytes = int64(b)
 			}
+			if v, has := e["partial_body"]; has {
+				s.PartialBody = p.partialBody(v, "estimate.partial_body")
+			}
 		}
 	}
 	if n, has := f["usage_header"]; has {
 		s.UsageHeader = p.headerName(n, "usage_header")
 	}
 	return s
+}
+
+// partialBody reads a PartialBody by its name; an unknown name is the
+// default, reported.
+func (p *settingsParser) partialBody(n *yaml.Node, path string) PartialBody {
+	name, ok := p.w.Str(n, path)
+	if !ok {
+		return PartialRefuse
+	}
+	for i, pn := range partialBodyNames {
+		if name == pn {
+			return PartialBody(i)
+		}
+	}
+	p.w.Addf(n, path, "%q is not one of %s", name, strings.Join(partialBodyNames[:], "|"))
+	return PartialRefuse
 }
 
 // saysFalse reports whether n is a false that Walker.Flag accepts.

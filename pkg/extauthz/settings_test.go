@@ -45,7 +45,7 @@ descriptors:
   - [{key: tenant, from: tenant}, {key: tier, from: tier}]
   - [{key: model, from: model}, {key: path, from: path}, {key: method, from: method}]
   - [{key: team, from: "header:X-Team"}, {key: plan, from: "literal:gold: 1"}]
-estimate: {chars_per_token: 3.5, default_max_tokens: 0, max_body_bytes: 65536}
+estimate: {chars_per_token: 3.5, default_max_tokens: 0, max_body_bytes: 65536, partial_body: estimate}
 usage_header: X-Usage-Total-Tokens
 `,
 			want: &Settings{
@@ -57,7 +57,7 @@ usage_header: X-Usage-Total-Tokens
 					{{Key: "model", Source: Source{Kind: FromModel}}, {Key: "path", Source: Source{Kind: FromPath}}, {Key: "method", Source: Source{Kind: FromMethod}}},
 					{{Key: "team", Source: Source{Kind: FromHeader, Arg: "x-team"}}, {Key: "plan", Source: Source{Kind: FromLiteral, Arg: "gold: 1"}}},
 				},
-				CharsPerToken: 3.5, DefaultMaxTokens: 0, MaxBodyBytes: 65536, UsageHeader: "x-usage-total-tokens",
+				CharsPerToken: 3.5, DefaultMaxTokens: 0, MaxBodyBytes: 65536, PartialBody: PartialEstimate, UsageHeader: "x-usage-total-tokens",
 			},
 		},
 	}
@@ -103,6 +103,8 @@ func TestParseSettingsRejects(t *testing.T) {
 		{name: "entry without from", give: "domain: ai\nkeys_file: k\ndescriptors: [[{key: tenant}]]\n", want: "authz.yaml:3: descriptors[0][0]: from is required"},
 		{name: "bad chars_per_token", give: "domain: ai\nkeys_file: k\n" + desc + "estimate: {chars_per_token: 0}\n", want: `authz.yaml:4: estimate.chars_per_token: want a number greater than 0 and at most 1000, got "0"`},
 		{name: "bad max_body_bytes", give: "domain: ai\nkeys_file: k\n" + desc + "estimate: {max_body_bytes: 0}\n", want: "authz.yaml:4: estimate.max_body_bytes: 0 is less than 1"},
+		{name: "unknown partial_body", give: "domain: ai\nkeys_file: k\n" + desc + "estimate: {partial_body: allow}\n", want: `authz.yaml:4: estimate.partial_body: "allow" is not one of refuse|estimate`},
+		{name: "partial_body not a string", give: "domain: ai\nkeys_file: k\n" + desc + "estimate: {partial_body: [refuse]}\n", want: "authz.yaml:4: estimate.partial_body: want a string, got a list"},
 		{name: "bad header name", give: "domain: ai\nkeys_file: k\n" + desc + "usage_header: \"x usage\"\n", want: `authz.yaml:4: usage_header: "x usage" is not a header name`},
 		{name: "no api key headers", give: "domain: ai\nkeys_file: k\n" + desc + "api_key_headers: []\n", want: "authz.yaml:4: api_key_headers: want 1 to 16 header names, got 0"},
 		{name: "require_api_key not a bool", give: "domain: ai\nkeys_file: k\n" + desc + "require_api_key: maybe\n", want: `authz.yaml:4: require_api_key: want true or false, got the string "maybe"`},

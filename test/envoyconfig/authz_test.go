@@ -160,9 +160,12 @@ func lintExtAuthz(m *model, f extAuthz, router int) []string {
 	b := c.GetWithRequestBody()
 	switch {
 	case b == nil:
-		add(".with_request_body is not set: Tollgate reads the model and estimates tokens from the body, so without it every request is estimated from its Content-Length alone")
+		add(".with_request_body is not set: Tollgate reads the model and estimates tokens from the body, so without it every request with a body is refused (500 request_body_not_checked) while the model is read from the body")
 	case !b.GetPackAsBytes():
 		add(".with_request_body.pack_as_bytes is false: the body would go in a protobuf string, which must be valid UTF-8; a body cut at max_request_bytes can end mid-character, and Tollgate's Go gRPC server then rejects the whole CheckRequest")
+	}
+	if b != nil && !b.GetAllowPartialMessage() {
+		add(".with_request_body.allow_partial_message is false: Envoy answers a body over max_request_bytes with its own plain-text 413 and never asks Tollgate, so the client gets no OpenAI-style error; set it true, and Tollgate refuses such a body itself (docs/partial-bodies.md)")
 	}
 	return problems
 }
@@ -291,8 +294,13 @@ func authzWiring(bs *bootstrapv3.Bootstrap, s authzSettings) (problems []string,
 		problems = append(problems, more...)
 		for _, f := range filters {
 			nFilters++
-			if n := int64(f.cfg.GetWithRequestBody().GetMaxRequestBytes()); n > s.Estimate.MaxBodyBytes {
+			// The body limit (lintExtAuthz reports a missing with_request_body).
+			switch n := int64(f.cfg.GetWithRequestBody().GetMaxRequestBytes()); {
+			case f.cfg.GetWithRequestBody() == nil:
+			case n > s.Estimate.MaxBodyBytes:
 				problems = append(problems, fmt.Sprintf("%s.with_request_body.max_request_bytes is %d, over estimate.max_body_bytes %d in %s: Tollgate refuses such a body with 413, so buffering it only costs memory", f.path, n, s.Estimate.MaxBodyBytes, authzConfig))
+			case n < s.Estimate.MaxBodyBytes:
+				problems = append(problems, fmt.Sprintf("%s.with_request_body.max_request_bytes is %d, under estimate.max_body_bytes %d in %s: a body in between is decided from its first %d bytes, so a model, max_tokens or n repeated after them goes unseen (docs/partial-bodies.md); keep the two equal", f.path, n, s.Estimate.MaxBodyBytes, authzConfig, n))
 			}
 			for _, l := range loggers {
 				if l.cluster() == f.cluster() && s.UsageHeader != "" && !containsFold(l.cfg.GetAdditionalResponseHeadersToLog(), s.UsageHeader) {
@@ -490,6 +498,11 @@ func TestAuthzCatches(t *testing.T) {
 			want: []string{extAuthzPath + ".with_request_body.pack_as_bytes is false"},
 		},
 		{
+			name: "ext_authz without allow_partial_message",
+			old:  "allow_partial_message: true", new: "allow_partial_message: false",
+			want: []string{extAuthzPath + ".with_request_body.allow_partial_message is false", "plain-text 413"},
+		},
+		{
 			name: "ext_authz max_request_bytes 0 (PGV, inside typed_config)",
 			old:  "max_request_bytes: 1048576", new: "max_request_bytes: 0",
 			want: []string{extAuthzPath + ".with_request_body", "MaxRequestBytes", "greater than 0"},
@@ -617,6 +630,16 @@ func TestAuthzWiringCatches(t *testing.T) {
 			name: "max_request_bytes over Tollgate's max_body_bytes",
 			old:  "max_request_bytes: 1048576", new: "max_request_bytes: 4194304",
 			want: []string{extAuthzPath + ".with_request_body.max_request_bytes is 4194304, over estimate.max_body_bytes"},
+		},
+		{
+			name: "max_request_bytes under Tollgate's max_body_bytes",
+			old:  "max_request_bytes: 1048576", new: "max_request_bytes: 65536",
+			want: []string{extAuthzPath + ".with_request_body.max_request_bytes is 65536, under estimate.max_body_bytes 1048576", "keep the two equal"},
+		},
+		{
+			name:     "max_body_bytes in authz.yaml over Envoy's max_request_bytes",
+			settings: func(s authzSettings) authzSettings { s.Estimate.MaxBodyBytes = 4 << 20; return s },
+			want:     []string{extAuthzPath + ".with_request_body.max_request_bytes is 1048576, under estimate.max_body_bytes 4194304"},
 		},
 		{
 			name:     "usage_header in authz.yaml is not logged",

@@ -353,6 +353,16 @@ func TestCatches(t *testing.T) {
 			want: []string{"maxRequestBytes is 4194304, over estimate.max_body_bytes"},
 		},
 		{
+			name: "body cut before Tollgate's limit", file: meshConfigFile,
+			old: "maxRequestBytes: 1048576", new: "maxRequestBytes: 65536",
+			want: []string{"maxRequestBytes is 65536, under estimate.max_body_bytes 1048576", "keep the two equal"},
+		},
+		{
+			name: "no partial message", file: meshConfigFile,
+			old: "allowPartialMessage: true", new: "allowPartialMessage: false",
+			want: []string{"includeRequestBodyInCheck.allowPartialMessage is false", "plain-text 413"},
+		},
+		{
 			name: "body as a string", file: meshConfigFile,
 			old: "packAsBytes: true", new: "packAsBytes: false",
 			want: []string{"packAsBytes is false"},

@@ -213,11 +213,16 @@ func lintMesh(mc *meshv1alpha1.MeshConfig, e env) (mesh, []string) {
 			b := a.GetIncludeRequestBodyInCheck()
 			switch {
 			case b == nil:
-				add("%s.envoyExtAuthzGrpc.includeRequestBodyInCheck is not set: Tollgate reads the model and estimates tokens from the body", path)
+				add("%s.envoyExtAuthzGrpc.includeRequestBodyInCheck is not set: Tollgate reads the model and estimates tokens from the body, so without it every request with a body is refused (500 request_body_not_checked) while the model is read from the body", path)
 			case b.GetMaxRequestBytes() == 0:
 				add("%s.envoyExtAuthzGrpc.includeRequestBodyInCheck.maxRequestBytes is 0", path)
 			case int64(b.GetMaxRequestBytes()) > e.authz.Estimate.MaxBodyBytes:
 				add("%s.envoyExtAuthzGrpc.includeRequestBodyInCheck.maxRequestBytes is %d, over estimate.max_body_bytes %d in %s: Tollgate refuses such a body with 413, so buffering it only costs memory", path, b.GetMaxRequestBytes(), e.authz.Estimate.MaxBodyBytes, authzConfig)
+			case int64(b.GetMaxRequestBytes()) < e.authz.Estimate.MaxBodyBytes:
+				add("%s.envoyExtAuthzGrpc.includeRequestBodyInCheck.maxRequestBytes is %d, under estimate.max_body_bytes %d in %s: a body in between is decided from its first %d bytes, so a model, max_tokens or n repeated after them goes unseen (docs/partial-bodies.md); keep the two equal", path, b.GetMaxRequestBytes(), e.authz.Estimate.MaxBodyBytes, authzConfig, b.GetMaxRequestBytes())
+			}
+			if b != nil && !b.GetAllowPartialMessage() {
+				add("%s.envoyExtAuthzGrpc.includeRequestBodyInCheck.allowPartialMessage is false: Envoy answers a body over maxRequestBytes with its own plain-text 413 and never asks Tollgate, so the client gets no OpenAI-style error; set it true, and Tollgate refuses such a body itself (docs/partial-bodies.md)", path)
 			}
 			if b != nil && !b.GetPackAsBytes() {
 				add("%s.envoyExtAuthzGrpc.includeRequestBodyInCheck.packAsBytes is false: a body cut at maxRequestBytes can end mid-character, and a protobuf string must be UTF-8, so Tollgate's gRPC server rejects the Check", path)
