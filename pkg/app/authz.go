@@ -75,7 +75,11 @@ func newAuthz(f authzFlags, lim *limit.Limiter, loop *outcome.Loop, log *zap.Log
 // loaded logs what settings hold: never a key, only how many.
 func (az *authz) loaded(msg string, s *extauthz.Settings) {
 	az.log.Info(msg, zap.String("path", az.path), zap.String("domain", s.Domain),
-		zap.String("keys_file", s.KeysFile), zap.Int("keys", s.Keys.Len()), zap.Bool("require_api_key", s.RequireAPIKey))
+		zap.String("keys_file", s.KeysFile), zap.Int("keys", s.Keys.Len()), zap.Bool("require_api_key", s.RequireAPIKey),
+		zap.Stringer("partial_body", s.PartialBody))
+	if s.PartialBody == extauthz.PartialEstimate {
+		az.log.Warn("estimate.partial_body is estimate: a body cut before its model is admitted without that model's budgets and breakers", zap.String("path", az.path))
+	}
 }
 
 // services are the APIs to register beside the rate limit service.
