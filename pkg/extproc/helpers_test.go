@@ -89,8 +89,17 @@ type harness struct {
 
 func newHarness(t testing.TB, opts Options) *harness {
 	t.Helper()
-	h := &harness{settler: newFakeSettler(), reg: prometheus.NewRegistry()}
-	svc, err := New(h.settler, nil, h.reg, opts)
+	f := newFakeSettler()
+	h := newHarnessWith(t, f, opts)
+	h.settler = f
+	return h
+}
+
+// newHarnessWith serves a Service with settler s.
+func newHarnessWith(t testing.TB, s Settler, opts Options) *harness {
+	t.Helper()
+	h := &harness{reg: prometheus.NewRegistry()}
+	svc, err := New(s, nil, h.reg, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
