@@ -367,7 +367,8 @@ func TestBothPathsHaveABootstrap(t *testing.T) {
 // Negative tests
 
 // baseAuthz is a small, valid bootstrap with the same shape as
-// envoy/envoy-ext-authz.yaml. Each case below changes one thing in it.
+// envoy/envoy-ext-authz.yaml (ext_authz, the ext_proc usage reader, the
+// access logger). Each case below changes one thing in it.
 const baseAuthz = `
 admin:
   address: {socket_address: {address: 127.0.0.1, port_value: 9901}}
@@ -406,6 +407,16 @@ static_resources:
               grpc_service: {envoy_grpc: {cluster_name: tollgate}, timeout: 0.25s}
               with_request_body: {max_request_bytes: 1048576, allow_partial_message: true, pack_as_bytes: true}
               failure_mode_allow: false
+          - name: envoy.filters.http.ext_proc
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+              grpc_service:
+                envoy_grpc: {cluster_name: tollgate}
+              failure_mode_allow: true
+              observability_mode: true
+              processing_mode: {request_header_mode: SKIP, response_body_mode: STREAMED, response_trailer_mode: SEND}
+              metadata_options: {forwarding_namespaces: {untyped: [envoy.filters.http.ext_authz]}}
+              stat_prefix: tollgate_usage
           - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router

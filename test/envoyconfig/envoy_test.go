@@ -383,6 +383,7 @@ func lint(bs *bootstrapv3.Bootstrap) []string {
 	for _, site := range m.hcms {
 		problems = append(problems, lintHCM(m, site)...)
 		problems = append(problems, lintAuthzPath(m, site)...)
+		problems = append(problems, lintExtProcPath(m, site)...)
 	}
 	entries, more := rateLimitEntries(m)
 	problems = append(problems, more...)

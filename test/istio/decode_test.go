@@ -59,6 +59,7 @@ import (
 	_ "github.com/cncf/xds/go/udpa/type/v1" // udpa.type.v1.TypedStruct
 	_ "github.com/cncf/xds/go/xds/type/v3"  // xds.type.v3.TypedStruct
 
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"           // ExternalProcessor
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_to_metadata/v3" // Config
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"          // RateLimit, RateLimitPerRoute
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"             // Router

@@ -30,7 +30,7 @@ func mustManifests(t testing.TB) map[string][]byte {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{meshConfigFile, "ext-authz.yaml", "access-log.yaml", "ratelimit.yaml"} {
+	for _, want := range []string{meshConfigFile, "ext-authz.yaml", "access-log.yaml", "ratelimit.yaml", "ext-proc.yaml"} {
 		if _, ok := files[want]; !ok {
 			t.Fatalf("%s/%s is missing", manifestDir, want)
 		}
@@ -58,6 +58,7 @@ func TestKinds(t *testing.T) {
 		{give: "ext-authz.yaml", want: func(o any) bool { _, ok := o.(*securityv1.AuthorizationPolicy); return ok }},
 		{give: "access-log.yaml", want: func(o any) bool { _, ok := o.(*telemetryv1.Telemetry); return ok }},
 		{give: "ratelimit.yaml", want: func(o any) bool { _, ok := o.(*networkingv1alpha3.EnvoyFilter); return ok }},
+		{give: "ext-proc.yaml", want: func(o any) bool { _, ok := o.(*networkingv1alpha3.EnvoyFilter); return ok }},
 	} {
 		t.Run(tc.give, func(t *testing.T) {
 			t.Parallel()
@@ -140,6 +141,7 @@ func TestBrokenCopies(t *testing.T) {
 		{give: "ext-authz.yaml", want: []string{"AuthorizationPolicy inference/tollgate-ext-authz", `unknown field "actoin"`}},
 		{give: "access-log.yaml", want: []string{"Telemetry inference/tollgate-access-log", `unknown field "provider"`}},
 		{give: "ratelimit.yaml", want: []string{"configPatches[1] (HTTP_FILTER INSERT_BEFORE)", `unknown field "failure_mode_denyy"`}},
+		{give: "ext-proc.yaml", want: []string{"configPatches[0] (HTTP_FILTER INSERT_AFTER)", `unknown field "observability_modee"`}},
 	} {
 		t.Run(tc.give, func(t *testing.T) {
 			t.Parallel()

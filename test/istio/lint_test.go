@@ -162,6 +162,7 @@ func lint(mc *meshv1alpha1.MeshConfig, resources []resource, e env) []string {
 	m, problems := lintMesh(mc, e)
 	var policies []resource
 	var telemetries []resource
+	var extProcs []extProcPatch
 	for _, r := range resources {
 		switch o := r.obj.(type) {
 		case *securityv1.AuthorizationPolicy:
@@ -184,8 +185,10 @@ func lint(mc *meshv1alpha1.MeshConfig, resources []resource, e env) []string {
 				}
 			}
 			problems = append(problems, lintEnvoyFilter(r, patches, m, e)...)
+			extProcs = append(extProcs, extProcPatches(r, o, patches)...)
 		}
 	}
+	problems = append(problems, lintExtProcs(extProcs, policies, m)...)
 	return append(problems, lintSettled(policies, telemetries, m)...)
 }
 
