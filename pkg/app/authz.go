@@ -10,9 +10,11 @@ import (
 
 	"github.com/tollgate-dev/tollgate/pkg/accesslog"
 	"github.com/tollgate-dev/tollgate/pkg/extauthz"
+	"github.com/tollgate-dev/tollgate/pkg/extproc"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/outcome"
 	"github.com/tollgate-dev/tollgate/pkg/server"
+	"github.com/tollgate-dev/tollgate/pkg/ticket"
 )
 
 // authzFlags are serve's ext_authz settings.
@@ -24,14 +26,16 @@ func (f *authzFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.config, "authz-config", "", "ext_authz settings file (domain, keys_file, descriptors, estimate), reloaded on change with its keys file; empty serves no ext_authz Check")
 }
 
-// authz is ext_authz Check and the access log service, over the limiter
-// the rate limit service uses. The access log is always served: entries
-// without a reservation are only counted, and the outcome hook is there
-// for what comes next. Check is served only with --authz-config.
+// authz is ext_authz Check and the outcome channels, the access log and
+// ext_proc, over the limiter the rate limit service uses. The outcome
+// channels are always served: an admitted ShouldRateLimit's ticket comes
+// back through the access log too. Check is served only with
+// --authz-config.
 type authz struct {
 	path    string
 	check   *extauthz.Service // nil without --authz-config
 	als     *accesslog.Service
+	usage   *extproc.Service
 	loop    *outcome.Loop
 	log     *zap.Logger
 	reloads *prometheus.CounterVec
@@ -44,7 +48,13 @@ func newAuthz(f authzFlags, lim *limit.Limiter, loop *outcome.Loop, log *zap.Log
 	if err != nil {
 		return nil, err
 	}
-	az := &authz{path: f.config, als: als, loop: loop, log: log}
+	usage, err := extproc.New(usageSettler{loop}, log.Named("extproc"), reg, extproc.Options{
+		Namespace: ticket.MetadataNamespace, TicketField: ticket.Field,
+	})
+	if err != nil {
+		return nil, err
+	}
+	az := &authz{path: f.config, als: als, usage: usage, loop: loop, log: log}
 	if f.config == "" {
 		return az, nil
 	}
@@ -85,9 +95,23 @@ func (az *authz) loaded(msg string, s *extauthz.Settings) {
 // services are the APIs to register beside the rate limit service.
 func (az *authz) services() []server.Service {
 	if az.check == nil {
-		return []server.Service{az.als}
+		return []server.Service{az.als, az.usage}
 	}
-	return []server.Service{az.check, az.als}
+	return []server.Service{az.check, az.als, az.usage}
+}
+
+// usageSettler settles what ext_proc reads of a response through the
+// outcome loop: only a ticket that verifies settles anything.
+type usageSettler struct{ loop *outcome.Loop }
+
+var _ extproc.Settler = usageSettler{}
+
+func (u usageSettler) Settle(ctx context.Context, str string, got extproc.Usage) {
+	t := u.loop.Open(outcome.ChannelExtProc, str)
+	if t == nil {
+		return
+	}
+	u.loop.Report(ctx, outcome.ChannelExtProc, t, outcome.Usage{Total: got.Total, Reported: got.Reported, StreamedChars: got.StreamedChars})
 }
 
 // watch reloads the authz config and its keys file on change until ctx
