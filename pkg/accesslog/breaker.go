@@ -46,9 +46,7 @@ func (b *BreakerObserver) Observe(ctx context.Context, o *Outcome) {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(ctx, b.timeout)
-		err := br.Observe(ctx, now, breaker.Outcome{
-			Status: o.Status, Duration: o.Duration, Upstream: o.UpstreamCluster, Name: name, ProbeID: o.Probes[br.Config().Key],
-		})
+		err := br.Observe(ctx, now, breaker.Outcome{Facts: o.Facts, Name: name, ProbeID: o.Probes[br.Config().Key]})
 		cancel()
 		if err != nil {
 			b.log.Warn("breaker outcome not recorded", zap.Error(err), zap.String("key", br.Config().Key))

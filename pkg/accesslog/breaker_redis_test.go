@@ -56,7 +56,7 @@ func TestBreakerAcrossReplicas(t *testing.T) {
 	}
 	obsA := NewBreakerObserver(clock, nil, 0, brA)
 	for range 3 {
-		obsA.Observe(ctx, &Outcome{Status: 503, UpstreamCluster: "gpu", Model: "gpt-4o", Final: true})
+		obsA.Observe(ctx, &Outcome{Status: 503, UpstreamCluster: "gpu", Facts: upstream(503), Model: "gpt-4o", Final: true})
 	}
 	clock.Advance(time.Second)
 	dec, err := limB.Decide(ctx, req("gpt-4o"))
@@ -80,7 +80,7 @@ func TestBreakerAcrossReplicas(t *testing.T) {
 	if err != nil || dec.Code != limit.CodeOK || len(dec.Probes) != 1 {
 		t.Fatalf("half-open: %+v, %v; want a probe", dec, err)
 	}
-	obsA.Observe(ctx, &Outcome{Status: 200, UpstreamCluster: "gpu", Model: "gpt-4o", Final: true,
+	obsA.Observe(ctx, &Outcome{Status: 200, UpstreamCluster: "gpu", Facts: upstream(200), Model: "gpt-4o", Final: true,
 		Probes: map[string]string{"model": dec.Probes[0].ID}})
 	if st, err := brA.State(ctx, clock.Now(), "gpt-4o"); err != nil || st.State != breaker.Closed {
 		t.Errorf("after the probe's success: %+v, %v; want closed", st, err)

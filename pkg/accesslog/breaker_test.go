@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	datav3 "github.com/envoyproxy/go-control-plane/envoy/data/accesslog/v3"
+
 	"github.com/tollgate-dev/tollgate/pkg/breaker"
 	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
 	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
@@ -20,12 +22,11 @@ func TestBreakerObserverOpens(t *testing.T) {
 	obs := NewBreakerObserver(storetest.NewFakeClock(now), nil, 0, br)
 	ctx := context.Background()
 	outcomes := []Outcome{
-		{Status: 503, Model: "gpt-4o"},                         // no upstream: a denial, ignored
-		{Status: 500, UpstreamCluster: "gpu", Model: "llama"},  // another breaker
-		{Status: 504, UpstreamCluster: "gpu", Model: "gpt-4o"}, // failure 1
-		{Status: 200, UpstreamCluster: "gpu", Model: "gpt-4o"}, // success
-		{Status: 500, UpstreamCluster: "gpu", Tenant: "acme"},  // no model
-		{Status: 502, UpstreamCluster: "gpu", Model: "gpt-4o"}, // failure 2
+		{Status: 500, UpstreamCluster: "gpu", Facts: upstream(500), Model: "llama"},  // another breaker
+		{Status: 504, UpstreamCluster: "gpu", Facts: upstream(504), Model: "gpt-4o"}, // failure 1
+		{Status: 200, UpstreamCluster: "gpu", Facts: upstream(200), Model: "gpt-4o"}, // success
+		{Status: 500, UpstreamCluster: "gpu", Facts: upstream(500), Tenant: "acme"},  // no model
+		{Status: 502, UpstreamCluster: "gpu", Facts: upstream(502), Model: "gpt-4o"}, // failure 2
 	}
 	for i := range outcomes {
 		obs.Observe(ctx, &outcomes[i])
@@ -51,18 +52,75 @@ func TestBreakerObserverProbe(t *testing.T) {
 	}
 	obs := NewBreakerObserver(clock, nil, 0, br)
 	ctx := context.Background()
-	obs.Observe(ctx, &Outcome{Status: 500, UpstreamCluster: "gpu", Model: "m", Final: true})
+	obs.Observe(ctx, &Outcome{Status: 500, UpstreamCluster: "gpu", Facts: upstream(500), Model: "m", Final: true})
 	clock.Advance(time.Second)
 	v, err := br.Allow(ctx, clock.Now(), "m")
 	if err != nil || !v.Probe {
 		t.Fatalf("Allow after open_for = %+v, %v; want a probe", v, err)
 	}
-	obs.Observe(ctx, &Outcome{Status: 200, UpstreamCluster: "gpu", Model: "m", Final: true})
+	obs.Observe(ctx, &Outcome{Status: 200, UpstreamCluster: "gpu", Facts: upstream(200), Model: "m", Final: true})
 	if st, _ := br.State(ctx, clock.Now(), "m"); st.State != breaker.HalfOpen {
 		t.Fatalf("a success without the probe ID moved the breaker to %v", st.State)
 	}
-	obs.Observe(ctx, &Outcome{Status: 200, UpstreamCluster: "gpu", Model: "m", Final: true, Probes: map[string]string{"model": v.ProbeID}})
+	obs.Observe(ctx, &Outcome{Status: 200, UpstreamCluster: "gpu", Facts: upstream(200), Model: "m", Final: true, Probes: map[string]string{"model": v.ProbeID}})
 	if st, _ := br.State(ctx, clock.Now(), "m"); st.State != breaker.Closed {
 		t.Fatalf("the probe's success left the breaker %v, want closed", st.State)
+	}
+}
+
+// upstream is the facts of an entry of status from the upstream.
+func upstream(status uint32) breaker.Facts {
+	return Facts(envoyEntry(status, breaker.DetailsViaUpstream, nil))
+}
+
+// TestBreakerObserverNeutral: outcomes that say nothing of the upstream
+// (Tollgate's own denial, a client that left, a client's 4xx) never open
+// a breaker however many arrive; a probe's neutral outcome frees its slot
+// for the next request and does not close the breaker.
+func TestBreakerObserverNeutral(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewFakeClock(time.UnixMilli(1_700_000_000_000))
+	br, err := breaker.New(breaker.Config{Key: "model", FailureThreshold: 1, Window: time.Minute, OpenFor: time.Second,
+		Timeout: time.Second}, memstore.NewBreakers())
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := NewBreakerObserver(clock, nil, 0, br)
+	ctx := context.Background()
+	neutral := []*datav3.HTTPAccessLogEntry{
+		notSent(envoyEntry(503, "ext_authz_denied", &datav3.ResponseFlags{
+			UnauthorizedDetails: &datav3.ResponseFlags_Unauthorized{Reason: datav3.ResponseFlags_Unauthorized_EXTERNAL_SERVICE},
+		})),
+		lasting(time.Hour, incomplete(envoyEntry(0, clientLeft, &datav3.ResponseFlags{DownstreamConnectionTermination: true}))),
+		incomplete(envoyEntry(408, "stream_idle_timeout", &datav3.ResponseFlags{StreamIdleTimeout: true})),
+		envoyEntry(400, breaker.DetailsViaUpstream, nil),
+	}
+	for range 10 {
+		for _, e := range neutral {
+			obs.Observe(ctx, &Outcome{Facts: Facts(e), Model: "m", Final: true})
+		}
+	}
+	if st, _ := br.State(ctx, clock.Now(), "m"); st.State != breaker.Closed {
+		t.Fatalf("neutral outcomes moved the breaker to %v", st.State)
+	}
+
+	obs.Observe(ctx, &Outcome{Facts: upstream(503), Model: "m", Final: true})
+	clock.Advance(time.Second)
+	p1, err := br.Allow(ctx, clock.Now(), "m")
+	if err != nil || !p1.Probe {
+		t.Fatalf("Allow after open_for = %+v, %v; want a probe", p1, err)
+	}
+	if v, _ := br.Allow(ctx, clock.Now(), "m"); v.Allowed {
+		t.Fatalf("a second request while the probe is out was allowed: %+v", v)
+	}
+	for _, e := range neutral {
+		obs.Observe(ctx, &Outcome{Facts: Facts(e), Model: "m", Final: true, Probes: map[string]string{"model": p1.ProbeID}})
+	}
+	if st, _ := br.State(ctx, clock.Now(), "m"); st.State != breaker.HalfOpen || st.Probes != 0 || st.Successes != 0 {
+		t.Fatalf("after the probe's neutral outcome: %+v; want half-open, slot free, no success", st)
+	}
+	p2, err := br.Allow(ctx, clock.Now(), "m")
+	if err != nil || !p2.Probe {
+		t.Fatalf("Allow after the freed slot = %+v, %v; want a probe", p2, err)
 	}
 }

@@ -40,6 +40,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/tollgate-dev/tollgate/pkg/breaker"
 	"github.com/tollgate-dev/tollgate/pkg/extauthz/reservation"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
@@ -72,6 +73,9 @@ type Outcome struct {
 	// limit filter's (see reservation.FieldProbes); nil for none. A
 	// request can probe several breakers (one per key), hence a map.
 	Probes map[string]string
+	// Facts are what the circuit breakers classify (see Facts); Status,
+	// Duration and UpstreamCluster above repeat three of them.
+	Facts breaker.Facts
 	// Final is set for the request's last entry. The Observer sees only
 	// final entries (intermediate and periodic ones are skipped, so a
 	// long stream counts once), so it is always true there; it is kept
@@ -197,6 +201,7 @@ func (s *Service) entry(ctx context.Context, e *datav3.HTTPAccessLogEntry) {
 			Tenant:          meta[reservation.FieldTenant].GetStringValue(),
 			Tier:            meta[reservation.FieldTier].GetStringValue(),
 			Model:           meta[reservation.FieldModel].GetStringValue(),
+			Facts:           Facts(e),
 			Final:           true,
 		}
 		o.Probes = probes(o.Probes, meta)

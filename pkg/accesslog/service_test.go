@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/tollgate-dev/tollgate/pkg/breaker"
 	"github.com/tollgate-dev/tollgate/pkg/extauthz/reservation"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
@@ -303,13 +304,18 @@ func TestObserverOutcome(t *testing.T) {
 		[]*datav3.HTTPAccessLogEntry{entry(ticketMeta(testTicket), 502), entry(nil, 200)},
 		[]*datav3.HTTPAccessLogEntry{{}, intermediate, probe, rlsProbe},
 	)
+	facts := func(status uint32) breaker.Facts {
+		return breaker.Facts{Status: status, Duration: 1500 * time.Millisecond, Upstream: "llm"}
+	}
 	want := []Outcome{
-		{Status: 502, Duration: 1500 * time.Millisecond, UpstreamCluster: "llm", Tenant: "acme", Tier: "gold", Model: "gpt-4o", Final: true},
-		{Status: 200, Duration: 1500 * time.Millisecond, UpstreamCluster: "llm", Final: true},
+		{Status: 502, Duration: 1500 * time.Millisecond, UpstreamCluster: "llm", Tenant: "acme", Tier: "gold", Model: "gpt-4o",
+			Facts: facts(502), Final: true},
+		{Status: 200, Duration: 1500 * time.Millisecond, UpstreamCluster: "llm", Facts: facts(200), Final: true},
 		{Final: true},
-		{Status: 200, Duration: 1500 * time.Millisecond, UpstreamCluster: "llm", Tenant: "acme", Tier: "gold", Model: "gpt-4o", Final: true,
-			Probes: map[string]string{"model": "1700000000000.1"}},
-		{Status: 503, Duration: 1500 * time.Millisecond, UpstreamCluster: "llm", Final: true, Probes: map[string]string{"tenant": "5.2"}},
+		{Status: 200, Duration: 1500 * time.Millisecond, UpstreamCluster: "llm", Tenant: "acme", Tier: "gold", Model: "gpt-4o",
+			Facts: facts(200), Final: true, Probes: map[string]string{"model": "1700000000000.1"}},
+		{Status: 503, Duration: 1500 * time.Millisecond, UpstreamCluster: "llm", Facts: facts(503), Final: true,
+			Probes: map[string]string{"tenant": "5.2"}},
 	}
 	if diff := cmp.Diff(want, obs.outcomes); diff != "" {
 		t.Errorf("outcomes (-want +got):\n%s", diff)

@@ -161,13 +161,18 @@ func (b *Breaker) State(ctx context.Context, now time.Time, name string) (Status
 	return st, nil
 }
 
-// Observe records o's outcome, if it says anything: see Classify.
+// Observe takes o's outcome as Classify names it: a failure or a success
+// is recorded; a neutral outcome counts nothing, and frees the slot of a
+// probe, which then told nothing about the upstream (it never closes the
+// breaker: only a success does).
 func (b *Breaker) Observe(ctx context.Context, now time.Time, o Outcome) error {
-	success, ok := Classify(b.cfg, o)
-	if !ok {
-		return nil
+	switch Classify(b.cfg, o) {
+	case Failure:
+		return b.Record(ctx, now, o.Name, false, o.ProbeID)
+	case Success:
+		return b.Record(ctx, now, o.Name, true, o.ProbeID)
 	}
-	return b.Record(ctx, now, o.Name, success, o.ProbeID)
+	return b.Release(ctx, now, o.Name, o.ProbeID)
 }
 
 func (b *Breaker) count(tr Transition) {
