@@ -236,9 +236,9 @@ type countingBreakers struct {
 	allows int
 }
 
-func (c *countingBreakers) Allow(ctx context.Context, now time.Time, key string, p breaker.Params) (breaker.Verdict, breaker.Transition, error) {
+func (c *countingBreakers) Allow(ctx context.Context, now time.Time, key string, p breaker.Params, probeID string) (breaker.Verdict, breaker.Transition, error) {
 	c.allows++
-	return c.Store.Allow(ctx, now, key, p)
+	return c.Store.Allow(ctx, now, key, p, probeID)
 }
 
 // TestBreakerCache: a replica answers a closed breaker from its last read
@@ -302,4 +302,69 @@ func TestBreakerCache(t *testing.T) {
 		t.Fatalf("a second probe while the first is out: %+v", v)
 	}
 	wantCalls(4)
+}
+
+func TestNewProbeID(t *testing.T) {
+	t.Parallel()
+	seen := map[string]bool{}
+	for range 1000 {
+		id := breaker.NewProbeID()
+		if len(id) != 32 || !breaker.ValidProbeID(id) || seen[id] {
+			t.Fatalf("probe ID %q: want 32 hex digits, never repeated", id)
+		}
+		seen[id] = true
+	}
+}
+
+func TestValidProbeID(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		give string
+		want bool
+	}{
+		{name: "hex", give: "0123456789abcdefABCDEF", want: true},
+		{name: "empty", give: ""},
+		{name: "old form", give: "1700000000000.1"},
+		{name: "separator", give: "ab=12"},
+		{name: "longest", give: strings.Repeat("f", breaker.MaxProbeIDBytes), want: true},
+		{name: "too long", give: strings.Repeat("f", breaker.MaxProbeIDBytes+1)},
+		{name: "not ascii", give: "ab\xffcd"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if got := breaker.ValidProbeID(tt.give); got != tt.want {
+				t.Errorf("ValidProbeID(%q) = %v, want %v", tt.give, got, tt.want)
+			}
+		})
+	}
+}
+
+// BenchmarkBreakerAllowStore is a decision that reaches the store (a
+// half-open breaker, or a closed one once per Cache): a new probe ID and
+// the memstore call.
+func BenchmarkBreakerAllowStore(b *testing.B) {
+	c := cfg()
+	c.Cache = time.Millisecond
+	br, err := breaker.New(c, memstore.NewBreakers())
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	now := t0
+	b.ReportAllocs()
+	for b.Loop() {
+		now = now.Add(time.Millisecond) // past Cache: every call reads the store
+		if _, err := br.Allow(ctx, now, "gpt-4o"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkNewProbeID(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = breaker.NewProbeID()
+	}
 }

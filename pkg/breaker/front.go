@@ -65,7 +65,7 @@ func (b *Breaker) Allow(ctx context.Context, now time.Time, name string) (Verdic
 	if err := checkName(name); err != nil {
 		return Verdict{}, err
 	}
-	v, tr, err := b.store.Allow(ctx, now, StoreKey(b.cfg.Key, name), b.p)
+	v, tr, err := b.store.Allow(ctx, now, StoreKey(b.cfg.Key, name), b.p, NewProbeID())
 	if err != nil {
 		return Verdict{}, fmt.Errorf("breaker %s=%q: allow: %w", b.cfg.Key, name, err)
 	}

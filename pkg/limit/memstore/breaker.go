@@ -2,11 +2,13 @@ package memstore
 
 import (
 	"context"
+	"fmt"
 	"hash/maphash"
 	"sync"
 	"time"
 
 	"github.com/tollgate-dev/tollgate/pkg/breaker"
+	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
 const breakerShards = 64
@@ -87,8 +89,11 @@ func sweepBreakers(sh *breakerShard, now int64) {
 }
 
 // Allow implements breaker.Store.
-func (b *Breakers) Allow(ctx context.Context, now time.Time, key string, p breaker.Params) (v breaker.Verdict, tr breaker.Transition, err error) {
-	err = b.with(ctx, now, key, p, func(c *breaker.Cell, now int64) { v, tr = c.Allow(now, p) })
+func (b *Breakers) Allow(ctx context.Context, now time.Time, key string, p breaker.Params, probeID string) (v breaker.Verdict, tr breaker.Transition, err error) {
+	if !breaker.ValidProbeID(probeID) {
+		return v, tr, fmt.Errorf("%w: a probe ID must be 1 to %d hex digits", limit.ErrInvalid, breaker.MaxProbeIDBytes)
+	}
+	err = b.with(ctx, now, key, p, func(c *breaker.Cell, now int64) { v, tr = c.Allow(now, p, probeID) })
 	return v, tr, err
 }
 

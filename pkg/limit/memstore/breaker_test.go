@@ -31,7 +31,7 @@ func TestBreakersForget(t *testing.T) {
 	now := time.UnixMilli(1_700_000_000_000)
 	for i := range 100 {
 		key := breaker.StoreKey("model", string(rune('a'+i)))
-		if _, _, err := b.Allow(ctx, now, key, p); err != nil {
+		if _, _, err := b.Allow(ctx, now, key, p, breaker.NewProbeID()); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := b.Record(ctx, now, key, p, true, ""); err != nil {
@@ -62,9 +62,10 @@ func BenchmarkBreakersAllowClosed(b *testing.B) {
 	p := breaker.Params{FailureThreshold: 2, Window: time.Second, OpenFor: time.Second, HalfOpenProbes: 1, CloseAfter: 1, ProbeLease: time.Second}
 	key := breaker.StoreKey("model", "gpt-4o")
 	now := time.UnixMilli(1_700_000_000_000)
+	id := breaker.NewProbeID()
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, _, err := s.Allow(ctx, now, key, p); err != nil {
+		if _, _, err := s.Allow(ctx, now, key, p, id); err != nil {
 			b.Fatal(err)
 		}
 	}

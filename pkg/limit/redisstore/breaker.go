@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate-dev/tollgate/pkg/breaker"
+	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
 //go:embed breaker.lua
@@ -97,8 +98,11 @@ func (r reply) transition() breaker.Transition {
 }
 
 // Allow implements breaker.Store.
-func (b *Breakers) Allow(ctx context.Context, now time.Time, key string, p breaker.Params) (breaker.Verdict, breaker.Transition, error) {
-	r, err := b.run(ctx, "allow", now, key, p, false, "")
+func (b *Breakers) Allow(ctx context.Context, now time.Time, key string, p breaker.Params, probeID string) (breaker.Verdict, breaker.Transition, error) {
+	if !breaker.ValidProbeID(probeID) {
+		return breaker.Verdict{}, breaker.Transition{}, fmt.Errorf("%w: a probe ID must be 1 to %d hex digits", limit.ErrInvalid, breaker.MaxProbeIDBytes)
+	}
+	r, err := b.run(ctx, "allow", now, key, p, false, probeID)
 	if err != nil {
 		return breaker.Verdict{}, breaker.Transition{}, err
 	}
