@@ -15,7 +15,8 @@ import (
 // key: Model for "model", Tenant for "tenant", Tier for "tier"; a breaker
 // on any other key learns nothing here, since an Outcome carries no other
 // values. A probe's outcome carries its probe ID (Outcome.Probes, by the
-// breaker's key), so that half-open breakers can close.
+// breaker's key), so that half-open breakers can close; an outcome with a
+// ticket ID (Outcome.Once) counts its failure once.
 type BreakerObserver struct {
 	breakers []*breaker.Breaker
 	clock    limit.Clock
@@ -46,7 +47,7 @@ func (b *BreakerObserver) Observe(ctx context.Context, o *Outcome) {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(ctx, b.timeout)
-		err := br.Observe(ctx, now, breaker.Outcome{Facts: o.Facts, Name: name, ProbeID: o.Probes[br.Config().Key]})
+		err := br.Observe(ctx, now, breaker.Outcome{Facts: o.Facts, Name: name, ProbeID: o.Probes[br.Config().Key], Once: o.Once})
 		cancel()
 		if err != nil {
 			b.log.Warn("breaker outcome not recorded", zap.Error(err), zap.String("key", br.Config().Key))

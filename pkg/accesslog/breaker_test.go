@@ -124,3 +124,31 @@ func TestBreakerObserverNeutral(t *testing.T) {
 		t.Fatalf("Allow after the freed slot = %+v, %v; want a probe", p2, err)
 	}
 }
+
+// TestBreakerObserverOnce: a failure delivered again (Envoy resending a
+// batch, or a replay) with the same ticket ID counts once; another
+// ticket's failure counts.
+func TestBreakerObserverOnce(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewFakeClock(time.UnixMilli(1_700_000_000_000))
+	br, err := breaker.New(breaker.Config{Key: "model", FailureThreshold: 2, Window: time.Minute, OpenFor: time.Minute}, memstore.NewBreakers())
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := NewBreakerObserver(clock, nil, 0, br)
+	ctx := context.Background()
+	fail := func(once string) *Outcome {
+		return &Outcome{Status: 503, UpstreamCluster: "llm", Facts: upstream(503), Model: "m", Final: true, Once: once}
+	}
+	for range 5 {
+		obs.Observe(ctx, fail("ticket-1"))
+		clock.Advance(time.Second)
+	}
+	if st, _ := br.State(ctx, clock.Now(), "m"); st.State != breaker.Closed || st.Failures != 1 {
+		t.Fatalf("one failure delivered 5 times: %+v; want closed with 1 failure", st)
+	}
+	obs.Observe(ctx, fail("ticket-2"))
+	if st, _ := br.State(ctx, clock.Now(), "m"); st.State != breaker.Open {
+		t.Fatalf("a second ticket's failure: %+v; want open", st)
+	}
+}

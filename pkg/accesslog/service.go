@@ -76,6 +76,10 @@ type Outcome struct {
 	// Facts are what the circuit breakers classify (see Facts); Status,
 	// Duration and UpstreamCluster above repeat three of them.
 	Facts breaker.Facts
+	// Once is the ID of the request's verified ticket, empty without one:
+	// a failure with it counts once per breaker however often the entry
+	// is delivered (see breaker.Report).
+	Once string
 	// Final is set for the request's last entry. The Observer sees only
 	// final entries (intermediate and periodic ones are skipped, so a
 	// long stream counts once), so it is always true there; it is kept

@@ -25,6 +25,11 @@
 // so an outcome delivered twice counts once. In the closed state a
 // probe's outcome counts as any other. Outcomes while open are ignored.
 //
+// A failure reported with a once ID (Report.Once: the request's ticket
+// ID) counts at most once per breaker: the store keeps a marker
+// (OnceKey, in the breaker key's hash tag) for OnceTTL, set in the same
+// atomic step, whatever state the failure arrives in.
+//
 // Open goes to half-open lazily: the first Allow at or after the open
 // period's end writes the change (and so counts the transition once,
 // cluster-wide); State reports it as half-open before then.
@@ -173,11 +178,48 @@ type Store interface {
 	// cannot make good randomness everywhere: Lua has none). A probeID
 	// that is not 1 to MaxProbeIDBytes hex digits is an error.
 	Allow(ctx context.Context, now time.Time, key string, p Params, probeID string) (Verdict, Transition, error)
-	Record(ctx context.Context, now time.Time, key string, p Params, success bool, probeID string) (Transition, error)
+	// Record takes one outcome. A failure with r.Once is looked at once:
+	// the first delivery sets a marker (OnceKey) for OnceTTL, in the same
+	// atomic step, and a failure finding the marker changes nothing.
+	Record(ctx context.Context, now time.Time, key string, p Params, r Report) (Transition, error)
 	// Release frees the half-open slot of probeID without counting an
 	// outcome: the probe never went upstream.
 	Release(ctx context.Context, now time.Time, key string, p Params, probeID string) error
 	State(ctx context.Context, now time.Time, key string, p Params) (Status, error)
+}
+
+// Report is one request's outcome for Store.Record.
+type Report struct {
+	Success bool
+	// ProbeID is the Verdict's ProbeID when the request was a probe.
+	ProbeID string
+	// Once names the request (its ticket's ID), so that its failure
+	// counts at most once per breaker however often it is delivered (an
+	// access log batch Envoy sends again, or a replay). Empty: no such
+	// guard. At most MaxOnceBytes.
+	Once string
+}
+
+// MaxOnceBytes bounds Report.Once.
+const MaxOnceBytes = 128
+
+// OnceKey is the store key of the marker of a failure named once on the
+// breaker at key: key's hash tag, so that one script reaches both.
+func OnceKey(key, once string) string { return key + ":once:" + once }
+
+// OnceTTL is how long a failure's marker is kept: its Window, so that it
+// cannot count twice while it could count at all, and at least Retain,
+// which bounds how old a delivery Envoy or a replay can bring (tickets
+// expire sooner).
+func OnceTTL(p Params) time.Duration { return max(p.Window, Retain) }
+
+// CheckReport rejects a Report a Store would not key: a Once over
+// MaxOnceBytes.
+func CheckReport(r Report) error {
+	if len(r.Once) > MaxOnceBytes {
+		return fmt.Errorf("%w: once ID is %d bytes, at most %d", limit.ErrInvalid, len(r.Once), MaxOnceBytes)
+	}
+	return nil
 }
 
 // MaxProbeIDBytes bounds a probe ID a Store accepts.

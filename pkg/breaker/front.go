@@ -103,16 +103,18 @@ func (b *Breaker) cached(now int64, name string) (Verdict, bool) {
 	return Verdict{}, false
 }
 
-// Record takes the outcome of a request to name; probeID is the
-// Verdict's ProbeID for a probe, else empty.
-func (b *Breaker) Record(ctx context.Context, now time.Time, name string, success bool, probeID string) error {
+// Record takes the outcome of a request to name (see Report).
+func (b *Breaker) Record(ctx context.Context, now time.Time, name string, r Report) error {
 	if name == "" {
 		return nil
 	}
 	if err := checkName(name); err != nil {
 		return err
 	}
-	tr, err := b.store.Record(ctx, now, StoreKey(b.cfg.Key, name), b.p, success, probeID)
+	if err := CheckReport(r); err != nil {
+		return err
+	}
+	tr, err := b.store.Record(ctx, now, StoreKey(b.cfg.Key, name), b.p, r)
 	if err != nil {
 		return fmt.Errorf("breaker %s=%q: record: %w", b.cfg.Key, name, err)
 	}
@@ -168,9 +170,9 @@ func (b *Breaker) State(ctx context.Context, now time.Time, name string) (Status
 func (b *Breaker) Observe(ctx context.Context, now time.Time, o Outcome) error {
 	switch Classify(b.cfg, o) {
 	case Failure:
-		return b.Record(ctx, now, o.Name, false, o.ProbeID)
+		return b.Record(ctx, now, o.Name, Report{ProbeID: o.ProbeID, Once: o.Once})
 	case Success:
-		return b.Record(ctx, now, o.Name, true, o.ProbeID)
+		return b.Record(ctx, now, o.Name, Report{Success: true, ProbeID: o.ProbeID, Once: o.Once})
 	}
 	return b.Release(ctx, now, o.Name, o.ProbeID)
 }

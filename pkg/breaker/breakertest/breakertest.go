@@ -46,6 +46,7 @@ func Run(t *testing.T, open Open) {
 	t.Run("ConcurrentProbes", func(t *testing.T) { t.Parallel(); testConcurrentProbes(t, open) })
 	t.Run("OnlySlotHolders", func(t *testing.T) { t.Parallel(); testOnlySlotHolders(t, open) })
 	t.Run("BadProbeID", func(t *testing.T) { t.Parallel(); testBadProbeID(t, open) })
+	t.Run("FailureCountsOnce", func(t *testing.T) { t.Parallel(); testOnce(t, open) })
 	t.Run("Expiry", func(t *testing.T) { t.Parallel(); testExpiry(t, open) })
 }
 
@@ -83,7 +84,7 @@ func (e *env) allow(r int, t int64) (breaker.Verdict, breaker.Transition) {
 
 func (e *env) record(r int, t int64, success bool, id string) breaker.Transition {
 	e.tb.Helper()
-	tr, err := e.rs[r].Record(context.Background(), at(t), e.key, e.p, success, id)
+	tr, err := e.rs[r].Record(context.Background(), at(t), e.key, e.p, breaker.Report{Success: success, ProbeID: id})
 	if err != nil {
 		e.tb.Fatalf("Record at %d: %v", t, err)
 	}
@@ -390,6 +391,69 @@ func testBadProbeID(t *testing.T, open Open) {
 		}
 	}
 	e.wantStatus("no slot taken", e.state(0, 5000), breaker.Status{State: half})
+}
+
+func (e *env) report(r int, t int64, rep breaker.Report) breaker.Transition {
+	e.tb.Helper()
+	tr, err := e.rs[r].Record(context.Background(), at(t), e.key, e.p, rep)
+	if err != nil {
+		e.tb.Fatalf("Record %+v at %d: %v", rep, t, err)
+	}
+	return tr
+}
+
+// testOnce: a failure with a once ID counts once per breaker on every
+// replica, whatever the state it first arrives in, for OnceTTL;
+// failures without one, or with another, count as before; successes are
+// not guarded; a marker is per breaker.
+func testOnce(t *testing.T, open Open) {
+	e := newEnv(t, open, 2)
+	fail := func(once string) breaker.Report { return breaker.Report{Once: once} }
+	e.wantTransition("t1", e.report(0, 0, fail("t1")), tr(closed, closed))
+	e.wantTransition("t1 again", e.report(0, 10, fail("t1")), tr(closed, closed))
+	e.wantTransition("t1 on another replica", e.report(1, 20, fail("t1")), tr(closed, closed))
+	e.wantStatus("t1 counted once", e.state(0, 30), breaker.Status{State: closed, Failures: 1})
+	e.wantTransition("t1 as a success", e.report(1, 40, breaker.Report{Success: true, Once: "t1"}), tr(closed, closed))
+	e.wantTransition("no once", e.report(1, 50, breaker.Report{}), tr(closed, closed))
+	e.wantStatus("without once", e.state(0, 60), breaker.Status{State: closed, Failures: 2})
+
+	other := &env{tb: e.tb, rs: e.rs, key: breaker.StoreKey("model", t.Name()+"/other"), p: e.p}
+	other.wantTransition("t1 on another breaker", other.report(0, 70, fail("t1")), tr(closed, closed))
+	other.wantStatus("counted there", other.state(0, 70), breaker.Status{State: closed, Failures: 1})
+
+	e.wantTransition("t2 opens", e.report(0, 100, fail("t2")), tr(closed, opn))
+	e.wantTransition("t3 while open", e.report(1, 200, fail("t3")), tr(opn, opn))
+	p1, _ := e.allow(0, 5100)
+	e.wantTransition("probe closes", e.report(1, 5200, breaker.Report{Success: true, ProbeID: p1.ProbeID}), tr(half, half))
+	p2, _ := e.allow(0, 5300)
+	e.wantTransition("probe closes", e.report(1, 5400, breaker.Report{Success: true, ProbeID: p2.ProbeID}), tr(half, closed))
+	for _, id := range []string{"t1", "t2", "t3"} {
+		e.wantTransition(id+" replayed once closed", e.report(0, 5500, fail(id)), tr(closed, closed))
+	}
+	e.wantStatus("replays counted nothing", e.state(0, 5600), breaker.Status{State: closed})
+
+	// A probe's failure with a once ID: the first reopens, a replay in
+	// the next half-open period moves nothing (its slot is gone too).
+	e.openAt(6000)
+	q, _ := e.allow(1, 11000)
+	e.wantTransition("probe fails", e.report(0, 11100, breaker.Report{ProbeID: q.ProbeID, Once: "t4"}), tr(half, opn))
+	e.allow(1, 16100)
+	e.wantTransition("probe failure replayed", e.report(0, 16200, breaker.Report{ProbeID: q.ProbeID, Once: "t4"}), tr(half, half))
+
+	// Markers last OnceTTL: past it, a delivery counts again (by then
+	// the ticket it came with has expired).
+	ttl := breaker.OnceTTL(e.p).Milliseconds()
+	late := &env{tb: e.tb, rs: e.rs, key: breaker.StoreKey("model", t.Name()+"/late"), p: e.p}
+	late.report(0, 0, fail("t5"))
+	late.wantTransition("t5 just before its TTL", late.report(1, ttl-1, fail("t5")), tr(closed, closed))
+	late.wantStatus("not counted", late.state(0, ttl-1), breaker.Status{State: closed})
+	late.wantTransition("t5 past its TTL", late.report(1, ttl+2000, fail("t5")), tr(closed, closed))
+	late.wantStatus("counted again", late.state(0, ttl+2000), breaker.Status{State: closed, Failures: 1})
+
+	if _, err := e.rs[0].Record(context.Background(), at(20000), e.key, e.p,
+		breaker.Report{Once: strings.Repeat("x", breaker.MaxOnceBytes+1)}); err == nil {
+		t.Error("a once ID over MaxOnceBytes was taken")
+	}
 }
 
 // testExpiry: state lives as long as it matters, and a quiet open

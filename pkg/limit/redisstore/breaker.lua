@@ -2,12 +2,14 @@
 -- Allow, Record or Status (pkg/breaker/cell.go), step for step. Time comes
 -- from the caller; the script never reads the server clock.
 --
--- KEYS[1]: the breaker's key (breaker.StoreKey).
+-- KEYS[1]: the breaker's key (breaker.StoreKey). KEYS[2], for a failure
+-- reported with a once ID only: its marker (breaker.OnceKey, same hash tag).
 -- ARGV: mode ("allow", "record", "release" or "state"), now (Unix ms), failure
 -- threshold, window (ms), open for (ms), half-open probes, close after,
 -- probe lease (ms), retain (ms), success ("1" or "0", record), probe ID
 -- (allow: the ID a new probe's slot gets, from Go's crypto/rand, as Lua
--- has no good randomness; record, release: the probe reporting).
+-- has no good randomness; record, release: the probe reporting), the
+-- marker's TTL (ms, breaker.OnceTTL).
 --
 -- State: a hash. "s": "o" open or "h" half-open (absent: closed); "u":
 -- when an open breaker goes half-open; "k": probe successes; "f": the
@@ -37,8 +39,9 @@ local lease = tonumber(ARGV[8])
 local retain = tonumber(ARGV[9])
 local success = ARGV[10] == '1'
 local probeID = ARGV[11] or ''
+local onceTTL = tonumber(ARGV[12])
 if now == nil or threshold == nil or window == nil or openFor == nil or maxProbes == nil or
-    closeAfter == nil or lease == nil or retain == nil then
+    closeAfter == nil or lease == nil or retain == nil or onceTTL == nil then
   return redis.error_reply('ERR tollgate breaker: bad arguments')
 end
 
@@ -156,6 +159,18 @@ if mode == 'allow' then
   end
 elseif mode == 'record' then
   local from = c.state
+  -- A failure named by a once ID is looked at once: a marker holding an
+  -- expiry after now means it was delivered before. The expiry follows
+  -- the caller's clock, as every time here does; the key's own TTL only
+  -- collects it.
+  if KEYS[2] ~= nil then
+    local seen = tonumber(redis.call('GET', KEYS[2]) or '')
+    if seen ~= nil and seen > now then
+      out[1] = c.state
+      return out
+    end
+    redis.call('SET', KEYS[2], fmtint(now + onceTTL), 'PX', fmtint(onceTTL + ttlMargin))
+  end
   if c.state == CLOSED then
     if not success then
       local kept = {}

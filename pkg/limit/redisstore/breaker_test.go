@@ -61,7 +61,7 @@ func TestBreakersStoreShares(t *testing.T) {
 	if n, err := raw.Exists(ctx, key).Result(); err != nil || n != 0 {
 		t.Fatalf("closed breaker's key exists: %d, %v", n, err)
 	}
-	if _, err := b.Record(ctx, t0, key, p, false, ""); err != nil {
+	if _, err := b.Record(ctx, t0, key, p, breaker.Report{}); err != nil {
 		t.Fatal(err)
 	}
 	ttl, err := raw.PTTL(ctx, key).Result()
