@@ -368,3 +368,89 @@ func BenchmarkNewProbeID(b *testing.B) {
 		_ = breaker.NewProbeID()
 	}
 }
+
+// TestSettlingIgnoresBreakers: with the real Set and stores, a cost report
+// and a refund (Envoy's apply_on_stream_done call) arriving while the
+// model's breaker is open or half-open are charged and refunded, and the
+// half-open one's probe slot stays free for a real request.
+func TestSettlingIgnoresBreakers(t *testing.T) {
+	t.Parallel()
+	c := breaker.Config{Key: "model", FailureThreshold: 1, Window: time.Minute, OpenFor: 30 * time.Second}
+	rs, err := limit.NewRuleSet(&limit.Domain{
+		Name:     "d",
+		Breakers: []limit.BreakerConfig{c},
+		Descriptors: []*limit.Rule{
+			{Key: "model", TokenLimit: &limit.Limit{Kind: limit.Tokens, Amount: 1000, Unit: limit.Hour}},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	br, err := breaker.New(c, memstore.NewBreakers())
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := breaker.NewSet()
+	set.Replace(breaker.SetEntry{Domain: "d", Breaker: br})
+	clock := storetest.NewFakeClock(t0)
+	lim := limit.NewLimiter(memstore.New(), clock, rs, limit.WithBreakers(set))
+	ctx := context.Background()
+	decide := func(d limit.Descriptor) *limit.Decision {
+		t.Helper()
+		d.Entries = []limit.Entry{{Key: "model", Value: "m"}}
+		dec, err := lim.Decide(ctx, &limit.Request{Domain: "d", Descriptors: []limit.Descriptor{d}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return dec
+	}
+	// remaining is the budget left, read with a check (hits_addend 0)
+	// while the breaker is closed.
+	remaining := func() uint64 {
+		t.Helper()
+		dec := decide(limit.Descriptor{HitsSet: true})
+		if dec.Code != limit.CodeOK || dec.Statuses[0].Limit == nil {
+			t.Fatalf("check: %+v", dec)
+		}
+		return dec.Statuses[0].Remaining
+	}
+	if got := remaining(); got != 1000 {
+		t.Fatalf("budget %d, want 1000", got)
+	}
+	fail := breaker.Outcome{Facts: breaker.Facts{Status: 503, Details: breaker.DetailsViaUpstream}, Name: "m"}
+	if err := br.Observe(ctx, clock.Now(), fail); err != nil {
+		t.Fatal(err)
+	}
+	report := limit.Descriptor{Hits: 400, HitsSet: true}
+	refund := limit.Descriptor{Hits: 100, HitsSet: true, Negative: true}
+	for _, d := range []limit.Descriptor{report, refund} {
+		if dec := decide(d); dec.Code != limit.CodeOK || dec.Reason != limit.ReasonNone {
+			t.Fatalf("settling while open: %v %v", dec.Code, dec.Reason)
+		}
+	}
+	if dec := decide(limit.Descriptor{}); dec.Reason != limit.ReasonBreaker {
+		t.Fatalf("a request while open: %v %v, want refused by the breaker", dec.Code, dec.Reason)
+	}
+
+	clock.Advance(30 * time.Second)
+	for _, d := range []limit.Descriptor{report, refund} {
+		if dec := decide(d); dec.Code != limit.CodeOK || len(dec.Probes) != 0 {
+			t.Fatalf("settling while half-open: %v, probes %+v", dec.Code, dec.Probes)
+		}
+	}
+	if st, _ := br.State(ctx, clock.Now(), "m"); st.State != breaker.HalfOpen || st.Probes != 0 {
+		t.Fatalf("after settling while half-open: %+v, want no probe out", st)
+	}
+	dec := decide(limit.Descriptor{})
+	if dec.Code != limit.CodeOK || len(dec.Probes) != 1 {
+		t.Fatalf("the first request while half-open: %v, probes %+v; want the probe", dec.Code, dec.Probes)
+	}
+	ok := breaker.Outcome{Facts: breaker.Facts{Status: 200, Details: breaker.DetailsViaUpstream}, Name: "m", ProbeID: dec.Probes[0].ID}
+	if err := br.Observe(ctx, clock.Now(), ok); err != nil {
+		t.Fatal(err)
+	}
+	// 1000 - 400 + 100 twice: both settlements, open and half-open.
+	if got := remaining(); got != 400 {
+		t.Fatalf("budget %d after two reports of 400 and two refunds of 100, want 400", got)
+	}
+}

@@ -208,7 +208,7 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 		return dec, nil
 	}
 	adj, shed := l.shed(dom, req, dec)
-	if shed {
+	if shed && !maySettle(req) {
 		dec.Tier, _ = dom.plan(req)
 		refuse(dec, ReasonShed, dom.Shedding.RetryAfter())
 		return dec, nil
@@ -219,8 +219,21 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 		return nil, err
 	}
 	dec.Tier = b.tier
+	// A request of refunds and cost reports only (Envoy's
+	// apply_on_stream_done call) settles usage of a request admitted
+	// before: neither shedding nor a breaker refuses it, and it takes no
+	// probe slot, or a refund would be lost, usage go uncharged, and a
+	// report hold a half-open breaker's slot for nothing.
+	settles := b.asks == 0
+	if settles {
+		dec.ShadowShed = false
+	} else if shed {
+		clear(dec.Statuses)
+		refuse(dec, ReasonShed, dom.Shedding.RetryAfter())
+		return dec, nil
+	}
 	now := l.clock.Now()
-	if len(dom.Breakers) > 0 {
+	if len(dom.Breakers) > 0 && !settles {
 		sctx, cancel := l.storeCtx(ctx)
 		ok, err := l.allowBreakers(sctx, now, dom, req, dec)
 		cancel()
@@ -300,6 +313,19 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 		dec.Reservation = &Reservation{ID: req.ID, At: now, Tokens: b.tokens}
 	}
 	return dec, nil
+}
+
+// maySettle says whether every descriptor of req is a refund or carries
+// its own hits_addend: only such a request can be all refunds and cost
+// reports (build tells, from the rules). It keeps shedding's refusal
+// from matching rules for any other request.
+func maySettle(req *Request) bool {
+	for i := range req.Descriptors {
+		if d := &req.Descriptors[i]; !d.Negative && !d.HitsSet {
+			return false
+		}
+	}
+	return true
 }
 
 // Reconcile settles a reservation that Decide made for req (the same
@@ -424,6 +450,11 @@ type built struct {
 	tier     string        // the request's plan, "" without tiers
 	first    []Entry       // the first descriptor's entries, tier entries removed
 	res      []Result      // the store's answers, reused like charges and plans
+
+	// asks counts the descriptors that ask for admission: all but
+	// refunds (is_negative_hits) and cost reports (a hits_addend of its
+	// own on a token limit). None: the request only settles.
+	asks int
 }
 
 // builtPool keeps built values between decisions so that their charge,
@@ -550,6 +581,9 @@ func build(b *built, dom *Domain, req *Request, m mode, statuses []Status, adj a
 	for i := range req.Descriptors {
 		d := &req.Descriptors[i]
 		r := rules[i]
+		if !d.Negative {
+			b.asks++ // until it turns out a cost report, below
+		}
 		if r != nil && r.Unlimited {
 			continue
 		}
@@ -618,6 +652,9 @@ func build(b *built, dom *Domain, req *Request, m mode, statuses []Status, adj a
 			// answer to it, so refusing it would lose the usage and let a
 			// tenant whose responses outgrow its remaining budget run on.
 			c.Force = d.HitsSet && tokenCost > 0
+			if c.Force {
+				b.asks--
+			}
 			if !c.Force && tokenCost > 0 {
 				b.reserves = true
 				b.tokens = uint64(tokenCost)
