@@ -11,6 +11,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	datav3 "github.com/envoyproxy/go-control-plane/envoy/data/accesslog/v3"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -301,4 +302,35 @@ func TestFactsOfGarbage(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzFacts reads arbitrary entries (the table's rows as seeds): Facts
+// and Classify never panic, a success is always an upstream 2xx or 3xx
+// with no flag, and an upstream failure flag is always a failure.
+func FuzzFacts(f *testing.F) {
+	for _, r := range outcomeRows {
+		b, err := proto.Marshal(r.give)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b, int64(r.timeout))
+	}
+	f.Fuzz(func(t *testing.T, wire []byte, timeout int64) {
+		var e datav3.HTTPAccessLogEntry
+		if proto.Unmarshal(wire, &e) != nil {
+			return
+		}
+		facts := Facts(&e)
+		c := breaker.Config{Key: "model", FailureThreshold: 1, Window: time.Minute, OpenFor: time.Minute, Timeout: time.Duration(max(timeout, 0))}
+		got := breaker.Classify(c, breaker.Outcome{Facts: facts, Name: "m"})
+		if got == breaker.Success && (facts.Status < 200 || facts.Status >= 400 || facts.Flags != 0) {
+			t.Fatalf("success of %+v", facts)
+		}
+		upstreamFailed := breaker.FlagUpstreamConnectionFailure | breaker.FlagUpstreamConnectionTermination |
+			breaker.FlagUpstreamRemoteReset | breaker.FlagUpstreamRequestTimeout | breaker.FlagNoHealthyUpstream |
+			breaker.FlagUpstreamProtocolError | breaker.FlagDNSResolutionFailure
+		if facts.Flags&upstreamFailed != 0 && got != breaker.Failure {
+			t.Fatalf("%v of %+v, want failure", got, facts)
+		}
+	})
 }
