@@ -35,7 +35,8 @@
 // cluster-wide); State reports it as half-open before then.
 //
 // Every state is in the Store (memstore, or Redis with one small Lua
-// script per operation and one hash-tagged key per breaker), so failures
+// script per operation and one hash-tagged key per breaker, plus the
+// failure markers of Report.Once in the same hash tag), so failures
 // reported to one replica open the breaker for every replica at their next
 // decision. A replica answers from the closed
 // state it last read for Config.Cache (100 ms by default), and from an
