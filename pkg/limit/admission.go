@@ -411,6 +411,19 @@ func valueOf(req *Request, key string) string {
 	return ""
 }
 
+// maySettle says whether every descriptor of req is a refund or carries
+// its own hits_addend: only such a request can be all refunds and cost
+// reports (build tells, from the rules). It keeps shedding's refusal
+// from matching rules for any other request.
+func maySettle(req *Request) bool {
+	for i := range req.Descriptors {
+		if d := &req.Descriptors[i]; !d.Negative && !d.HitsSet {
+			return false
+		}
+	}
+	return true
+}
+
 // releaseTimeout bounds giving probes back, which runs even when the
 // caller has given up.
 const releaseTimeout = time.Second

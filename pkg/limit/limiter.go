@@ -315,19 +315,6 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	return dec, nil
 }
 
-// maySettle says whether every descriptor of req is a refund or carries
-// its own hits_addend: only such a request can be all refunds and cost
-// reports (build tells, from the rules). It keeps shedding's refusal
-// from matching rules for any other request.
-func maySettle(req *Request) bool {
-	for i := range req.Descriptors {
-		if d := &req.Descriptors[i]; !d.Negative && !d.HitsSet {
-			return false
-		}
-	}
-	return true
-}
-
 // Reconcile settles a reservation that Decide made for req (the same
 // domain, descriptors, ID and overrides) at time at: with the actual
 // usage known, the difference between it and the reserved tokens is
