@@ -131,8 +131,8 @@ func (b *Breaker) Record(ctx context.Context, now time.Time, name string, r Repo
 
 // Release frees the half-open slot a probe of name holds, without
 // counting an outcome: the request it was given to was refused later in
-// the decision and never went upstream. An unknown or stale probeID
-// changes nothing.
+// the decision and never went upstream, or its outcome was neutral (see
+// Observe). An unknown or stale probeID changes nothing.
 func (b *Breaker) Release(ctx context.Context, now time.Time, name, probeID string) error {
 	if name == "" || probeID == "" {
 		return nil
