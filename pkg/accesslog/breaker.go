@@ -17,7 +17,8 @@ const BreakerTimeout = outcome.DefaultTimeout
 // BreakerObserver is an Observer that feeds each outcome to the circuit
 // breakers of its domain: each breaker of the outcome's ticket
 // (Outcome.Breakers) under the name the decision gave it, with the probe
-// the request held, so that half-open breakers can close.
+// the request held, so that half-open breakers can close, classified as
+// docs/outcome-classes.md says (breaker.Classify).
 type BreakerObserver struct {
 	breakers map[breakerKey]*breaker.Breaker
 	clock    limit.Clock
@@ -57,9 +58,9 @@ func (b *BreakerObserver) Observe(ctx context.Context, o *Outcome) {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(ctx, b.timeout)
-		err := br.Observe(ctx, now, breaker.Outcome{
-			Status: o.Status, Duration: o.Duration, Upstream: o.UpstreamCluster, Name: ob.Name, ProbeID: ob.ProbeID,
-		})
+		// The ticket's ID makes a failure count once per breaker, however
+		// often its entry is delivered.
+		err := br.Observe(ctx, now, breaker.Outcome{Facts: o.Facts, Name: ob.Name, ProbeID: ob.ProbeID, Once: o.ID})
 		cancel()
 		if err != nil {
 			b.log.Warn("breaker outcome not recorded", zap.Error(err), zap.String("key", ob.Key))

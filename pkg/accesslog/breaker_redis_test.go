@@ -2,6 +2,7 @@ package accesslog
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -59,8 +60,8 @@ func TestBreakerAcrossReplicas(t *testing.T) {
 	on := func(probe string) []outcome.Breaker {
 		return []outcome.Breaker{{Key: "model", Name: "gpt-4o", ProbeID: probe}}
 	}
-	for range 3 {
-		obsA.Observe(ctx, &Outcome{Status: 503, UpstreamCluster: "gpu", Domain: "d", Breakers: on("")})
+	for i := range 3 {
+		obsA.Observe(ctx, &Outcome{Facts: upstream(503), Domain: "d", Breakers: on(""), ID: fmt.Sprint("t", i)})
 	}
 	clock.Advance(time.Second)
 	dec, err := limB.Decide(ctx, req("gpt-4o"))
@@ -84,7 +85,7 @@ func TestBreakerAcrossReplicas(t *testing.T) {
 	if err != nil || dec.Code != limit.CodeOK || len(dec.Probes) != 1 {
 		t.Fatalf("half-open: %+v, %v; want a probe", dec, err)
 	}
-	obsA.Observe(ctx, &Outcome{Status: 200, UpstreamCluster: "gpu", Domain: "d", Breakers: on(dec.Probes[0].ID)})
+	obsA.Observe(ctx, &Outcome{Facts: upstream(200), Domain: "d", Breakers: on(dec.Probes[0].ID), ID: "probe"})
 	if st, err := brA.State(ctx, clock.Now(), "gpt-4o"); err != nil || st.State != breaker.Closed {
 		t.Errorf("after the probe's success: %+v, %v; want closed", st, err)
 	}

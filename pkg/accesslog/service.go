@@ -37,6 +37,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
+	"github.com/tollgate-dev/tollgate/pkg/breaker"
 	"github.com/tollgate-dev/tollgate/pkg/outcome"
 	"github.com/tollgate-dev/tollgate/pkg/ticket"
 )
@@ -58,6 +59,10 @@ type Outcome struct {
 	// Breakers are the breakers the request's outcome counts for, with
 	// the probes it holds on them (see outcome.Loop.Breakers).
 	Breakers []outcome.Breaker
+	// Facts are what the circuit breakers classify (see Facts and
+	// docs/outcome-classes.md); Status, Duration and UpstreamCluster
+	// above repeat three of them.
+	Facts breaker.Facts
 }
 
 // Observer learns the outcome of every finished request Tollgate admitted,
@@ -181,6 +186,7 @@ func (s *Service) entry(ctx context.Context, e *datav3.HTTPAccessLogEntry) {
 			Model:           t.Model,
 			ID:              t.ID,
 			Breakers:        s.loop.Breakers(t),
+			Facts:           Facts(e),
 		}
 		(*obs).Observe(ctx, &o)
 	}

@@ -11,25 +11,32 @@
 //     OpenFor has passed since it opened.
 //   - half-open: at most HalfOpenProbes requests are in flight as probes,
 //     cluster-wide. Each holds a slot with a lease of ProbeLease; a slot
-//     frees when its probe reports success, or when its lease runs out (the
-//     outcome was lost). CloseAfter probe successes close the breaker
-//     (failures forgotten); any probe failure opens it again for OpenFor.
+//     frees when its probe reports an outcome, or when its lease runs out
+//     (the outcome was lost). CloseAfter probe successes close the breaker
+//     (failures forgotten); any probe failure opens it again for OpenFor; a
+//     probe's neutral outcome (see Classify) only frees its slot.
 //
-// A probe is named by its ProbeID ("<opened-at ms>.<n>"), which the
-// decision hands out and the access log entry must bring back: outcomes
-// without one, or with one from an earlier half-open period, do not move a
-// half-open breaker (they come from requests admitted before it opened).
-// A probe's failure counts even after its lease ran out; its success only
-// while its slot is held, so an outcome delivered twice counts once. In
-// the closed state a probe's outcome counts as any other. Outcomes while
-// open are ignored.
+// A probe is named by its ProbeID, 128 random bits (NewProbeID) that the
+// decision hands out and the access log entry must bring back. Only the
+// ID of a slot held now moves a half-open breaker: outcomes without one,
+// with a guessed one, with one from an earlier half-open period or whose
+// lease ran out change nothing (set ProbeLease above the route's timeout,
+// so that a genuine probe reports within it). A slot counts one outcome,
+// so an outcome delivered twice counts once. In the closed state a
+// probe's outcome counts as any other. Outcomes while open are ignored.
+//
+// A failure reported with a once ID (Report.Once: the request's ticket
+// ID) counts at most once per breaker: the store keeps a marker
+// (OnceKey, in the breaker key's hash tag) for OnceTTL, set in the same
+// atomic step, whatever state the failure arrives in.
 //
 // Open goes to half-open lazily: the first Allow at or after the open
 // period's end writes the change (and so counts the transition once,
 // cluster-wide); State reports it as half-open before then.
 //
 // Every state is in the Store (memstore, or Redis with one small Lua
-// script per operation and one hash-tagged key per breaker), so failures
+// script per operation and one hash-tagged key per breaker, plus the
+// failure markers of Report.Once in the same hash tag), so failures
 // reported to one replica open the breaker for every replica at their next
 // decision. A replica answers from the closed
 // state it last read for Config.Cache (100 ms by default), and from an
@@ -58,6 +65,8 @@ package breaker
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"hash/fnv"
 	"strconv"
@@ -165,12 +174,82 @@ func (t Transition) Changed() bool { return t.From != t.To }
 // Store keeps breakers' state where every replica sees it. key is from
 // StoreKey. Each method is atomic per key and follows Cell exactly.
 type Store interface {
-	Allow(ctx context.Context, now time.Time, key string, p Params) (Verdict, Transition, error)
-	Record(ctx context.Context, now time.Time, key string, p Params, success bool, probeID string) (Transition, error)
+	// Allow decides a request; one admitted as a probe holds its slot
+	// under probeID, which the caller made with NewProbeID (a Store
+	// cannot make good randomness everywhere: Lua has none). A probeID
+	// that is not 1 to MaxProbeIDBytes hex digits is an error.
+	Allow(ctx context.Context, now time.Time, key string, p Params, probeID string) (Verdict, Transition, error)
+	// Record takes one outcome. A failure with r.Once is looked at once:
+	// the first delivery sets a marker (OnceKey) for OnceTTL, in the same
+	// atomic step, and a failure finding the marker changes nothing.
+	Record(ctx context.Context, now time.Time, key string, p Params, r Report) (Transition, error)
 	// Release frees the half-open slot of probeID without counting an
 	// outcome: the probe never went upstream.
 	Release(ctx context.Context, now time.Time, key string, p Params, probeID string) error
 	State(ctx context.Context, now time.Time, key string, p Params) (Status, error)
+}
+
+// Report is one request's outcome for Store.Record.
+type Report struct {
+	Success bool
+	// ProbeID is the Verdict's ProbeID when the request was a probe.
+	ProbeID string
+	// Once names the request (its ticket's ID), so that its failure
+	// counts at most once per breaker however often it is delivered (an
+	// access log batch Envoy sends again, or a replay). Empty: no such
+	// guard. At most MaxOnceBytes.
+	Once string
+}
+
+// MaxOnceBytes bounds Report.Once.
+const MaxOnceBytes = 128
+
+// OnceKey is the store key of the marker of a failure named once on the
+// breaker at key: key's hash tag, so that one script reaches both.
+func OnceKey(key, once string) string { return key + ":once:" + once }
+
+// OnceTTL is how long a failure's marker is kept: its Window, so that it
+// cannot count twice while it could count at all, and at least Retain,
+// which bounds how old a delivery Envoy or a replay can bring (tickets
+// expire sooner).
+func OnceTTL(p Params) time.Duration { return max(p.Window, Retain) }
+
+// CheckReport rejects a Report a Store would not key: a Once over
+// MaxOnceBytes.
+func CheckReport(r Report) error {
+	if len(r.Once) > MaxOnceBytes {
+		return fmt.Errorf("%w: once ID is %d bytes, at most %d", limit.ErrInvalid, len(r.Once), MaxOnceBytes)
+	}
+	return nil
+}
+
+// MaxProbeIDBytes bounds a probe ID a Store accepts.
+const MaxProbeIDBytes = 64
+
+// NewProbeID returns a fresh probe ID: 128 bits from crypto/rand in hex,
+// so that nobody can guess the ID of a probe in flight and report an
+// outcome for it.
+func NewProbeID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails: crypto/rand crashes the program instead
+	return hex.EncodeToString(b[:])
+}
+
+// ValidProbeID says whether id is what a Store accepts from Allow: 1 to
+// MaxProbeIDBytes hex digits, so it can never hold the separators a
+// store writes slots with.
+func ValidProbeID(id string) bool {
+	if id == "" || len(id) > MaxProbeIDBytes {
+		return false
+	}
+	for i := range len(id) {
+		switch c := id[i]; {
+		case c >= '0' && c <= '9', c >= 'a' && c <= 'f', c >= 'A' && c <= 'F':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // StoreKey is the store key of the breaker named name for descriptor key

@@ -20,37 +20,56 @@ func cfg() breaker.Config {
 	return breaker.Config{Key: "model", FailureThreshold: 2, Window: time.Minute, OpenFor: 30 * time.Second, Timeout: 10 * time.Second}
 }
 
+// TestClassify: the rules of Classify in their order; the table of
+// Envoy's entries is pkg/accesslog's TestOutcomeClasses.
 func TestClassify(t *testing.T) {
 	t.Parallel()
-	o := func(status uint32, d time.Duration) breaker.Outcome {
-		return breaker.Outcome{Status: status, Duration: d, Upstream: "gpu", Name: "m"}
+	up := func(status uint32) breaker.Facts {
+		return breaker.Facts{Status: status, Details: breaker.DetailsViaUpstream, Upstream: "gpu", Received: true, Sent: true, SentAt: time.Millisecond, Answered: true}
+	}
+	with := func(f breaker.Facts, fl breaker.Flags) breaker.Facts { f.Flags |= fl; return f }
+	left := func(d time.Duration) breaker.Facts {
+		return breaker.Facts{Details: "downstream_remote_disconnect", Flags: breaker.FlagDownstreamConnectionTermination,
+			Duration: d, Upstream: "gpu", Received: true, Sent: true, SentAt: time.Second}
 	}
 	tests := []struct {
-		name        string
-		give        breaker.Outcome
-		wantSuccess bool
-		wantOK      bool
+		name string
+		give breaker.Facts
+		want breaker.Class
 	}{
-		{name: "200", give: o(200, time.Second), wantSuccess: true, wantOK: true},
-		{name: "429 from the upstream", give: o(429, time.Second), wantSuccess: true, wantOK: true},
-		{name: "404", give: o(404, time.Second), wantSuccess: true, wantOK: true},
-		{name: "500", give: o(500, time.Second), wantOK: true},
-		{name: "503", give: o(503, time.Second), wantOK: true},
-		{name: "504", give: o(504, time.Second), wantOK: true},
-		{name: "408", give: o(408, time.Second), wantOK: true},
-		{name: "no response past the timeout", give: o(0, 10*time.Second), wantOK: true},
-		{name: "no response before the timeout", give: o(0, 9*time.Second)},
-		{name: "no upstream", give: breaker.Outcome{Status: 503, Name: "m"}},
-		{name: "no name", give: breaker.Outcome{Status: 503, Upstream: "gpu"}},
+		{name: "200", give: up(200), want: breaker.Success},
+		{name: "399", give: up(399), want: breaker.Success},
+		{name: "101", give: up(101), want: breaker.Neutral},
+		{name: "429 from the upstream", give: up(429), want: breaker.Failure},
+		{name: "404", give: up(404), want: breaker.Neutral},
+		{name: "408", give: up(408), want: breaker.Neutral},
+		{name: "500", give: up(500), want: breaker.Failure},
+		{name: "599", give: up(599), want: breaker.Failure},
+		{name: "600", give: up(600), want: breaker.Neutral},
+		{name: "200 with another flag", give: with(up(200), breaker.FlagOther), want: breaker.Neutral},
+		{name: "503 with another flag", give: with(up(503), breaker.FlagOther), want: breaker.Failure},
+		{name: "200 then upstream reset", give: with(up(200), breaker.FlagUpstreamRemoteReset), want: breaker.Failure},
+		{name: "200 then client reset", give: with(up(200), breaker.FlagDownstreamRemoteReset), want: breaker.Neutral},
+		{name: "upstream timeout whatever the status", give: with(up(204), breaker.FlagUpstreamRequestTimeout), want: breaker.Failure},
+		{name: "client left past the timeout", give: left(12 * time.Second), want: breaker.Failure},
+		{name: "client left at the timeout", give: left(11 * time.Second), want: breaker.Failure},
+		{name: "client left just before", give: left(11*time.Second - time.Millisecond), want: breaker.Neutral},
+		{name: "client left after an answer", give: func() breaker.Facts { f := left(time.Hour); f.Answered = true; return f }(), want: breaker.Neutral},
+		{name: "client left before the request went upstream", give: func() breaker.Facts { f := left(time.Hour); f.Sent = false; return f }(), want: breaker.Neutral},
+		{name: "status 0 without flags past the timeout", give: breaker.Facts{Duration: time.Hour, Received: true, Sent: true}, want: breaker.Failure},
+		{name: "local reply without details", give: breaker.Facts{Status: 503}, want: breaker.Neutral},
+		{name: "local reply with details", give: breaker.Facts{Status: 503, Details: "ext_authz_denied", Upstream: "gpu"}, want: breaker.Neutral},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			s, ok := breaker.Classify(cfg(), tt.give)
-			if s != tt.wantSuccess || ok != tt.wantOK {
-				t.Errorf("Classify = %v, %v; want %v, %v", s, ok, tt.wantSuccess, tt.wantOK)
+			if got := breaker.Classify(cfg(), breaker.Outcome{Facts: tt.give, Name: "m"}); got != tt.want {
+				t.Errorf("Classify = %v, want %v", got, tt.want)
 			}
 		})
+	}
+	if got := breaker.Classify(cfg(), breaker.Outcome{Facts: up(500)}); got != breaker.Neutral {
+		t.Errorf("Classify without a name = %v, want neutral", got)
 	}
 }
 
@@ -112,7 +131,7 @@ func TestBreakerObserveOpensForAll(t *testing.T) {
 		t.Fatal(err)
 	}
 	b, _ := breaker.New(cfg(), store)
-	fail := breaker.Outcome{Status: 502, Upstream: "gpu", Name: "gpt-4o"}
+	fail := breaker.Outcome{Facts: breaker.Facts{Status: 502, Details: breaker.DetailsViaUpstream}, Name: "gpt-4o"}
 	for range 2 {
 		if err := a.Observe(ctx, clock.Now(), fail); err != nil {
 			t.Fatal(err)
@@ -140,7 +159,7 @@ func TestBreakerObserveOpensForAll(t *testing.T) {
 	if !p.Probe {
 		t.Fatalf("no probe: %+v", p)
 	}
-	if err := a.Observe(ctx, now, breaker.Outcome{Status: 200, Upstream: "gpu", Name: "gpt-4o", ProbeID: p.ProbeID}); err != nil {
+	if err := a.Observe(ctx, now, breaker.Outcome{Facts: breaker.Facts{Status: 200, Details: breaker.DetailsViaUpstream}, Name: "gpt-4o", ProbeID: p.ProbeID}); err != nil {
 		t.Fatal(err)
 	}
 	st, err := b.State(ctx, now, "gpt-4o")
@@ -183,7 +202,7 @@ func TestBreakerTracksBoundedNames(t *testing.T) {
 		t.Fatalf("Untracked = %d, want 10", b.Untracked())
 	}
 	// An opening breaker makes room by dropping a closed one.
-	fail := breaker.Outcome{Status: 500, Upstream: "gpu", Name: "new"}
+	fail := breaker.Outcome{Facts: breaker.Facts{Status: 500, Details: breaker.DetailsViaUpstream}, Name: "new"}
 	if err := b.Observe(ctx, t0, fail); err != nil {
 		t.Fatal(err)
 	}
@@ -217,9 +236,9 @@ type countingBreakers struct {
 	allows int
 }
 
-func (c *countingBreakers) Allow(ctx context.Context, now time.Time, key string, p breaker.Params) (breaker.Verdict, breaker.Transition, error) {
+func (c *countingBreakers) Allow(ctx context.Context, now time.Time, key string, p breaker.Params, probeID string) (breaker.Verdict, breaker.Transition, error) {
 	c.allows++
-	return c.Store.Allow(ctx, now, key, p)
+	return c.Store.Allow(ctx, now, key, p, probeID)
 }
 
 // TestBreakerCache: a replica answers a closed breaker from its last read
@@ -256,7 +275,7 @@ func TestBreakerCache(t *testing.T) {
 	allow(249 * time.Millisecond)
 	wantCalls(1)
 	// Opened elsewhere: still answered closed until the read is Cache old.
-	fail := breaker.Outcome{Status: 502, Upstream: "gpu", Name: "gpt-4o"}
+	fail := breaker.Outcome{Facts: breaker.Facts{Status: 502, Details: breaker.DetailsViaUpstream}, Name: "gpt-4o"}
 	for range 2 {
 		if err := other.Observe(ctx, t0.Add(249*time.Millisecond), fail); err != nil {
 			t.Fatal(err)
@@ -283,4 +302,155 @@ func TestBreakerCache(t *testing.T) {
 		t.Fatalf("a second probe while the first is out: %+v", v)
 	}
 	wantCalls(4)
+}
+
+func TestNewProbeID(t *testing.T) {
+	t.Parallel()
+	seen := map[string]bool{}
+	for range 1000 {
+		id := breaker.NewProbeID()
+		if len(id) != 32 || !breaker.ValidProbeID(id) || seen[id] {
+			t.Fatalf("probe ID %q: want 32 hex digits, never repeated", id)
+		}
+		seen[id] = true
+	}
+}
+
+func TestValidProbeID(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		give string
+		want bool
+	}{
+		{name: "hex", give: "0123456789abcdefABCDEF", want: true},
+		{name: "empty", give: ""},
+		{name: "old form", give: "1700000000000.1"},
+		{name: "separator", give: "ab=12"},
+		{name: "longest", give: strings.Repeat("f", breaker.MaxProbeIDBytes), want: true},
+		{name: "too long", give: strings.Repeat("f", breaker.MaxProbeIDBytes+1)},
+		{name: "not ascii", give: "ab\xffcd"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if got := breaker.ValidProbeID(tt.give); got != tt.want {
+				t.Errorf("ValidProbeID(%q) = %v, want %v", tt.give, got, tt.want)
+			}
+		})
+	}
+}
+
+// BenchmarkBreakerAllowStore is a decision that reaches the store (a
+// half-open breaker, or a closed one once per Cache): a new probe ID and
+// the memstore call.
+func BenchmarkBreakerAllowStore(b *testing.B) {
+	c := cfg()
+	c.Cache = time.Millisecond
+	br, err := breaker.New(c, memstore.NewBreakers())
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	now := t0
+	b.ReportAllocs()
+	for b.Loop() {
+		now = now.Add(time.Millisecond) // past Cache: every call reads the store
+		if _, err := br.Allow(ctx, now, "gpt-4o"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkNewProbeID(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = breaker.NewProbeID()
+	}
+}
+
+// TestSettlingIgnoresBreakers: with the real Set and stores, a cost report
+// and a refund (Envoy's apply_on_stream_done call) arriving while the
+// model's breaker is open or half-open are charged and refunded, and the
+// half-open one's probe slot stays free for a real request.
+func TestSettlingIgnoresBreakers(t *testing.T) {
+	t.Parallel()
+	c := breaker.Config{Key: "model", FailureThreshold: 1, Window: time.Minute, OpenFor: 30 * time.Second}
+	rs, err := limit.NewRuleSet(&limit.Domain{
+		Name:     "d",
+		Breakers: []limit.BreakerConfig{c},
+		Descriptors: []*limit.Rule{
+			{Key: "model", TokenLimit: &limit.Limit{Kind: limit.Tokens, Amount: 1000, Unit: limit.Hour}},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	br, err := breaker.New(c, memstore.NewBreakers())
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := breaker.NewSet()
+	set.Replace(breaker.SetEntry{Domain: "d", Breaker: br})
+	clock := storetest.NewFakeClock(t0)
+	lim := limit.NewLimiter(memstore.New(), clock, rs, limit.WithBreakers(set))
+	ctx := context.Background()
+	decide := func(d limit.Descriptor) *limit.Decision {
+		t.Helper()
+		d.Entries = []limit.Entry{{Key: "model", Value: "m"}}
+		dec, err := lim.Decide(ctx, &limit.Request{Domain: "d", Descriptors: []limit.Descriptor{d}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return dec
+	}
+	// remaining is the budget left, read with a check (hits_addend 0)
+	// while the breaker is closed.
+	remaining := func() uint64 {
+		t.Helper()
+		dec := decide(limit.Descriptor{HitsSet: true})
+		if dec.Code != limit.CodeOK || dec.Statuses[0].Limit == nil {
+			t.Fatalf("check: %+v", dec)
+		}
+		return dec.Statuses[0].Remaining
+	}
+	if got := remaining(); got != 1000 {
+		t.Fatalf("budget %d, want 1000", got)
+	}
+	fail := breaker.Outcome{Facts: breaker.Facts{Status: 503, Details: breaker.DetailsViaUpstream}, Name: "m"}
+	if err := br.Observe(ctx, clock.Now(), fail); err != nil {
+		t.Fatal(err)
+	}
+	report := limit.Descriptor{Hits: 400, HitsSet: true}
+	refund := limit.Descriptor{Hits: 100, HitsSet: true, Negative: true}
+	for _, d := range []limit.Descriptor{report, refund} {
+		if dec := decide(d); dec.Code != limit.CodeOK || dec.Reason != limit.ReasonNone {
+			t.Fatalf("settling while open: %v %v", dec.Code, dec.Reason)
+		}
+	}
+	if dec := decide(limit.Descriptor{}); dec.Reason != limit.ReasonBreaker {
+		t.Fatalf("a request while open: %v %v, want refused by the breaker", dec.Code, dec.Reason)
+	}
+
+	clock.Advance(30 * time.Second)
+	for _, d := range []limit.Descriptor{report, refund} {
+		if dec := decide(d); dec.Code != limit.CodeOK || len(dec.Probes) != 0 {
+			t.Fatalf("settling while half-open: %v, probes %+v", dec.Code, dec.Probes)
+		}
+	}
+	if st, _ := br.State(ctx, clock.Now(), "m"); st.State != breaker.HalfOpen || st.Probes != 0 {
+		t.Fatalf("after settling while half-open: %+v, want no probe out", st)
+	}
+	dec := decide(limit.Descriptor{})
+	if dec.Code != limit.CodeOK || len(dec.Probes) != 1 {
+		t.Fatalf("the first request while half-open: %v, probes %+v; want the probe", dec.Code, dec.Probes)
+	}
+	ok := breaker.Outcome{Facts: breaker.Facts{Status: 200, Details: breaker.DetailsViaUpstream}, Name: "m", ProbeID: dec.Probes[0].ID}
+	if err := br.Observe(ctx, clock.Now(), ok); err != nil {
+		t.Fatal(err)
+	}
+	// 1000 - 400 + 100 twice: both settlements, open and half-open.
+	if got := remaining(); got != 400 {
+		t.Fatalf("budget %d after two reports of 400 and two refunds of 100, want 400", got)
+	}
 }

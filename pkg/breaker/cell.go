@@ -2,8 +2,6 @@ package breaker
 
 import (
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 )
 
@@ -17,21 +15,18 @@ type Cell struct {
 	State State
 	// Until is when an open cell goes half-open.
 	Until int64
-	// Opened is when the cell last opened; it starts the probe IDs of the
-	// half-open period that follows.
-	Opened int64
-	// Seq numbers the period's probes.
-	Seq uint64
 	// Successes counts the period's probe successes.
 	Successes uint64
 	// Failures holds the times of the failures counted while closed, at
 	// most FailureThreshold-1 of them.
 	Failures []int64
-	// Probes holds the half-open slots.
+	// Probes holds the half-open slots. A slot is held until its
+	// Deadline; only the probe ID of a held slot moves a half-open cell.
 	Probes []Probe
 }
 
-// Probe is one half-open slot.
+// Probe is one half-open slot: the probe ID the caller of Allow chose
+// (NewProbeID) and when its lease ends.
 type Probe struct {
 	ID       string
 	Deadline int64
@@ -39,8 +34,9 @@ type Probe struct {
 
 func ms(d time.Duration) int64 { return d.Milliseconds() }
 
-// Allow decides one request at now.
-func (c *Cell) Allow(now int64, p Params) (Verdict, Transition) {
+// Allow decides one request at now; a request admitted as a probe holds
+// a slot under id, which the caller made with NewProbeID.
+func (c *Cell) Allow(now int64, p Params, id string) (Verdict, Transition) {
 	tr := Transition{From: c.State, To: c.State}
 	if c.State == Open && now >= c.Until {
 		c.State, c.Successes, c.Probes = HalfOpen, 0, nil
@@ -52,8 +48,6 @@ func (c *Cell) Allow(now int64, p Params) (Verdict, Transition) {
 	case HalfOpen:
 		c.Probes = slices.DeleteFunc(c.Probes, func(x Probe) bool { return x.Deadline <= now })
 		if uint64(len(c.Probes)) < p.HalfOpenProbes {
-			c.Seq++
-			id := strconv.FormatInt(c.Opened, 10) + "." + strconv.FormatUint(c.Seq, 10)
 			c.Probes = append(c.Probes, Probe{ID: id, Deadline: now + ms(p.ProbeLease)})
 			return Verdict{Allowed: true, Probe: true, ProbeID: id, State: HalfOpen}, tr
 		}
@@ -66,7 +60,11 @@ func (c *Cell) Allow(now int64, p Params) (Verdict, Transition) {
 	return Verdict{Allowed: true, State: Closed}, tr
 }
 
-// Record takes one request's outcome at now.
+// Record takes one request's outcome at now. While half-open only the
+// probe ID of a held slot counts: its success frees the slot toward
+// closing, its failure opens the cell again. Any other outcome then (no
+// probe ID, a guessed one, one of an earlier period, one whose lease ran
+// out) changes nothing.
 func (c *Cell) Record(now int64, p Params, success bool, probeID string) Transition {
 	switch c.State {
 	case Closed:
@@ -80,17 +78,13 @@ func (c *Cell) Record(now int64, p Params, success bool, probeID string) Transit
 			return Transition{From: Closed, To: Open}
 		}
 	case HalfOpen:
-		opened, _, ok := strings.Cut(probeID, ".")
-		if !ok || opened != strconv.FormatInt(c.Opened, 10) {
+		i := c.slot(probeID)
+		if i < 0 || c.Probes[i].Deadline <= now {
 			return Transition{From: HalfOpen, To: HalfOpen}
 		}
 		if !success {
 			c.open(now, p)
 			return Transition{From: HalfOpen, To: Open}
-		}
-		i := slices.IndexFunc(c.Probes, func(x Probe) bool { return x.ID == probeID })
-		if i < 0 {
-			return Transition{From: HalfOpen, To: HalfOpen}
 		}
 		c.Probes = slices.Delete(c.Probes, i, i+1)
 		c.Successes++
@@ -102,19 +96,28 @@ func (c *Cell) Record(now int64, p Params, success bool, probeID string) Transit
 	return Transition{From: c.State, To: c.State}
 }
 
+// slot is the index of probeID's slot, -1 for none; an empty ID holds
+// none.
+func (c *Cell) slot(probeID string) int {
+	if probeID == "" {
+		return -1
+	}
+	return slices.IndexFunc(c.Probes, func(x Probe) bool { return x.ID == probeID })
+}
+
 // Release frees the half-open slot of probeID, counting nothing; any
 // other state, or a probe ID not holding a slot, is left as it is.
 func (c *Cell) Release(probeID string) {
 	if c.State != HalfOpen {
 		return
 	}
-	if i := slices.IndexFunc(c.Probes, func(x Probe) bool { return x.ID == probeID }); i >= 0 {
+	if i := c.slot(probeID); i >= 0 {
 		c.Probes = slices.Delete(c.Probes, i, i+1)
 	}
 }
 
 func (c *Cell) open(now int64, p Params) {
-	*c = Cell{State: Open, Until: now + ms(p.OpenFor), Opened: now}
+	*c = Cell{State: Open, Until: now + ms(p.OpenFor)}
 }
 
 // Status describes the cell at now without changing it.

@@ -65,7 +65,7 @@ func (b *Breaker) Allow(ctx context.Context, now time.Time, name string) (Verdic
 	if err := checkName(name); err != nil {
 		return Verdict{}, err
 	}
-	v, tr, err := b.store.Allow(ctx, now, StoreKey(b.cfg.Key, name), b.p)
+	v, tr, err := b.store.Allow(ctx, now, StoreKey(b.cfg.Key, name), b.p, NewProbeID())
 	if err != nil {
 		return Verdict{}, fmt.Errorf("breaker %s=%q: allow: %w", b.cfg.Key, name, err)
 	}
@@ -103,16 +103,18 @@ func (b *Breaker) cached(now int64, name string) (Verdict, bool) {
 	return Verdict{}, false
 }
 
-// Record takes the outcome of a request to name; probeID is the
-// Verdict's ProbeID for a probe, else empty.
-func (b *Breaker) Record(ctx context.Context, now time.Time, name string, success bool, probeID string) error {
+// Record takes the outcome of a request to name (see Report).
+func (b *Breaker) Record(ctx context.Context, now time.Time, name string, r Report) error {
 	if name == "" {
 		return nil
 	}
 	if err := checkName(name); err != nil {
 		return err
 	}
-	tr, err := b.store.Record(ctx, now, StoreKey(b.cfg.Key, name), b.p, success, probeID)
+	if err := CheckReport(r); err != nil {
+		return err
+	}
+	tr, err := b.store.Record(ctx, now, StoreKey(b.cfg.Key, name), b.p, r)
 	if err != nil {
 		return fmt.Errorf("breaker %s=%q: record: %w", b.cfg.Key, name, err)
 	}
@@ -129,8 +131,8 @@ func (b *Breaker) Record(ctx context.Context, now time.Time, name string, succes
 
 // Release frees the half-open slot a probe of name holds, without
 // counting an outcome: the request it was given to was refused later in
-// the decision and never went upstream. An unknown or stale probeID
-// changes nothing.
+// the decision and never went upstream, or its outcome was neutral (see
+// Observe). An unknown or stale probeID changes nothing.
 func (b *Breaker) Release(ctx context.Context, now time.Time, name, probeID string) error {
 	if name == "" || probeID == "" {
 		return nil
@@ -161,13 +163,18 @@ func (b *Breaker) State(ctx context.Context, now time.Time, name string) (Status
 	return st, nil
 }
 
-// Observe records o's outcome, if it says anything: see Classify.
+// Observe takes o's outcome as Classify names it: a failure or a success
+// is recorded; a neutral outcome counts nothing, and frees the slot of a
+// probe, which then told nothing about the upstream (it never closes the
+// breaker: only a success does).
 func (b *Breaker) Observe(ctx context.Context, now time.Time, o Outcome) error {
-	success, ok := Classify(b.cfg, o)
-	if !ok {
-		return nil
+	switch Classify(b.cfg, o) {
+	case Failure:
+		return b.Record(ctx, now, o.Name, Report{ProbeID: o.ProbeID, Once: o.Once})
+	case Success:
+		return b.Record(ctx, now, o.Name, Report{Success: true, ProbeID: o.ProbeID, Once: o.Once})
 	}
-	return b.Record(ctx, now, o.Name, success, o.ProbeID)
+	return b.Release(ctx, now, o.Name, o.ProbeID)
 }
 
 func (b *Breaker) count(tr Transition) {

@@ -2,42 +2,176 @@ package breaker
 
 import "time"
 
-// Outcome is a finished request as a breaker needs it; an adapter (the
-// access log) fills it.
-type Outcome struct {
-	// Status is the HTTP status sent downstream, 0 when none was.
+// Class is what one finished request says about its upstream's health.
+type Class uint8
+
+// The classes; docs/outcome-classes.md has the table Classify follows.
+const (
+	// Neutral says nothing of the upstream: the client went away, the
+	// client's request was at fault, or Envoy or a filter answered without
+	// the upstream. A probe's neutral outcome frees its slot.
+	Neutral Class = iota
+	// Success is a clean 2xx or 3xx from the upstream.
+	Success
+	// Failure is the upstream failing: a 5xx or 429 it sent, a connection
+	// it refused or reset, or a timeout waiting for it.
+	Failure
+)
+
+func (c Class) String() string {
+	switch c {
+	case Success:
+		return "success"
+	case Failure:
+		return "failure"
+	}
+	return "neutral"
+}
+
+// Flags are the Envoy response flags (the access log's ResponseFlags) that
+// Classify reads, one bit each; every other flag Envoy can set is
+// FlagOther. An adapter maps each flag it sees.
+type Flags uint32
+
+// The flags, with Envoy's short names.
+const (
+	// FlagUpstreamConnectionFailure (UF): the upstream refused or dropped
+	// the connection attempt.
+	FlagUpstreamConnectionFailure Flags = 1 << iota
+	// FlagUpstreamConnectionTermination (UC): the upstream closed the
+	// connection under the request.
+	FlagUpstreamConnectionTermination
+	// FlagUpstreamRemoteReset (UR): the upstream reset the stream.
+	FlagUpstreamRemoteReset
+	// FlagUpstreamRequestTimeout (UT): Envoy's route or per-try timeout
+	// fired waiting for the upstream.
+	FlagUpstreamRequestTimeout
+	// FlagNoHealthyUpstream (UH): health checks or outlier detection left
+	// no host to send to.
+	FlagNoHealthyUpstream
+	// FlagUpstreamProtocolError (UPE): the upstream's response broke HTTP.
+	FlagUpstreamProtocolError
+	// FlagDNSResolutionFailure (DF): the upstream's name did not resolve.
+	FlagDNSResolutionFailure
+	// FlagStreamIdleTimeout (SI): nothing moved on the stream, either way,
+	// for the stream idle timeout.
+	FlagStreamIdleTimeout
+	// FlagDownstreamConnectionTermination (DC): the client's connection
+	// ended under the request.
+	FlagDownstreamConnectionTermination
+	// FlagDownstreamRemoteReset (DR): the client reset its HTTP/2 or
+	// HTTP/3 stream.
+	FlagDownstreamRemoteReset
+	// FlagOther is any other flag: a local reply or reset by Envoy or a
+	// filter (RL, UAEX, RLSE, NR, NC, FI, OM, DO, IH, DPE, LH, NFCF,
+	// RFCF), Envoy's own capacity or duration caps (UO, DT, UMSDR), a
+	// local reset (LR), or retries exhausted (URX).
+	FlagOther
+)
+
+// upstreamFailed are the flags that say the upstream failed, whatever
+// the status.
+const upstreamFailed = FlagUpstreamConnectionFailure | FlagUpstreamConnectionTermination |
+	FlagUpstreamRemoteReset | FlagUpstreamRequestTimeout | FlagNoHealthyUpstream |
+	FlagUpstreamProtocolError | FlagDNSResolutionFailure
+
+// clientEnded are the flags of a client that went away.
+const clientEnded = FlagDownstreamConnectionTermination | FlagDownstreamRemoteReset
+
+// DetailsViaUpstream is Envoy's response code details for a status the
+// upstream sent.
+const DetailsViaUpstream = "via_upstream"
+
+// Facts are what Envoy reports about a finished request, as Classify
+// needs them; pkg/accesslog reads them from an access log entry.
+type Facts struct {
+	// Status is the HTTP status sent downstream, 0 when none was (the
+	// client went away first).
 	Status uint32
+	// Details is Envoy's response code details: DetailsViaUpstream when
+	// the upstream sent Status, otherwise why Envoy answered itself. Empty
+	// from an Envoy too old to send it.
+	Details string
+	// Flags are Envoy's response flags.
+	Flags Flags
 	// Duration is the request's duration.
 	Duration time.Duration
-	// Upstream is the cluster the request went to; empty when it never
-	// reached one (a denial by Tollgate or another filter), and then the
-	// outcome says nothing of the upstream.
+	// Received: Envoy had the whole request from the client.
+	Received bool
+	// Sent: the whole request had gone upstream, SentAt after its start.
+	Sent   bool
+	SentAt time.Duration
+	// Answered: at least one byte of a response came from the upstream.
+	Answered bool
+	// Upstream is the cluster of the host the request went to; empty when
+	// no host was picked.
 	Upstream string
+}
+
+// Outcome is a finished request as a breaker needs it.
+type Outcome struct {
+	Facts
 	// Name is the value of the breaker's descriptor key for the request.
 	Name string
 	// ProbeID is the Verdict's ProbeID when the request was a probe.
 	ProbeID string
+	// Once, when set, names the request (its ticket's ID): its failure
+	// counts at most once however often it is delivered.
+	Once string
 }
 
-// Classify says whether o is a success or a failure under c's rule, and
-// ok = false when it says nothing: no name, no upstream, or no response
-// within Timeout.
+// Classify says what o tells of its upstream under c, following the
+// table in docs/outcome-classes.md, first match wins:
 //
-// A failure is a response with status 5xx or 408, or with status 0 (no
-// response was sent) when c.Timeout is set and the request lasted at
-// least that long. Any other status is a success (a 4xx is the client's
-// fault, and a 429 the upstream limiting, not failing).
-func Classify(c Config, o Outcome) (success, ok bool) {
+//  1. no Name: Neutral.
+//  2. UF, UC, UR, UT, UH, UPE or DF: Failure, whatever the status.
+//  3. SI: Failure when Envoy had the whole request and had sent it upstream
+//     and no byte came back (the upstream stayed silent); otherwise Neutral
+//     (the client stopped sending, or the answer had started and the client
+//     may have stopped reading).
+//  4. a status the upstream sent (Details via_upstream; or no Details, an
+//     Upstream and no flags, from an old Envoy): 5xx or 429 is a Failure;
+//     2xx or 3xx with no flag at all is a Success; anything else (408,
+//     other 4xx, a 2xx the client cut with DC) is Neutral.
+//  5. the client went away (Status 0, DC or DR): Failure only when
+//     c.Timeout is set and the upstream had had the whole request for at
+//     least Timeout without a byte back; otherwise Neutral.
+//  6. anything else is a reply by Envoy or a filter (Tollgate's own
+//     denials, rate limits, no route, Envoy's overflow and overload caps):
+//     Neutral.
+func Classify(c Config, o Outcome) Class {
 	switch {
-	case o.Name == "" || o.Upstream == "":
-		return false, false
-	case o.Status >= 500 && o.Status < 600, o.Status == 408:
-		return false, true
-	case o.Status == 0:
-		if c.Timeout > 0 && o.Duration >= c.Timeout {
-			return false, true
+	case o.Name == "":
+		return Neutral
+	case o.Flags&upstreamFailed != 0:
+		return Failure
+	case o.Flags&FlagStreamIdleTimeout != 0:
+		if o.Received && o.Sent && !o.Answered {
+			return Failure
 		}
-		return false, false
+		return Neutral
+	case o.Status != 0 && viaUpstream(o.Facts):
+		switch {
+		case o.Status >= 500 && o.Status < 600, o.Status == 429:
+			return Failure
+		case o.Status >= 200 && o.Status < 400 && o.Flags == 0:
+			return Success
+		}
+		return Neutral
+	case o.Status == 0 || o.Flags&clientEnded != 0:
+		if c.Timeout > 0 && o.Sent && !o.Answered && o.Duration-o.SentAt >= c.Timeout {
+			return Failure
+		}
 	}
-	return true, true
+	return Neutral
+}
+
+// viaUpstream says whether f's status came from the upstream.
+func viaUpstream(f Facts) bool {
+	if f.Details == "" {
+		// An Envoy without response code details: a status with a host
+		// and no flag is the upstream's.
+		return f.Upstream != "" && f.Flags == 0
+	}
+	return f.Details == DetailsViaUpstream
 }

@@ -51,13 +51,13 @@
 //	  scope: global                    #   (Optional) global|model: the pressure a request reads; default global
 //	breakers:                          # (Optional) circuit breakers shared by all replicas; default none
 //	  - key: model                     #   (Required) one breaker per value of this descriptor entry; one per key
-//	    failure_threshold: 5           #   (Required) failures (5xx, 408, timeouts) within window that open it
+//	    failure_threshold: 5           #   (Required) upstream failures (docs/outcome-classes.md) within window that open it
 //	    window: 60s                    #   (Required) how long a failure counts
 //	    open_for: 30s                  #   (Required) open this long, then half-open
 //	    half_open_probes: 1            #   (Optional) probes in flight cluster-wide while half-open; default 1
 //	    close_after: 1                 #   (Optional) probe successes that close it; default half_open_probes
 //	    probe_lease: 1m                #   (Optional) a probe's slot without an outcome; default 1m
-//	    timeout: 0s                    #   (Optional) no response after this long is a failure; default 0 (never)
+//	    timeout: 0s                    #   (Optional) a client leaving after the upstream was silent this long is a failure; default 0 (never)
 //	    cache: 100ms                   #   (Optional) answer from the closed state last read this long; 1ms-10s; default 100ms
 //
 // share_threshold (Optional, wildcard values only, as in

@@ -215,11 +215,11 @@ const (
 // BreakerConfig is one circuit breaker declaration (the rules file's
 // breakers:), run by pkg/breaker: one breaker per value of Key.
 //
-// A failure is a response with status 5xx or 408, or with status 0 (no
-// response was sent) when Timeout is set and the request lasted at least
-// Timeout. Any other status is a success (a 4xx is the client's fault,
-// and a 429 the upstream limiting, not failing); status 0 shorter than
-// Timeout says nothing and is ignored.
+// A failure is the upstream failing: a 5xx or 429 it sent, a connection
+// it refused, dropped or reset, or Envoy's timeout waiting for it. A
+// success is a clean 2xx or 3xx from the upstream. Everything else (the
+// client going away, a 408 or another 4xx, a reply by Envoy or a filter)
+// counts as neither; docs/outcome-classes.md has the whole table.
 type BreakerConfig struct {
 	// Key is the descriptor key whose value names the breaker, usually
 	// "model" (Required).
@@ -242,8 +242,11 @@ type BreakerConfig struct {
 	// (Optional; default DefaultProbeLease). Set it above the route's
 	// timeout.
 	ProbeLease time.Duration
-	// Timeout makes a request without a response (status 0) that lasted
-	// at least this long a failure (Optional; default 0: never).
+	// Timeout makes a request the client gave up on a failure when the
+	// upstream had had the whole request for at least this long without
+	// sending a byte back (Optional; default 0: never). A status 0 alone
+	// only says the client left, which any client can do. Envoy's own
+	// route and per-try timeouts (flag UT) are failures without it.
 	Timeout time.Duration
 	// Cache is how long a replica answers from the closed state it last
 	// read from the store, with no store call (Optional; default
@@ -410,6 +413,19 @@ func valueOf(req *Request, key string) string {
 		}
 	}
 	return ""
+}
+
+// maySettle says whether every descriptor of req is a refund or carries
+// its own hits_addend: only such a request can be all refunds and cost
+// reports (build tells, from the rules). It keeps shedding's refusal
+// from matching rules for any other request.
+func maySettle(req *Request) bool {
+	for i := range req.Descriptors {
+		if d := &req.Descriptors[i]; !d.Negative && !d.HitsSet {
+			return false
+		}
+	}
+	return true
 }
 
 // releaseTimeout bounds giving probes back, which runs even when the

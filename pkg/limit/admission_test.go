@@ -24,10 +24,12 @@ func (f *fakeShedder) Shed(domain, scope, tier string) ShedState {
 type fakeBreakers struct {
 	verdict  map[string]BreakerVerdict // by name; absent: allowed
 	err      error
+	allows   int
 	released []string // probe IDs
 }
 
 func (f *fakeBreakers) Allow(_ context.Context, _ time.Time, _, _, name string) (BreakerVerdict, error) {
+	f.allows++
 	if f.err != nil {
 		return BreakerVerdict{}, f.err
 	}
@@ -298,3 +300,102 @@ func TestRuleSetAdmissionChecks(t *testing.T) {
 }
 
 func startsWith(s, prefix string) bool { return len(s) >= len(prefix) && s[:len(prefix)] == prefix }
+
+// TestDecideSettles: a request of refunds and cost reports only (Envoy's
+// apply_on_stream_done call) is charged or refunded whatever shedding and
+// the breakers say, and never asks a breaker (so never takes a probe
+// slot); a request with any other descriptor is a request as before.
+func TestDecideSettles(t *testing.T) {
+	t.Parallel()
+	rs, err := NewRuleSet(&Domain{
+		Name:     "d",
+		Tiers:    &Tiers{Key: "tier", Default: "free", Plans: map[string]float64{"premium": 3, "free": 1}},
+		Shedding: &Shedding{Steps: []ShedStep{{Above: 0.7, Shed: []string{"free"}}}},
+		Breakers: []BreakerConfig{{Key: "model", FailureThreshold: 1, Window: time.Minute, OpenFor: time.Minute}},
+		Descriptors: []*Rule{
+			{Key: "tenant", RateLimit: perMinute(100)},
+			{Key: "model", TokenLimit: &Limit{Kind: Tokens, Amount: 1000, Unit: Hour}},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		refund  = Descriptor{Entries: entries("model", "m"), Hits: 300, HitsSet: true, Negative: true}
+		report  = Descriptor{Entries: entries("model", "m"), Hits: 500, HitsSet: true}
+		back    = Descriptor{Entries: entries("tenant", "a"), Negative: true} // a refund of a request
+		check   = Descriptor{Entries: entries("model", "m"), HitsSet: true}   // hits_addend 0: a check
+		weighed = Descriptor{Entries: entries("tenant", "a"), Hits: 5, HitsSet: true}
+		plain   = Descriptor{Entries: entries("tenant", "a")}
+	)
+	open := map[string]BreakerVerdict{"m": {RetryAfter: 20 * time.Second}}
+	probe := map[string]BreakerVerdict{"m": {Allowed: true, ProbeID: "p"}}
+	shed := map[string]ShedState{"free": {Shed: true}}
+	shadow := map[string]ShedState{"free": {Shed: true, Shadow: true}}
+	tests := []struct {
+		name       string
+		give       []Descriptor
+		verdicts   map[string]BreakerVerdict
+		shed       map[string]ShedState
+		wantReason Reason
+		wantCosts  []int64
+		wantAsked  bool // the breaker was asked
+		wantShadow bool
+	}{
+		{name: "refund, breaker open", give: []Descriptor{refund}, verdicts: open, wantCosts: []int64{-300}},
+		{name: "cost report, breaker open", give: []Descriptor{report}, verdicts: open, wantCosts: []int64{500}},
+		{name: "refund of a request, breaker open", give: []Descriptor{back}, verdicts: open, wantCosts: []int64{-1}},
+		{name: "refund and report, breaker open", give: []Descriptor{refund, report}, verdicts: open, wantCosts: []int64{-300, 500}},
+		{name: "refund, half-open", give: []Descriptor{refund}, verdicts: probe, wantCosts: []int64{-300}},
+		{name: "cost report, half-open", give: []Descriptor{report}, verdicts: probe, wantCosts: []int64{500}},
+		{name: "refund, shed", give: []Descriptor{refund}, shed: shed, wantCosts: []int64{-300}},
+		{name: "cost report, shed", give: []Descriptor{report}, shed: shed, wantCosts: []int64{500}},
+		{name: "cost report, shadow shedding", give: []Descriptor{report}, shed: shadow, wantCosts: []int64{500}},
+		{name: "a request, breaker open", give: []Descriptor{plain}, verdicts: open, wantReason: ReasonBreaker, wantAsked: true},
+		{name: "a request and a refund, breaker open", give: []Descriptor{plain, refund}, verdicts: open, wantReason: ReasonBreaker, wantAsked: true},
+		{name: "a check, breaker open", give: []Descriptor{check}, verdicts: open, wantReason: ReasonBreaker, wantAsked: true},
+		{name: "a weighed request, breaker open", give: []Descriptor{weighed}, verdicts: open, wantReason: ReasonBreaker, wantAsked: true},
+		{name: "a weighed request, shed", give: []Descriptor{weighed}, shed: shed, wantReason: ReasonShed},
+		{name: "a request and a report, shed", give: []Descriptor{plain, report}, shed: shed, wantReason: ReasonShed},
+		{name: "a request, shadow shedding", give: []Descriptor{plain}, shed: shadow, wantCosts: []int64{1}, wantAsked: true, wantShadow: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			st := &recordStore{}
+			br := &fakeBreakers{verdict: tt.verdicts}
+			l := NewLimiter(st, nil, rs, WithShedder(&fakeShedder{state: tt.shed}), WithBreakers(br))
+			dec, err := l.Decide(context.Background(), &Request{Domain: "d", Model: "m", Descriptors: slices.Clone(tt.give)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantCode := CodeOK
+			if tt.wantReason != ReasonNone {
+				wantCode = CodeOverLimit
+			}
+			if dec.Code != wantCode || dec.Reason != tt.wantReason || dec.ShadowShed != tt.wantShadow {
+				t.Errorf("decision = %v %v shadow %v; want %v %v shadow %v", dec.Code, dec.Reason, dec.ShadowShed, wantCode, tt.wantReason, tt.wantShadow)
+			}
+			var costs []int64
+			for _, c := range st.charges {
+				costs = append(costs, c.Cost)
+			}
+			if !slices.Equal(costs, tt.wantCosts) {
+				t.Errorf("charged %v, want %v", costs, tt.wantCosts)
+			}
+			if asked := br.allows > 0; asked != tt.wantAsked {
+				t.Errorf("breaker asked %d times, want asked %v", br.allows, tt.wantAsked)
+			}
+			if len(dec.Probes) > 0 {
+				t.Errorf("probes %+v taken", dec.Probes)
+			}
+			if tt.wantReason == ReasonShed {
+				for i, s := range dec.Statuses {
+					if s.Rule != nil || s.Limit != nil {
+						t.Errorf("shed status %d reports rule %v, limit %v", i, s.Rule, s.Limit)
+					}
+				}
+			}
+		})
+	}
+}

@@ -211,7 +211,7 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 		return dec, nil
 	}
 	adj, shed := l.shed(dom, req, dec)
-	if shed {
+	if shed && !maySettle(req) {
 		dec.Tier, _ = dom.plan(req)
 		refuse(dec, ReasonShed, dom.Shedding.RetryAfter())
 		return dec, nil
@@ -222,9 +222,22 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 		return nil, err
 	}
 	dec.Tier = b.tier
+	// A request of refunds and cost reports only (Envoy's
+	// apply_on_stream_done call) settles usage of a request admitted
+	// before: neither shedding nor a breaker refuses it, and it takes no
+	// probe slot, or a refund would be lost, usage go uncharged, and a
+	// report hold a half-open breaker's slot for nothing.
+	settles := b.asks == 0
+	if settles {
+		dec.ShadowShed = false
+	} else if shed {
+		clear(dec.Statuses)
+		refuse(dec, ReasonShed, dom.Shedding.RetryAfter())
+		return dec, nil
+	}
 	now := l.clock.Now()
 	dec.At = now
-	if len(dom.Breakers) > 0 {
+	if len(dom.Breakers) > 0 && !settles {
 		sctx, cancel := l.storeCtx(ctx)
 		ok, err := l.allowBreakers(sctx, now, dom, req, dec)
 		cancel()
@@ -447,6 +460,11 @@ type built struct {
 	tier     string        // the request's plan, "" without tiers
 	first    []Entry       // the first descriptor's entries, tier entries removed
 	res      []Result      // the store's answers, reused like charges and plans
+
+	// asks counts the descriptors that ask for admission: all but
+	// refunds (is_negative_hits) and cost reports (a hits_addend of its
+	// own on a token limit). None: the request only settles.
+	asks int
 }
 
 // builtPool keeps built values between decisions so that their charge,
@@ -573,6 +591,9 @@ func build(b *built, dom *Domain, req *Request, m mode, statuses []Status, adj a
 	for i := range req.Descriptors {
 		d := &req.Descriptors[i]
 		r := rules[i]
+		if !d.Negative {
+			b.asks++ // until it turns out a cost report, below
+		}
 		if r != nil && r.Unlimited {
 			continue
 		}
@@ -641,6 +662,9 @@ func build(b *built, dom *Domain, req *Request, m mode, statuses []Status, adj a
 			// answer to it, so refusing it would lose the usage and let a
 			// tenant whose responses outgrow its remaining budget run on.
 			c.Force = d.HitsSet && tokenCost > 0
+			if c.Force {
+				b.asks--
+			}
 			if !c.Force && tokenCost > 0 {
 				b.reserves = true
 				b.tokens = uint64(tokenCost)

@@ -9,6 +9,8 @@ package breakertest
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -42,6 +44,9 @@ func Run(t *testing.T, open Open) {
 	t.Run("ReleaseFreesSlot", func(t *testing.T) { t.Parallel(); testRelease(t, open) })
 	t.Run("IgnoredOutcomes", func(t *testing.T) { t.Parallel(); testIgnored(t, open) })
 	t.Run("ConcurrentProbes", func(t *testing.T) { t.Parallel(); testConcurrentProbes(t, open) })
+	t.Run("OnlySlotHolders", func(t *testing.T) { t.Parallel(); testOnlySlotHolders(t, open) })
+	t.Run("BadProbeID", func(t *testing.T) { t.Parallel(); testBadProbeID(t, open) })
+	t.Run("FailureCountsOnce", func(t *testing.T) { t.Parallel(); testOnce(t, open) })
 	t.Run("Expiry", func(t *testing.T) { t.Parallel(); testExpiry(t, open) })
 }
 
@@ -59,18 +64,27 @@ func newEnv(tb testing.TB, open Open, n int) *env {
 
 func at(ms int64) time.Time { return base.Add(time.Duration(ms) * time.Millisecond) }
 
+// allow asks replica r at t, with a fresh probe ID, which a probe's
+// verdict must carry.
 func (e *env) allow(r int, t int64) (breaker.Verdict, breaker.Transition) {
 	e.tb.Helper()
-	v, tr, err := e.rs[r].Allow(context.Background(), at(t), e.key, e.p)
+	id := breaker.NewProbeID()
+	v, tr, err := e.rs[r].Allow(context.Background(), at(t), e.key, e.p, id)
 	if err != nil {
 		e.tb.Fatalf("Allow at %d: %v", t, err)
+	}
+	if v.Probe && v.ProbeID != id {
+		e.tb.Errorf("Allow at %d: probe ID %q, want the caller's %q", t, v.ProbeID, id)
+	}
+	if !v.Probe && v.ProbeID != "" {
+		e.tb.Errorf("Allow at %d: probe ID %q without a probe", t, v.ProbeID)
 	}
 	return v, tr
 }
 
 func (e *env) record(r int, t int64, success bool, id string) breaker.Transition {
 	e.tb.Helper()
-	tr, err := e.rs[r].Record(context.Background(), at(t), e.key, e.p, success, id)
+	tr, err := e.rs[r].Record(context.Background(), at(t), e.key, e.p, breaker.Report{Success: success, ProbeID: id})
 	if err != nil {
 		e.tb.Fatalf("Record at %d: %v", t, err)
 	}
@@ -233,14 +247,18 @@ func testLostProbe(t *testing.T, open Open) {
 	e.wantTransition("the lost probe's late success", e.record(0, 9100, true, p1.ProbeID), tr(half, half))
 	e.wantTransition("the new probe's success", e.record(1, 9200, true, p2.ProbeID), tr(half, closed))
 
-	// A lost probe's late failure still reopens.
+	// A lost probe's late failure does not reopen either: its slot is
+	// gone, and nothing tells it from a forged report of an old ID.
 	e.openAt(20000)
 	q1, _ := e.allow(0, 25000)
+	e.wantTransition("the lost probe's failure as its lease ends", e.record(1, 29000, false, q1.ProbeID), tr(half, half))
 	q2, _ := e.allow(0, 29000)
 	if !q2.Probe {
 		t.Fatalf("no probe after the lease: %+v", q2)
 	}
-	e.wantTransition("the lost probe's late failure", e.record(1, 29500, false, q1.ProbeID), tr(half, opn))
+	e.wantTransition("the lost probe's late failure", e.record(1, 29500, false, q1.ProbeID), tr(half, half))
+	e.wantStatus("unmoved by the lost probe", e.state(0, 29500), breaker.Status{State: half, Probes: 1})
+	e.wantTransition("the live probe's failure", e.record(1, 29600, false, q2.ProbeID), tr(half, opn))
 }
 
 // testRelease: a released probe frees its slot at once on every replica
@@ -249,14 +267,15 @@ func testLostProbe(t *testing.T, open Open) {
 func testRelease(t *testing.T, open Open) {
 	e := newEnv(t, open, 2)
 	e.p.HalfOpenProbes, e.p.CloseAfter = 1, 1
-	e.release(0, 10, "1.1")
+	e.release(0, 10, breaker.NewProbeID())
 	e.wantStatus("closed, released", e.state(0, 20), breaker.Status{State: closed})
 	e.openAt(0)
-	e.release(0, 100, "0.1")
+	e.release(0, 100, breaker.NewProbeID())
 	e.wantStatus("open, released", e.state(0, 200), breaker.Status{State: opn, OpenUntil: at(5000)})
 	p1, _ := e.allow(0, 5000)
 	e.wantVerdict("probe", p1, breaker.Verdict{Allowed: true, Probe: true, State: half})
-	e.release(1, 5100, "0.99")
+	e.release(1, 5100, breaker.NewProbeID())
+	e.release(1, 5100, "")
 	v, _ := e.allow(1, 5200)
 	e.wantVerdict("slot still held", v, breaker.Verdict{State: half, RetryAfter: 3800 * time.Millisecond})
 	e.release(1, 5300, p1.ProbeID)
@@ -306,7 +325,7 @@ func testConcurrentProbes(t *testing.T, open Open) {
 	for r := range replicas {
 		wg.Go(func() {
 			for range each {
-				v, _, err := e.rs[r].Allow(context.Background(), at(6000), e.key, e.p)
+				v, _, err := e.rs[r].Allow(context.Background(), at(6000), e.key, e.p, breaker.NewProbeID())
 				if err != nil {
 					t.Errorf("Allow: %v", err)
 					return
@@ -334,6 +353,106 @@ func testConcurrentProbes(t *testing.T, open Open) {
 			want = tr(half, closed)
 		}
 		e.wantTransition("probe success", e.record(n%replicas, 6500, true, id), want)
+	}
+}
+
+// testOnlySlotHolders: while half-open, reports whose probe ID holds no
+// slot (none, guessed in the old "<opened-at>.<n>" form or at random, or
+// the right ID with another case) neither close, reopen nor free
+// anything, on any replica; the slot holders' reports still work.
+func testOnlySlotHolders(t *testing.T, open Open) {
+	e := newEnv(t, open, 2)
+	e.openAt(0)
+	p1, _ := e.allow(0, 5000)
+	p2, _ := e.allow(1, 5000)
+	opened := strconv.FormatInt(at(0).UnixMilli(), 10)
+	guesses := []string{"", "x", opened + ".1", opened + ".2", opened + ".3", "0.1", breaker.NewProbeID(), strings.ToUpper(p1.ProbeID), p1.ProbeID + "0"}
+	for _, g := range guesses {
+		for r := range e.rs {
+			e.wantTransition("guessed success "+g, e.record(r, 5100, true, g), tr(half, half))
+			e.wantTransition("guessed failure "+g, e.record(r, 5100, false, g), tr(half, half))
+			e.release(r, 5100, g)
+		}
+	}
+	e.wantStatus("both slots held, no success", e.state(0, 5200), breaker.Status{State: half, Probes: 2})
+	v, _ := e.allow(0, 5200)
+	e.wantVerdict("third request", v, breaker.Verdict{State: half, RetryAfter: 3800 * time.Millisecond})
+	e.wantTransition("probe 1 succeeds on the other replica", e.record(1, 5300, true, p1.ProbeID), tr(half, half))
+	e.wantTransition("probe 2 succeeds", e.record(0, 5400, true, p2.ProbeID), tr(half, closed))
+}
+
+// testBadProbeID: Allow refuses a probe ID a store could not keep.
+func testBadProbeID(t *testing.T, open Open) {
+	e := newEnv(t, open, 1)
+	e.openAt(0)
+	for _, id := range []string{"", "a=1", "a,b", "zz", strings.Repeat("a", breaker.MaxProbeIDBytes+1)} {
+		if _, _, err := e.rs[0].Allow(context.Background(), at(5000), e.key, e.p, id); err == nil {
+			t.Errorf("Allow with probe ID %q: no error", id)
+		}
+	}
+	e.wantStatus("no slot taken", e.state(0, 5000), breaker.Status{State: half})
+}
+
+func (e *env) report(r int, t int64, rep breaker.Report) breaker.Transition {
+	e.tb.Helper()
+	tr, err := e.rs[r].Record(context.Background(), at(t), e.key, e.p, rep)
+	if err != nil {
+		e.tb.Fatalf("Record %+v at %d: %v", rep, t, err)
+	}
+	return tr
+}
+
+// testOnce: a failure with a once ID counts once per breaker on every
+// replica, whatever the state it first arrives in, for OnceTTL;
+// failures without one, or with another, count as before; successes are
+// not guarded; a marker is per breaker.
+func testOnce(t *testing.T, open Open) {
+	e := newEnv(t, open, 2)
+	fail := func(once string) breaker.Report { return breaker.Report{Once: once} }
+	e.wantTransition("t1", e.report(0, 0, fail("t1")), tr(closed, closed))
+	e.wantTransition("t1 again", e.report(0, 10, fail("t1")), tr(closed, closed))
+	e.wantTransition("t1 on another replica", e.report(1, 20, fail("t1")), tr(closed, closed))
+	e.wantStatus("t1 counted once", e.state(0, 30), breaker.Status{State: closed, Failures: 1})
+	e.wantTransition("t1 as a success", e.report(1, 40, breaker.Report{Success: true, Once: "t1"}), tr(closed, closed))
+	e.wantTransition("no once", e.report(1, 50, breaker.Report{}), tr(closed, closed))
+	e.wantStatus("without once", e.state(0, 60), breaker.Status{State: closed, Failures: 2})
+
+	other := &env{tb: e.tb, rs: e.rs, key: breaker.StoreKey("model", t.Name()+"/other"), p: e.p}
+	other.wantTransition("t1 on another breaker", other.report(0, 70, fail("t1")), tr(closed, closed))
+	other.wantStatus("counted there", other.state(0, 70), breaker.Status{State: closed, Failures: 1})
+
+	e.wantTransition("t2 opens", e.report(0, 100, fail("t2")), tr(closed, opn))
+	e.wantTransition("t3 while open", e.report(1, 200, fail("t3")), tr(opn, opn))
+	p1, _ := e.allow(0, 5100)
+	e.wantTransition("probe closes", e.report(1, 5200, breaker.Report{Success: true, ProbeID: p1.ProbeID}), tr(half, half))
+	p2, _ := e.allow(0, 5300)
+	e.wantTransition("probe closes", e.report(1, 5400, breaker.Report{Success: true, ProbeID: p2.ProbeID}), tr(half, closed))
+	for _, id := range []string{"t1", "t2", "t3"} {
+		e.wantTransition(id+" replayed once closed", e.report(0, 5500, fail(id)), tr(closed, closed))
+	}
+	e.wantStatus("replays counted nothing", e.state(0, 5600), breaker.Status{State: closed})
+
+	// A probe's failure with a once ID: the first reopens, a replay in
+	// the next half-open period moves nothing (its slot is gone too).
+	e.openAt(6000)
+	q, _ := e.allow(1, 11000)
+	e.wantTransition("probe fails", e.report(0, 11100, breaker.Report{ProbeID: q.ProbeID, Once: "t4"}), tr(half, opn))
+	e.allow(1, 16100)
+	e.wantTransition("probe failure replayed", e.report(0, 16200, breaker.Report{ProbeID: q.ProbeID, Once: "t4"}), tr(half, half))
+
+	// Markers last OnceTTL: past it, a delivery counts again (by then
+	// the ticket it came with has expired).
+	ttl := breaker.OnceTTL(e.p).Milliseconds()
+	late := &env{tb: e.tb, rs: e.rs, key: breaker.StoreKey("model", t.Name()+"/late"), p: e.p}
+	late.report(0, 0, fail("t5"))
+	late.wantTransition("t5 just before its TTL", late.report(1, ttl-1, fail("t5")), tr(closed, closed))
+	late.wantStatus("not counted", late.state(0, ttl-1), breaker.Status{State: closed})
+	late.wantTransition("t5 past its TTL", late.report(1, ttl+2000, fail("t5")), tr(closed, closed))
+	late.wantStatus("counted again", late.state(0, ttl+2000), breaker.Status{State: closed, Failures: 1})
+
+	if _, err := e.rs[0].Record(context.Background(), at(20000), e.key, e.p,
+		breaker.Report{Once: strings.Repeat("x", breaker.MaxOnceBytes+1)}); err == nil {
+		t.Error("a once ID over MaxOnceBytes was taken")
 	}
 }
 

@@ -2,11 +2,13 @@ package memstore
 
 import (
 	"context"
+	"fmt"
 	"hash/maphash"
 	"sync"
 	"time"
 
 	"github.com/tollgate-dev/tollgate/pkg/breaker"
+	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
 const breakerShards = 64
@@ -25,7 +27,10 @@ var _ breaker.Store = (*Breakers)(nil)
 type breakerShard struct {
 	mu sync.Mutex
 	m  map[string]*breakerEntry
-	_  [48]byte
+	// onces are the failure markers (breaker.OnceKey) of the shard's
+	// breakers, with when they expire (Unix ms).
+	onces map[string]int64
+	_     [40]byte
 }
 
 type breakerEntry struct {
@@ -38,6 +43,7 @@ func NewBreakers() *Breakers {
 	b := &Breakers{seed: maphash.MakeSeed()}
 	for i := range b.shards {
 		b.shards[i].m = make(map[string]*breakerEntry)
+		b.shards[i].onces = make(map[string]int64)
 	}
 	return b
 }
@@ -46,6 +52,11 @@ func NewBreakers() *Breakers {
 // drops the cell as it left it. A closed cell f did not change is not
 // written, so a closed breaker's Allow allocates nothing.
 func (b *Breakers) with(ctx context.Context, now time.Time, key string, p breaker.Params, f func(c *breaker.Cell, now int64)) error {
+	return b.withShard(ctx, now, key, p, func(_ *breakerShard, c *breaker.Cell, now int64) { f(c, now) })
+}
+
+// withShard is with, f also getting the shard (locked).
+func (b *Breakers) withShard(ctx context.Context, now time.Time, key string, p breaker.Params, f func(sh *breakerShard, c *breaker.Cell, now int64)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -60,14 +71,14 @@ func (b *Breakers) with(ctx context.Context, now time.Time, key string, p breake
 	}
 	if e == nil {
 		var c breaker.Cell
-		f(&c, ms)
+		f(sh, &c, ms)
 		if exp := c.Expiry(p); exp > ms {
 			sweepBreakers(sh, ms)
 			sh.m[key] = &breakerEntry{c: c, expires: exp}
 		}
 		return nil
 	}
-	f(&e.c, ms)
+	f(sh, &e.c, ms)
 	if e.expires = e.c.Expiry(p); e.expires <= ms {
 		delete(sh.m, key)
 	}
@@ -87,15 +98,46 @@ func sweepBreakers(sh *breakerShard, now int64) {
 }
 
 // Allow implements breaker.Store.
-func (b *Breakers) Allow(ctx context.Context, now time.Time, key string, p breaker.Params) (v breaker.Verdict, tr breaker.Transition, err error) {
-	err = b.with(ctx, now, key, p, func(c *breaker.Cell, now int64) { v, tr = c.Allow(now, p) })
+func (b *Breakers) Allow(ctx context.Context, now time.Time, key string, p breaker.Params, probeID string) (v breaker.Verdict, tr breaker.Transition, err error) {
+	if !breaker.ValidProbeID(probeID) {
+		return v, tr, fmt.Errorf("%w: a probe ID must be 1 to %d hex digits", limit.ErrInvalid, breaker.MaxProbeIDBytes)
+	}
+	err = b.with(ctx, now, key, p, func(c *breaker.Cell, now int64) { v, tr = c.Allow(now, p, probeID) })
 	return v, tr, err
 }
 
 // Record implements breaker.Store.
-func (b *Breakers) Record(ctx context.Context, now time.Time, key string, p breaker.Params, success bool, probeID string) (tr breaker.Transition, err error) {
-	err = b.with(ctx, now, key, p, func(c *breaker.Cell, now int64) { tr = c.Record(now, p, success, probeID) })
+func (b *Breakers) Record(ctx context.Context, now time.Time, key string, p breaker.Params, r breaker.Report) (tr breaker.Transition, err error) {
+	if err := breaker.CheckReport(r); err != nil {
+		return tr, err
+	}
+	err = b.withShard(ctx, now, key, p, func(sh *breakerShard, c *breaker.Cell, now int64) {
+		if !r.Success && r.Once != "" && !sh.mark(breaker.OnceKey(key, r.Once), now, now+breaker.OnceTTL(p).Milliseconds()) {
+			tr = breaker.Transition{From: c.State, To: c.State}
+			return
+		}
+		tr = c.Record(now, p, r.Success, r.ProbeID)
+	})
 	return tr, err
+}
+
+// mark sets the marker once until expires and reports whether it was
+// new; sh.mu is held. Setting one sweeps a few expired ones.
+func (sh *breakerShard) mark(once string, now, expires int64) bool {
+	if exp, ok := sh.onces[once]; ok && exp > now {
+		return false
+	}
+	n := 0
+	for k, exp := range sh.onces {
+		if exp <= now {
+			delete(sh.onces, k)
+		}
+		if n++; n == sweepSample {
+			break
+		}
+	}
+	sh.onces[once] = expires
+	return true
 }
 
 // Release implements breaker.Store.
@@ -107,6 +149,19 @@ func (b *Breakers) Release(ctx context.Context, now time.Time, key string, p bre
 func (b *Breakers) State(ctx context.Context, now time.Time, key string, p breaker.Params) (st breaker.Status, err error) {
 	err = b.with(ctx, now, key, p, func(c *breaker.Cell, now int64) { st = c.Status(now, p) })
 	return st, err
+}
+
+// Onces returns the number of failure markers held, expired ones not yet
+// swept included.
+func (b *Breakers) Onces() int {
+	n := 0
+	for i := range b.shards {
+		sh := &b.shards[i]
+		sh.mu.Lock()
+		n += len(sh.onces)
+		sh.mu.Unlock()
+	}
+	return n
 }
 
 // Len returns the number of breakers held, expired ones not yet swept

@@ -2,6 +2,7 @@ package memstore
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -31,10 +32,10 @@ func TestBreakersForget(t *testing.T) {
 	now := time.UnixMilli(1_700_000_000_000)
 	for i := range 100 {
 		key := breaker.StoreKey("model", string(rune('a'+i)))
-		if _, _, err := b.Allow(ctx, now, key, p); err != nil {
+		if _, _, err := b.Allow(ctx, now, key, p, breaker.NewProbeID()); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := b.Record(ctx, now, key, p, true, ""); err != nil {
+		if _, err := b.Record(ctx, now, key, p, breaker.Report{Success: true}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -42,7 +43,7 @@ func TestBreakersForget(t *testing.T) {
 		t.Fatalf("%d closed breakers held, want 0", n)
 	}
 	key := breaker.StoreKey("model", "x")
-	if _, err := b.Record(ctx, now, key, p, false, ""); err != nil {
+	if _, err := b.Record(ctx, now, key, p, breaker.Report{}); err != nil {
 		t.Fatal(err)
 	}
 	if n := b.Len(); n != 1 {
@@ -62,10 +63,38 @@ func BenchmarkBreakersAllowClosed(b *testing.B) {
 	p := breaker.Params{FailureThreshold: 2, Window: time.Second, OpenFor: time.Second, HalfOpenProbes: 1, CloseAfter: 1, ProbeLease: time.Second}
 	key := breaker.StoreKey("model", "gpt-4o")
 	now := time.UnixMilli(1_700_000_000_000)
+	id := breaker.NewProbeID()
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, _, err := s.Allow(ctx, now, key, p); err != nil {
+		if _, _, err := s.Allow(ctx, now, key, p, id); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestBreakersOncesSwept: failure markers past their TTL are dropped as
+// new ones are set, so that their number follows the failures of the
+// last OnceTTL, not of all time.
+func TestBreakersOncesSwept(t *testing.T) {
+	t.Parallel()
+	b := NewBreakers()
+	ctx := context.Background()
+	p := breaker.Params{FailureThreshold: 1 << 20, Window: time.Second, OpenFor: time.Second, HalfOpenProbes: 1, CloseAfter: 1, ProbeLease: time.Second}
+	key := breaker.StoreKey("model", "m")
+	now := time.UnixMilli(1_700_000_000_000)
+	fail := func(at time.Time, n int, prefix string) {
+		for i := range n {
+			if _, err := b.Record(ctx, at, key, p, breaker.Report{Once: prefix + strconv.Itoa(i)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	fail(now, 1000, "a")
+	if n := b.Onces(); n != 1000 {
+		t.Fatalf("%d markers, want 1000", n)
+	}
+	fail(now.Add(breaker.OnceTTL(p)), 1000, "b")
+	if n := b.Onces(); n >= 1500 {
+		t.Fatalf("%d markers after 1000 more past the first ones' TTL, want the expired ones mostly swept", n)
 	}
 }

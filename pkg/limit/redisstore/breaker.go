@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate-dev/tollgate/pkg/breaker"
+	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
 //go:embed breaker.lua
@@ -46,15 +47,19 @@ type reply struct {
 	successes  int64
 }
 
-func (b *Breakers) run(ctx context.Context, mode string, now time.Time, key string, p breaker.Params, success bool, probeID string) (reply, error) {
+func (b *Breakers) run(ctx context.Context, mode string, now time.Time, key string, p breaker.Params, r breaker.Report) (reply, error) {
 	ok := "0"
-	if success {
+	if r.Success {
 		ok = "1"
 	}
-	rep, err := b.script.Run(ctx, b.c, []string{key}, mode, now.UnixMilli(),
+	keys := []string{key}
+	if mode == "record" && !r.Success && r.Once != "" {
+		keys = append(keys, breaker.OnceKey(key, r.Once))
+	}
+	rep, err := b.script.Run(ctx, b.c, keys, mode, now.UnixMilli(),
 		p.FailureThreshold, p.Window.Milliseconds(), p.OpenFor.Milliseconds(),
 		p.HalfOpenProbes, p.CloseAfter, p.ProbeLease.Milliseconds(), breaker.Retain.Milliseconds(),
-		ok, probeID).Slice()
+		ok, r.ProbeID, breaker.OnceTTL(p).Milliseconds()).Slice()
 	if err != nil {
 		return reply{}, fmt.Errorf("run breaker script: %w", err)
 	}
@@ -97,8 +102,11 @@ func (r reply) transition() breaker.Transition {
 }
 
 // Allow implements breaker.Store.
-func (b *Breakers) Allow(ctx context.Context, now time.Time, key string, p breaker.Params) (breaker.Verdict, breaker.Transition, error) {
-	r, err := b.run(ctx, "allow", now, key, p, false, "")
+func (b *Breakers) Allow(ctx context.Context, now time.Time, key string, p breaker.Params, probeID string) (breaker.Verdict, breaker.Transition, error) {
+	if !breaker.ValidProbeID(probeID) {
+		return breaker.Verdict{}, breaker.Transition{}, fmt.Errorf("%w: a probe ID must be 1 to %d hex digits", limit.ErrInvalid, breaker.MaxProbeIDBytes)
+	}
+	r, err := b.run(ctx, "allow", now, key, p, breaker.Report{ProbeID: probeID})
 	if err != nil {
 		return breaker.Verdict{}, breaker.Transition{}, err
 	}
@@ -112,24 +120,28 @@ func (b *Breakers) Allow(ctx context.Context, now time.Time, key string, p break
 	return v, r.transition(), nil
 }
 
-// Record implements breaker.Store.
-func (b *Breakers) Record(ctx context.Context, now time.Time, key string, p breaker.Params, success bool, probeID string) (breaker.Transition, error) {
-	r, err := b.run(ctx, "record", now, key, p, success, probeID)
+// Record implements breaker.Store. A failure with a Once is one script
+// call on two keys of one hash tag: the breaker and its marker.
+func (b *Breakers) Record(ctx context.Context, now time.Time, key string, p breaker.Params, r breaker.Report) (breaker.Transition, error) {
+	if err := breaker.CheckReport(r); err != nil {
+		return breaker.Transition{}, err
+	}
+	rep, err := b.run(ctx, "record", now, key, p, r)
 	if err != nil {
 		return breaker.Transition{}, err
 	}
-	return r.transition(), nil
+	return rep.transition(), nil
 }
 
 // Release implements breaker.Store.
 func (b *Breakers) Release(ctx context.Context, now time.Time, key string, p breaker.Params, probeID string) error {
-	_, err := b.run(ctx, "release", now, key, p, false, probeID)
+	_, err := b.run(ctx, "release", now, key, p, breaker.Report{ProbeID: probeID})
 	return err
 }
 
 // State implements breaker.Store.
 func (b *Breakers) State(ctx context.Context, now time.Time, key string, p breaker.Params) (breaker.Status, error) {
-	r, err := b.run(ctx, "state", now, key, p, false, "")
+	r, err := b.run(ctx, "state", now, key, p, breaker.Report{})
 	if err != nil {
 		return breaker.Status{}, err
 	}

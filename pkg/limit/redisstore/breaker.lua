@@ -2,16 +2,20 @@
 -- Allow, Record or Status (pkg/breaker/cell.go), step for step. Time comes
 -- from the caller; the script never reads the server clock.
 --
--- KEYS[1]: the breaker's key (breaker.StoreKey).
+-- KEYS[1]: the breaker's key (breaker.StoreKey). KEYS[2], for a failure
+-- reported with a once ID only: its marker (breaker.OnceKey, same hash tag).
 -- ARGV: mode ("allow", "record", "release" or "state"), now (Unix ms), failure
 -- threshold, window (ms), open for (ms), half-open probes, close after,
--- probe lease (ms), success ("1" or "0", record), probe ID (record,
--- release).
+-- probe lease (ms), retain (ms), success ("1" or "0", record), probe ID
+-- (allow: the ID a new probe's slot gets, from Go's crypto/rand, as Lua
+-- has no good randomness; record, release: the probe reporting), the
+-- marker's TTL (ms, breaker.OnceTTL).
 --
 -- State: a hash. "s": "o" open or "h" half-open (absent: closed); "u":
--- when an open breaker goes half-open; "g": when it opened (the probe
--- IDs' prefix); "q": the last probe number; "k": probe successes; "f":
--- the failure times, "t1,t2,..."; "p": the probe slots, "id=deadline,...".
+-- when an open breaker goes half-open; "k": probe successes; "f": the
+-- failure times, "t1,t2,..."; "p": the probe slots, "id=deadline,...".
+-- Keys written by an older version may also hold "g" and "q" (the probe
+-- IDs' old parts), which are ignored and dropped on the next write.
 -- A fresh (closed, no failures) breaker has no key. Every write sets the
 -- key to expire ttlMargin after Cell.Expiry: Redis expires keys by its own
 -- clock, and the replicas that pass now may be a little behind it.
@@ -22,6 +26,7 @@
 -- Status's, set by "state" only.
 
 local ttlMargin = 1000
+local maxProbeID = 64 -- breaker.MaxProbeIDBytes
 
 local mode = ARGV[1]
 local now = tonumber(ARGV[2])
@@ -34,8 +39,9 @@ local lease = tonumber(ARGV[8])
 local retain = tonumber(ARGV[9])
 local success = ARGV[10] == '1'
 local probeID = ARGV[11] or ''
+local onceTTL = tonumber(ARGV[12])
 if now == nil or threshold == nil or window == nil or openFor == nil or maxProbes == nil or
-    closeAfter == nil or lease == nil or retain == nil then
+    closeAfter == nil or lease == nil or retain == nil or onceTTL == nil then
   return redis.error_reply('ERR tollgate breaker: bad arguments')
 end
 
@@ -45,14 +51,12 @@ local CLOSED, HALF, OPEN = 0, 1, 2
 local key = KEYS[1]
 
 -- Load.
-local c = {state = CLOSED, untl = 0, opened = 0, seq = 0, succ = 0, fails = {}, probes = {}}
+local c = {state = CLOSED, untl = 0, succ = 0, fails = {}, probes = {}}
 local flat = redis.call('HGETALL', key)
 local h = {}
 for i = 1, #flat, 2 do h[flat[i]] = flat[i + 1] end
 if h.s == 'o' then c.state = OPEN elseif h.s == 'h' then c.state = HALF end
 c.untl = tonumber(h.u or '0')
-c.opened = tonumber(h.g or '0')
-c.seq = tonumber(h.q or '0')
 c.succ = tonumber(h.k or '0')
 for t in string.gmatch(h.f or '', '(-?%d+)') do c.fails[#c.fails + 1] = tonumber(t) end
 for id, d in string.gmatch(h.p or '', '([^=,]+)=(-?%d+)') do
@@ -62,12 +66,22 @@ end
 local dirty = false
 
 local function fresh()
-  c = {state = CLOSED, untl = 0, opened = 0, seq = 0, succ = 0, fails = {}, probes = {}}
+  c = {state = CLOSED, untl = 0, succ = 0, fails = {}, probes = {}}
 end
 
 local function open()
   fresh()
-  c.state, c.untl, c.opened = OPEN, now + openFor, now
+  c.state, c.untl = OPEN, now + openFor
+end
+
+-- slot is the index of probeID's slot, nil for none; an empty ID holds
+-- none.
+local function slot()
+  if probeID == '' then return nil end
+  for i, x in ipairs(c.probes) do
+    if x[1] == probeID then return i end
+  end
+  return nil
 end
 
 local function save()
@@ -92,8 +106,6 @@ local function save()
     set[#set + 1] = 's'; set[#set + 1] = 'h'
   end
   if c.untl ~= 0 then set[#set + 1] = 'u'; set[#set + 1] = fmtint(c.untl) end
-  if c.opened ~= 0 then set[#set + 1] = 'g'; set[#set + 1] = fmtint(c.opened) end
-  if c.seq ~= 0 then set[#set + 1] = 'q'; set[#set + 1] = fmtint(c.seq) end
   if c.succ ~= 0 then set[#set + 1] = 'k'; set[#set + 1] = fmtint(c.succ) end
   if #c.fails > 0 then
     local parts = {}
@@ -113,6 +125,10 @@ end
 local out = {0, -1, 0, '', 0, 0, 0, 0, 0}
 
 if mode == 'allow' then
+  -- The ID is written into "p": it must never hold its separators.
+  if probeID == '' or #probeID > maxProbeID or string.find(probeID, '[^%x]') then
+    return redis.error_reply('ERR tollgate breaker: bad probe ID')
+  end
   if c.state == OPEN and now >= c.untl then
     c.state, c.succ, c.probes = HALF, 0, {}
     out[2] = OPEN
@@ -128,10 +144,8 @@ if mode == 'allow' then
     end
     c.probes = live
     if #live < maxProbes then
-      c.seq = c.seq + 1
-      local id = fmtint(c.opened) .. '.' .. fmtint(c.seq)
-      c.probes[#c.probes + 1] = {id, now + lease}
-      out[3], out[4] = 1, id
+      c.probes[#c.probes + 1] = {probeID, now + lease}
+      out[3], out[4] = 1, probeID
       dirty = true
     else
       local first = live[1][2]
@@ -145,6 +159,18 @@ if mode == 'allow' then
   end
 elseif mode == 'record' then
   local from = c.state
+  -- A failure named by a once ID is looked at once: a marker holding an
+  -- expiry after now means it was delivered before. The expiry follows
+  -- the caller's clock, as every time here does; the key's own TTL only
+  -- collects it.
+  if KEYS[2] ~= nil then
+    local seen = tonumber(redis.call('GET', KEYS[2]) or '')
+    if seen ~= nil and seen > now then
+      out[1] = c.state
+      return out
+    end
+    redis.call('SET', KEYS[2], fmtint(now + onceTTL), 'PX', fmtint(onceTTL + ttlMargin))
+  end
   if c.state == CLOSED then
     if not success then
       local kept = {}
@@ -157,22 +183,17 @@ elseif mode == 'record' then
       if #kept >= threshold then open() end
     end
   elseif c.state == HALF then
-    local opened = string.match(probeID, '^([^.]*)%.')
-    if opened ~= nil and opened == fmtint(c.opened) then
+    -- Only the probe of a slot held now moves a half-open breaker.
+    local i = slot()
+    if i ~= nil and c.probes[i][2] > now then
       if not success then
         open()
-        dirty = true
       else
-        for i, x in ipairs(c.probes) do
-          if x[1] == probeID then
-            table.remove(c.probes, i)
-            c.succ = c.succ + 1
-            if c.succ >= closeAfter then fresh() end
-            dirty = true
-            break
-          end
-        end
+        table.remove(c.probes, i)
+        c.succ = c.succ + 1
+        if c.succ >= closeAfter then fresh() end
       end
+      dirty = true
     end
   end
   out[1] = c.state
@@ -180,12 +201,10 @@ elseif mode == 'record' then
 elseif mode == 'release' then
   -- Cell.Release: free the probe's slot, count nothing.
   if c.state == HALF then
-    for i, x in ipairs(c.probes) do
-      if x[1] == probeID then
-        table.remove(c.probes, i)
-        dirty = true
-        break
-      end
+    local i = slot()
+    if i ~= nil then
+      table.remove(c.probes, i)
+      dirty = true
     end
   end
   out[1] = c.state

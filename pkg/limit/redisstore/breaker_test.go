@@ -55,13 +55,13 @@ func TestBreakersStoreShares(t *testing.T) {
 	p := breaker.Params{FailureThreshold: 1, Window: time.Second, OpenFor: time.Second, HalfOpenProbes: 1, CloseAfter: 1, ProbeLease: time.Second}
 	key := breaker.StoreKey("model", "gpt-4o")
 	b := s.Breakers()
-	if _, _, err := b.Allow(ctx, t0, key, p); err != nil {
+	if _, _, err := b.Allow(ctx, t0, key, p, breaker.NewProbeID()); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := raw.Exists(ctx, key).Result(); err != nil || n != 0 {
 		t.Fatalf("closed breaker's key exists: %d, %v", n, err)
 	}
-	if _, err := b.Record(ctx, t0, key, p, false, ""); err != nil {
+	if _, err := b.Record(ctx, t0, key, p, breaker.Report{}); err != nil {
 		t.Fatal(err)
 	}
 	ttl, err := raw.PTTL(ctx, key).Result()
