@@ -229,37 +229,37 @@ func TestCallersCatches(t *testing.T) {
 		},
 		{
 			name: "principal as a SPIFFE URI", file: callersFile,
-			old: "- cluster.local/ns/inference/sa/inference-backend", new: "- spiffe://cluster.local/ns/inference/sa/inference-backend",
+			old: "- cluster.local/ns/inference/sa/inference-backend\n    to:\n    - operation:\n        paths:\n        - /envoy.service.accesslog", new: "- spiffe://cluster.local/ns/inference/sa/inference-backend\n    to:\n    - operation:\n        paths:\n        - /envoy.service.accesslog",
 			want: []string{deny, "spec.rules[0].from[0].source.notPrincipals", "without spiffe://"},
 		},
 		{
 			name: "every principal", file: callersFile,
-			old: "- cluster.local/ns/inference/sa/inference-backend", new: `- "*"`,
-			want: []string{deny, `notPrincipals "*"`, "want TRUST_DOMAIN/ns/NAMESPACE/sa/ACCOUNT"},
+			old: "- cluster.local/ns/inference/sa/inference-backend\n    to:\n    - operation:\n        paths:\n        - /envoy.service.ext_proc", new: "- \"*\"\n    to:\n    - operation:\n        paths:\n        - /envoy.service.ext_proc",
+			want: []string{deny, `spec.rules[1].from[0].source.notPrincipals "*"`, "want TRUST_DOMAIN/ns/NAMESPACE/sa/ACCOUNT"},
 		},
 		{
 			name: "principals instead of notPrincipals", file: callersFile,
-			old: "notPrincipals:", new: "principals:",
+			old: "    - source:\n        notPrincipals:\n        - cluster.local/ns/inference/sa/inference-backend\n    to:\n    - operation:\n        paths:\n        - /envoy.service.ext_proc", new: "    - source:\n        principals:\n        - cluster.local/ns/inference/sa/inference-backend\n    to:\n    - operation:\n        paths:\n        - /envoy.service.ext_proc",
 			want: []string{deny, "only notPrincipals may be set"},
 		},
 		{
 			name: "a narrowing method", file: callersFile,
-			old: "    - operation:\n", new: "    - operation:\n        methods: [GET]\n",
+			old: "    - operation:\n        paths:\n        - /envoy.service.accesslog", new: "    - operation:\n        methods: [GET]\n        paths:\n        - /envoy.service.accesslog",
 			want: []string{deny, "spec.rules[0].to[0].operation: only paths may be set"},
 		},
 		{
 			name: "a narrowing condition", file: callersFile,
 			old: "        - /envoy.service.ext_proc.v3.ExternalProcessor/*\n", new: "        - /envoy.service.ext_proc.v3.ExternalProcessor/*\n    when:\n    - key: request.headers[x-probe]\n      values: [\"1\"]\n",
-			want: []string{deny, "spec.rules[0].when"},
+			want: []string{deny, "spec.rules[1].when"},
 		},
 		{
 			name: "the access log left open", file: callersFile,
-			old: "        - /envoy.service.accesslog.v3.AccessLogService/*\n", new: "",
+			old: "        - /envoy.service.accesslog.v3.AccessLogService/*\n", new: "        - /envoy.service.ext_proc.v3.ExternalProcessor/*\n",
 			want: []string{deny, "no rule restricts envoy.service.accesslog.v3.AccessLogService"},
 		},
 		{
 			name: "ext_proc left open", file: callersFile,
-			old: "        - /envoy.service.ext_proc.v3.ExternalProcessor/*\n", new: "",
+			old: "        - /envoy.service.ext_proc.v3.ExternalProcessor/*\n", new: "        - /envoy.service.accesslog.v3.AccessLogService/*\n",
 			want: []string{deny, "no rule restricts envoy.service.ext_proc.v3.ExternalProcessor"},
 		},
 		{
@@ -274,7 +274,7 @@ func TestCallersCatches(t *testing.T) {
 		},
 		{
 			name: "the access log's sender refused", file: callersFile,
-			old: "- cluster.local/ns/inference/sa/inference-backend", new: "- cluster.local/ns/istio-system/sa/istio-ingressgateway-service-account",
+			old: "- cluster.local/ns/inference/sa/inference-backend\n    to:\n    - operation:\n        paths:\n        - /envoy.service.accesslog", new: "- cluster.local/ns/istio-system/sa/istio-ingressgateway-service-account\n    to:\n    - operation:\n        paths:\n        - /envoy.service.accesslog",
 			want: []string{"Telemetry inference/tollgate-access-log", "sends the access log of namespace inference", "every entry would be refused"},
 		},
 		{
