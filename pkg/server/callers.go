@@ -284,10 +284,10 @@ func (g *callerGuard) logDenied(ctx context.Context, service, method string, san
 	g.log.Warn("caller not allowed", fields...)
 }
 
-// callerGuard builds the guard of s.cfg.Callers and registers its metric.
+// guardCallers builds the guard of s.cfg.Callers and registers its metric.
 // A caller allow-list without client certificates is refused: no call to
 // a listed service could ever pass.
-func (s *Server) callerGuard() (*callerGuard, error) {
+func (s *Server) guardCallers() (*callerGuard, error) {
 	if s.cfg.TLS == nil || s.cfg.TLS.ClientCAFile == "" {
 		return nil, errors.New("server: a caller allow-list needs mutual TLS (a client CA file): without client certificates no caller could match")
 	}

@@ -183,7 +183,7 @@ func New(cfg Config) (*Server, error) {
 	unary := []grpc.UnaryServerInterceptor{recoverUnary(s.log)}
 	stream := []grpc.StreamServerInterceptor{recoverStream(s.log)}
 	if cfg.Callers != nil {
-		g, err := s.callerGuard()
+		g, err := s.guardCallers()
 		if err != nil {
 			return nil, err
 		}
