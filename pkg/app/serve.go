@@ -37,6 +37,7 @@ type serveFlags struct {
 	logLevel  string
 	logFormat string
 	tls       tlsFlags
+	callers   callerFlags
 	authz     authzFlags
 	pressure  pressureFlags
 	debug     debugFlags
@@ -58,6 +59,7 @@ func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "json", "json or console")
 	f.tls.register(fs)
+	f.callers.register(fs)
 	f.authz.register(fs)
 	f.pressure.register(fs)
 	f.debug.register(fs)
@@ -72,7 +74,7 @@ func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
 	if err := a.parseFlags(fs, args); err != nil {
 		return nil, err
 	}
-	for _, check := range []func() error{f.tls.check, f.pressure.check, f.lease.check, f.protect.check, f.failure.check, func() error { return f.redis.check(f.redisURL) }} {
+	for _, check := range []func() error{f.tls.check, func() error { return f.callers.check(f.tls) }, f.pressure.check, f.lease.check, f.protect.check, f.failure.check, func() error { return f.redis.check(f.redisURL) }} {
 		if err := check(); err != nil {
 			fmt.Fprintf(fs.Output(), "tollgate serve: %v\n", err)
 			return nil, errUsage
@@ -224,6 +226,7 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 		Logger:   log.Named("server"),
 		Gatherer: reg,
 		TLS:      f.tls.server(),
+		Callers:  f.callers.parsed,
 		Ready: func(ctx context.Context) error {
 			if lim.Rules() == nil {
 				return errors.New("rules not loaded")

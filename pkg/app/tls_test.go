@@ -12,6 +12,7 @@ import (
 	"io"
 	"math/big"
 	"net"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -84,8 +85,9 @@ func TestTLSFlags(t *testing.T) {
 
 // pki writes a CA, a server certificate for 127.0.0.1 and a client
 // certificate to dir, and returns client credentials that trust the
-// server and present the client certificate.
-func pki(t *testing.T, dir string) credentials.TransportCredentials {
+// server and present the client certificate, and a function that issues
+// more such credentials, each with a client certificate of those URI SANs.
+func pki(t *testing.T, dir string) (creds credentials.TransportCredentials, client func(uris ...string) credentials.TransportCredentials) {
 	t.Helper()
 	now := time.Now()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -107,7 +109,7 @@ func pki(t *testing.T, dir string) credentials.TransportCredentials {
 	}
 	writeFile(t, filepath.Join(dir, "ca.crt"), string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})))
 
-	issue := func(serial int64, usage x509.ExtKeyUsage, ips []net.IP) (certPEM, keyPEM []byte) {
+	issue := func(serial int64, usage x509.ExtKeyUsage, ips []net.IP, uris ...string) (certPEM, keyPEM []byte) {
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {
 			t.Fatal(err)
@@ -116,6 +118,13 @@ func pki(t *testing.T, dir string) credentials.TransportCredentials {
 			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "test"},
 			NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
 			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage}, IPAddresses: ips,
+		}
+		for _, s := range uris {
+			u, err := url.Parse(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tmpl.URIs = append(tmpl.URIs, u)
 		}
 		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
 		if err != nil {
@@ -130,14 +139,19 @@ func pki(t *testing.T, dir string) credentials.TransportCredentials {
 	serverCert, serverKey := issue(2, x509.ExtKeyUsageServerAuth, []net.IP{net.IPv4(127, 0, 0, 1)})
 	writeFile(t, filepath.Join(dir, "tls.crt"), string(serverCert))
 	writeFile(t, filepath.Join(dir, "tls.key"), string(serverKey))
-	clientCert, clientKey := issue(3, x509.ExtKeyUsageClientAuth, nil)
-	pair, err := tls.X509KeyPair(clientCert, clientKey)
-	if err != nil {
-		t.Fatal(err)
-	}
 	roots := x509.NewCertPool()
 	roots.AddCert(caCert)
-	return credentials.NewTLS(&tls.Config{RootCAs: roots, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12})
+	serial := int64(3)
+	client = func(uris ...string) credentials.TransportCredentials {
+		clientCert, clientKey := issue(serial, x509.ExtKeyUsageClientAuth, nil, uris...)
+		serial++
+		pair, err := tls.X509KeyPair(clientCert, clientKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return credentials.NewTLS(&tls.Config{RootCAs: roots, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12})
+	}
+	return client(), client
 }
 
 func TestServeMutualTLS(t *testing.T) {
@@ -147,7 +161,7 @@ func TestServeMutualTLS(t *testing.T) {
 	dir := t.TempDir()
 	rules := filepath.Join(dir, "rules.yaml")
 	writeFile(t, rules, goodRules)
-	creds := pki(t, dir)
+	creds, _ := pki(t, dir)
 
 	addrs := make(chan Addrs, 1)
 	stderr := &buffer{}

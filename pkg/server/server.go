@@ -113,6 +113,11 @@ type Config struct {
 	// UnaryInterceptors run inside the server's own (panic recovery, then
 	// the MaxInFlight bound), in order, around every unary call (Optional).
 	UnaryInterceptors []grpc.UnaryServerInterceptor
+	// Callers restricts APIs to the clients whose verified certificate has
+	// an allowed URI SAN (Optional; default every API is open to every
+	// client TLS admits). It needs TLS with a ClientCAFile: without client
+	// certificates no caller could match.
+	Callers *Callers
 	// Pprof serves net/http/pprof under /debug/pprof/ on the admin port
 	// (Optional; default off: a profile shows the command line and costs
 	// CPU while it runs, so an operator asks for it). net/http/pprof
@@ -175,6 +180,15 @@ func New(cfg Config) (*Server, error) {
 	if err := s.protect.register(cfg.Registerer); err != nil {
 		return nil, err
 	}
+	unary := []grpc.UnaryServerInterceptor{recoverUnary(s.log)}
+	stream := []grpc.StreamServerInterceptor{recoverStream(s.log)}
+	if cfg.Callers != nil {
+		g, err := s.guardCallers()
+		if err != nil {
+			return nil, err
+		}
+		unary, stream = append(unary, g.unary()), append(stream, g.stream())
+	}
 	var creds []grpc.ServerOption
 	if cfg.TLS != nil {
 		files, err := newTLSFiles(*cfg.TLS, s.log)
@@ -185,8 +199,8 @@ func New(cfg Config) (*Server, error) {
 		creds = append(creds, grpc.Creds(credentials.NewTLS(files.serverConfig())))
 	}
 	s.grpc = grpc.NewServer(append(creds,
-		grpc.ChainUnaryInterceptor(append([]grpc.UnaryServerInterceptor{recoverUnary(s.log), s.protect.unary()}, cfg.UnaryInterceptors...)...),
-		grpc.ChainStreamInterceptor(recoverStream(s.log)),
+		grpc.ChainUnaryInterceptor(append(append(unary, s.protect.unary()), cfg.UnaryInterceptors...)...),
+		grpc.ChainStreamInterceptor(stream...),
 		grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSize),
 		grpc.MaxConcurrentStreams(cfg.MaxConcurrentStreams),
 		grpc.ConnectionTimeout(cfg.ConnectionTimeout),

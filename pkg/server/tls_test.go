@@ -11,6 +11,7 @@ import (
 	"encoding/pem"
 	"math/big"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -82,8 +83,8 @@ func newCA(tb testing.TB, name string) *ca {
 }
 
 // issue signs a server certificate for 127.0.0.1 and localhost, or a
-// client certificate.
-func (c *ca) issue(tb testing.TB, name string, client bool) *issued {
+// client certificate, with uris as its URI SANs.
+func (c *ca) issue(tb testing.TB, name string, client bool, uris ...string) *issued {
 	tb.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -101,6 +102,13 @@ func (c *ca) issue(tb testing.TB, name string, client bool) *issued {
 	}
 	if client {
 		tmpl.ExtKeyUsage, tmpl.IPAddresses, tmpl.DNSNames = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, nil, nil
+	}
+	for _, s := range uris {
+		u, err := url.Parse(s)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tmpl.URIs = append(tmpl.URIs, u)
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, &key.PublicKey, c.key)
 	if err != nil {

@@ -53,6 +53,10 @@ func TestRefused(t *testing.T) {
 	}{
 		{name: "schema", give: "testdata/bad-values.yaml", want: []string{"schema", "/flags", "log-levle"}},
 		{name: "memory with replicas", give: "testdata/memory-replicas.yaml", want: []string{"store.type memory", "replicaCount 1"}},
+		{name: "callers without mutual TLS", give: "testdata/callers-no-mtls.yaml", want: []string{"callers.enforce tollgate needs grpcTLS.secretName and grpcTLS.requireClientCert"}},
+		{name: "callers for Istio not SPIFFE", give: "testdata/callers-istio-uri.yaml", want: []string{"callers.allow.accesslog", `"urn:example:gateway" is not a SPIFFE ID`}},
+		{name: "callers SAN with a separator", give: "testdata/callers-bad-san.yaml", want: []string{"schema", "/callers/allow/accesslog/0"}},
+		{name: "client CA without requireClientCert", give: "testdata/client-ca-no-mtls.yaml", want: []string{"grpcTLS.clientCA is used only with grpcTLS.secretName and grpcTLS.requireClientCert"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

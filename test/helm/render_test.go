@@ -115,6 +115,8 @@ func newTyped(apiVersion, kind string) any {
 		return &networkingv1.NetworkPolicy{}
 	case "monitoring.coreos.com/v1/ServiceMonitor":
 		return &map[string]any{}
+	case "security.istio.io/v1/AuthorizationPolicy":
+		return &authorizationPolicy{}
 	}
 	return nil
 }

@@ -142,6 +142,7 @@ func TestBrokenCopies(t *testing.T) {
 		{give: "access-log.yaml", want: []string{"Telemetry inference/tollgate-access-log", `unknown field "provider"`}},
 		{give: "ratelimit.yaml", want: []string{"configPatches[1] (HTTP_FILTER INSERT_BEFORE)", `unknown field "failure_mode_denyy"`}},
 		{give: "ext-proc.yaml", want: []string{"configPatches[0] (HTTP_FILTER INSERT_AFTER)", `unknown field "observability_modee"`}},
+		{give: callersFile, want: []string{"AuthorizationPolicy tollgate/tollgate-callers", `unknown field "notPrincipal"`}},
 	} {
 		t.Run(tc.give, func(t *testing.T) {
 			t.Parallel()

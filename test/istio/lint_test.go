@@ -163,9 +163,14 @@ func lint(mc *meshv1alpha1.MeshConfig, resources []resource, e env) []string {
 	var policies []resource
 	var telemetries []resource
 	var extProcs []extProcPatch
+	var callers []resource // caller policies (callers_test.go), linted once the Telemetries are known
 	for _, r := range resources {
 		switch o := r.obj.(type) {
 		case *securityv1.AuthorizationPolicy:
+			if isCallersPolicy(o) {
+				callers = append(callers, r)
+				continue
+			}
 			problems = append(problems, lintPolicy(r, o, m)...)
 			policies = append(policies, r)
 		case *telemetryv1.Telemetry:
@@ -189,6 +194,9 @@ func lint(mc *meshv1alpha1.MeshConfig, resources []resource, e env) []string {
 		}
 	}
 	problems = append(problems, lintExtProcs(extProcs, policies, m)...)
+	for _, r := range callers {
+		problems = append(problems, lintCallers(r, r.obj.(*securityv1.AuthorizationPolicy), m, telemetries)...)
+	}
 	return append(problems, lintSettled(policies, telemetries, m)...)
 }
 

@@ -71,6 +71,26 @@ tollgate.check fails the render on combinations the schema cannot express, each 
 {{- if and $r.tls.ca.secretName $r.tls.ca.configMapName }}
 {{- fail "store.redis.tls.ca: set secretName or configMapName, not both" }}
 {{- end }}
+{{- $ca := .Values.grpcTLS.clientCA }}
+{{- if and $ca.secretName $ca.configMapName }}
+{{- fail "grpcTLS.clientCA: set secretName or configMapName, not both" }}
+{{- end }}
+{{- if and (or $ca.secretName $ca.configMapName) (not (and .Values.grpcTLS.secretName .Values.grpcTLS.requireClientCert)) }}
+{{- fail "grpcTLS.clientCA is used only with grpcTLS.secretName and grpcTLS.requireClientCert: set both, or leave clientCA empty" }}
+{{- end }}
+{{- $c := .Values.callers }}
+{{- if and $c.allow (eq $c.enforce "tollgate") (not (and .Values.grpcTLS.secretName .Values.grpcTLS.requireClientCert)) }}
+{{- fail "callers.allow with callers.enforce tollgate needs grpcTLS.secretName and grpcTLS.requireClientCert: Tollgate tells callers apart by their client certificates (behind an Istio sidecar, set callers.enforce istio)" }}
+{{- end }}
+{{- if and $c.allow (eq $c.enforce "istio") }}
+{{- range $api, $ids := $c.allow }}
+{{- range $ids }}
+{{- if not (hasPrefix "spiffe://" .) }}
+{{- fail (printf "callers.allow.%s: %q is not a SPIFFE ID: callers.enforce istio matches the peer's principal, spiffe://TRUST-DOMAIN/ns/NAMESPACE/sa/ACCOUNT" $api .) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if .Values.authz.enabled }}
 {{- if hasKey .Values.authz.settings "keys_file" }}
 {{- fail "authz.settings.keys_file: leave it out; the chart sets it from authz.keysSecret" }}
@@ -131,4 +151,21 @@ topologySpreadConstraints:
       matchLabels:
         {{- include "tollgate.selectorLabels" . | nindent 8 }}
 {{- end }}
+{{- end }}
+
+{{/* The gRPC service of each API name callers.allow takes. */}}
+{{- define "tollgate.grpcServices" -}}
+accesslog: envoy.service.accesslog.v3.AccessLogService
+ext_proc: envoy.service.ext_proc.v3.ExternalProcessor
+ext_authz: envoy.service.auth.v3.Authorization
+ratelimit: envoy.service.ratelimit.v3.RateLimitService
+{{- end }}
+
+{{/* The value of --allow-callers: API=SAN,SAN;API=SAN, APIs sorted. */}}
+{{- define "tollgate.allowCallers" -}}
+{{- $entries := list }}
+{{- range $api, $ids := .Values.callers.allow }}
+{{- $entries = append $entries (printf "%s=%s" $api (join "," $ids)) }}
+{{- end }}
+{{- join ";" $entries }}
 {{- end }}
