@@ -26,6 +26,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -38,6 +39,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/tollgate-dev/tollgate/pkg/breaker"
+	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/outcome"
 	"github.com/tollgate-dev/tollgate/pkg/ticket"
 )
@@ -166,12 +168,12 @@ func (s *Service) StreamAccessLogs(stream grpc.ClientStreamingServer[alsv3.Strea
 // entry handles one HTTP entry; garbage is counted, never fatal.
 func (s *Service) entry(ctx context.Context, e *datav3.HTTPAccessLogEntry) {
 	common := e.GetCommonProperties()
-	str := ticketOf(common)
-	if str == "" || !final(common) {
+	checked, limited := tickets(common)
+	if checked == "" && limited == "" || !final(common) {
 		s.metrics.entries.WithLabelValues(resultIgnored).Inc()
 		return
 	}
-	t := s.loop.Open(outcome.ChannelAccessLog, str)
+	t := s.open(checked, limited)
 	if t == nil {
 		s.metrics.entries.WithLabelValues(resultRejected).Inc()
 		return
@@ -195,14 +197,40 @@ func (s *Service) entry(ctx context.Context, e *datav3.HTTPAccessLogEntry) {
 	s.metrics.entries.WithLabelValues(r.String()).Inc()
 }
 
-// ticketOf returns the ticket of the entry's request: Check's, else the
-// rate limit filter's. Which one does not matter: either verifies or not.
-func ticketOf(c *datav3.AccessLogCommon) string {
+// tickets returns the entry's tickets: Check's, and the rate limit
+// filter's, either of which may be missing.
+func tickets(c *datav3.AccessLogCommon) (checked, limited string) {
 	filters := c.GetMetadata().GetFilterMetadata()
-	if v := filters[ticket.MetadataNamespace].GetFields()[ticket.Field].GetStringValue(); v != "" {
-		return v
+	return filters[ticket.MetadataNamespace].GetFields()[ticket.Field].GetStringValue(),
+		filters[ticket.RateLimitNamespace].GetFields()[ticket.Field].GetStringValue()
+}
+
+// open opens the entry's ticket: Check's, which holds the reservation,
+// else the rate limit filter's. A request that passed both filters while
+// a breaker was half-open may hold a probe from each; the rate limit
+// filter's probes ride along on Check's ticket for the breakers Check's
+// holds none on, so that their slots are freed too. A ticket that does
+// not verify adds nothing.
+func (s *Service) open(checked, limited string) *ticket.Ticket {
+	var t, rl *ticket.Ticket
+	if checked != "" {
+		t = s.loop.Open(outcome.ChannelAccessLog, checked)
 	}
-	return filters[ticket.RateLimitNamespace].GetFields()[ticket.Field].GetStringValue()
+	if limited != "" {
+		rl = s.loop.Open(outcome.ChannelAccessLog, limited)
+	}
+	switch {
+	case t == nil:
+		return rl
+	case rl == nil || len(rl.Probes) == 0 || rl.Domain != t.Domain:
+		return t
+	}
+	for _, p := range rl.Probes {
+		if !slices.ContainsFunc(t.Probes, func(q limit.Probe) bool { return q.Key == p.Key && q.Name == p.Name }) {
+			t.Probes = append(t.Probes, p)
+		}
+	}
+	return t
 }
 
 // final says whether the entry is the request's last: an intermediate or

@@ -416,9 +416,18 @@ func TestObserverOutcome(t *testing.T) {
 	}})
 	intermediate := entry(ticketMeta(&probe), 200)
 	intermediate.CommonProperties.IntermediateLogEntry = true
+	// A request that passed both filters while half-open holds a probe
+	// from each: the rate limit filter's rides on Check's ticket.
+	both := entry(ticketMeta(&probe), 200)
+	both.CommonProperties.Metadata.FilterMetadata[ticket.RateLimitNamespace] = &structpb.Struct{Fields: map[string]*structpb.Value{
+		ticket.Field: structpb.NewStringValue(seal(testKeys, &ticket.Ticket{ID: "rls.2", Domain: "ai", At: t0,
+			Descriptors: []limit.Descriptor{{Entries: []limit.Entry{{Key: "tenant", Value: "acme"}}}},
+			Probes:      []limit.Probe{{Key: "tenant", Name: "acme", ID: "rl-probe"}, {Key: "model", Name: "gpt-4o", ID: "second"}},
+		})),
+	}}
 	send(t, alsv3.NewAccessLogServiceClient(serve(t, svc)),
 		[]*datav3.HTTPAccessLogEntry{entry(ticketMeta(testTicket), 502), entry(nil, 200)},
-		[]*datav3.HTTPAccessLogEntry{{}, intermediate, entry(ticketMeta(&probe), 200), rlsProbe, entry(unsigned, 200)},
+		[]*datav3.HTTPAccessLogEntry{{}, intermediate, entry(ticketMeta(&probe), 200), rlsProbe, entry(unsigned, 200), both},
 	)
 	tenant := outcome.Breaker{Key: "tenant", Name: "acme"}
 	want := []Outcome{
@@ -430,6 +439,8 @@ func TestObserverOutcome(t *testing.T) {
 			Breakers: []outcome.Breaker{{Key: "tenant", Name: "t2", ProbeID: "5.ffff"}}},
 		{Status: 200, Duration: 1500 * time.Millisecond, UpstreamCluster: "llm", Domain: "ai", Tier: "gold", Model: "gpt-4o", ID: "req.1",
 			Breakers: []outcome.Breaker{{Key: "model", Name: "gpt-4o"}, tenant}},
+		{Status: 200, Duration: 1500 * time.Millisecond, UpstreamCluster: "llm", Domain: "ai", Tier: "gold", Model: "gpt-4o", ID: "req.1",
+			Breakers: []outcome.Breaker{{Key: "model", Name: "gpt-4o", ProbeID: probe.Probes[0].ID}, {Key: "tenant", Name: "acme", ProbeID: "rl-probe"}}},
 	}
 	// The facts are Facts(entry)'s, tested in outcome_test.go.
 	if diff := cmp.Diff(want, obs.outcomes, cmpopts.IgnoreFields(Outcome{}, "Facts")); diff != "" {
