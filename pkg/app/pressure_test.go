@@ -341,9 +341,18 @@ func TestBreakerAcrossReplicas(t *testing.T) {
 	if resp := b.decide("premium", "m"); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("model m after forged failures = %v, want OK", resp)
 	}
-	// Three 5xx for model m, of requests B admitted, reported to A, open
-	// the breaker for B: the replicas share the ticket key through Redis.
-	sendEntries(t, ctx, a.als, b.failure("m"), b.failure("m"), b.failure("m"))
+	// One genuine failure delivered three times (a replay, or Envoy
+	// resending a batch) counts once.
+	replayed := b.failure("m")
+	sendEntries(t, ctx, a.als, replayed, replayed, replayed)
+	// A's own record calls would have made the transition: none.
+	if _, metrics := a.get("/metrics"); !strings.Contains(metrics, `tollgate_breaker_transitions_total{from="closed",to="open"} 0`) {
+		t.Fatalf("one failure replayed three times opened the breaker:\n%s", grepLines(metrics, "tollgate_breaker"))
+	}
+	// Two more 5xx for model m, of requests B admitted, reported to A,
+	// make three and open the breaker for B: the replicas share the
+	// ticket key through Redis.
+	sendEntries(t, ctx, a.als, b.failure("m"), b.failure("m"))
 	var resp *rlsv3.RateLimitResponse
 	b.poll("B to refuse model m", func() bool {
 		resp = b.decide("premium", "m")
