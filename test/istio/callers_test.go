@@ -59,7 +59,7 @@ func isCallersPolicy(o *securityv1.AuthorizationPolicy) bool {
 // lintCallers checks a DENY policy meant to restrict Tollgate's callers.
 // telemetries are the Telemetry resources of the set, to check that the
 // workloads sending the access log are not refused.
-func lintCallers(r resource, o *securityv1.AuthorizationPolicy, m mesh, telemetries []resource) []string {
+func lintCallers(r resource, o *securityv1.AuthorizationPolicy, m mesh, telemetries []resource, extProcs []extProcPatch) []string {
 	var problems []string
 	add := func(format string, args ...any) {
 		problems = append(problems, r.String()+": "+fmt.Sprintf(format, args...))
@@ -160,6 +160,19 @@ func lintCallers(r resource, o *securityv1.AuthorizationPolicy, m mesh, telemetr
 		}) {
 			add("%s sends the access log of namespace %s to Tollgate, but no notPrincipals of the rule for %s is in that namespace: every entry would be refused (add cluster.local/ns/%s/sa/ACCOUNT)", tr, ns, als, ns)
 		}
+	}
+	// Likewise a namespace whose sidecars run the ext_proc usage reader:
+	// refused, its streams would settle nothing.
+	const xp = "envoy.service.ext_proc.v3.ExternalProcessor"
+	for _, e := range extProcs {
+		ns := e.r.meta().GetNamespace()
+		if _, ok := restricted[xp]; !ok || slices.ContainsFunc(restricted[xp], func(p string) bool {
+			sm := istioPrincipal.FindStringSubmatch(p)
+			return sm != nil && sm[2] == ns
+		}) {
+			continue
+		}
+		add("%s runs the ext_proc usage reader in namespace %s, but no notPrincipals of the rule for %s is in that namespace: every stream would be refused and no reservation settled (add cluster.local/ns/%s/sa/ACCOUNT)", e.r, ns, xp, ns)
 	}
 	return problems
 }
@@ -276,6 +289,11 @@ func TestCallersCatches(t *testing.T) {
 			name: "the access log's sender refused", file: callersFile,
 			old: "- cluster.local/ns/inference/sa/inference-backend\n    to:\n    - operation:\n        paths:\n        - /envoy.service.accesslog", new: "- cluster.local/ns/istio-system/sa/istio-ingressgateway-service-account\n    to:\n    - operation:\n        paths:\n        - /envoy.service.accesslog",
 			want: []string{"Telemetry inference/tollgate-access-log", "sends the access log of namespace inference", "every entry would be refused"},
+		},
+		{
+			name: "the usage reader's sidecar refused", file: callersFile,
+			old: "- cluster.local/ns/inference/sa/inference-backend\n    to:\n    - operation:\n        paths:\n        - /envoy.service.ext_proc", new: "- cluster.local/ns/istio-system/sa/istio-ingressgateway-service-account\n    to:\n    - operation:\n        paths:\n        - /envoy.service.ext_proc",
+			want: []string{"EnvoyFilter inference/", "runs the ext_proc usage reader in namespace inference", "every stream would be refused"},
 		},
 		{
 			name: "Tollgate moved, the policy not", file: meshConfigFile,

@@ -195,7 +195,7 @@ func lint(mc *meshv1alpha1.MeshConfig, resources []resource, e env) []string {
 	}
 	problems = append(problems, lintExtProcs(extProcs, policies, m)...)
 	for _, r := range callers {
-		problems = append(problems, lintCallers(r, r.obj.(*securityv1.AuthorizationPolicy), m, telemetries)...)
+		problems = append(problems, lintCallers(r, r.obj.(*securityv1.AuthorizationPolicy), m, telemetries, extProcs)...)
 	}
 	return append(problems, lintSettled(policies, telemetries, m)...)
 }
