@@ -37,12 +37,6 @@ type Service interface {
 const (
 	DefaultDrainTimeout         = 10 * time.Second
 	DefaultReadyTimeout         = time.Second
-	// WarmRetry is how soon a failed Warm is tried again, and WarmTimeout
-	// bounds one try.
-	WarmRetry   = 250 * time.Millisecond
-	WarmTimeout = 5 * time.Second
-	// warmLogEvery is how often a Warm that keeps failing is logged.
-	warmLogEvery = 10 * time.Second
 	DefaultHealthInterval       = 2 * time.Second
 	DefaultMaxRecvMsgSize       = 4 << 20
 	DefaultMaxConcurrentStreams = 1024
@@ -50,6 +44,16 @@ const (
 	DefaultMaxConnections       = 4096
 	DefaultConnectionTimeout    = 5 * time.Second
 	adminShutdownTimeout        = 5 * time.Second
+)
+
+// Warm-up pacing.
+const (
+	// WarmRetry is how soon a failed Warm is tried again, and WarmTimeout
+	// bounds one try.
+	WarmRetry   = 250 * time.Millisecond
+	WarmTimeout = 5 * time.Second
+	// warmLogEvery is how often a Warm that keeps failing is logged.
+	warmLogEvery = 10 * time.Second
 )
 
 // Config is what a Server is built from.
