@@ -150,11 +150,12 @@ type Server struct {
 	services []string // gRPC service names whose health follows readiness
 	admin    *http.Server
 	draining atomic.Bool
+	tls      *tlsFiles // nil for plaintext
+	protect  *protection
+
 	// warm is nil once Warm succeeded (or without one), else why the
 	// replica is not warm yet.
 	warm atomic.Pointer[error]
-	tls      *tlsFiles // nil for plaintext
-	protect  *protection
 }
 
 // New builds a Server; Serve starts it.
