@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/test/faultproxy"
 	"github.com/tollgate-dev/tollgate/test/redistest"
 )
 
@@ -145,5 +147,51 @@ func TestReplicasBeat(t *testing.T) {
 		if _, err := r.Beat(ctx, now, bad.replica, bad.ttl); err == nil {
 			t.Errorf("Beat(%q, %v) accepted", bad.replica, bad.ttl)
 		}
+	}
+}
+
+// TestSlowCallsKeepTheirConnections: while Redis answers later than the
+// decisions' deadlines, the decisions still fail at their deadline, but
+// after the first one their calls read the late replies and keep their
+// connections, so the next decisions need not dial.
+func TestSlowCallsKeepTheirConnections(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	px := faultproxy.New(t, srv.Addr())
+	c, err := NewClient("redis://" + px.Addr() + "?min_idle_conns=0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(c)
+	t.Cleanup(func() { _ = s.Close() })
+	if err := s.Warm(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ch := limit.Charge{Key: "k", Algorithm: limit.SlidingWindow, Amount: 1000, Window: time.Minute, Cost: 1}
+	px.Latency(0, 40*time.Millisecond)
+	const calls = 20
+	for i := range calls {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+		start := time.Now()
+		_, err := s.Apply(ctx, t0.Add(time.Duration(i)*time.Millisecond), []limit.Charge{ch}, make([]limit.Result, 1))
+		cancel()
+		if err == nil || !errors.Is(err, context.DeadlineExceeded) && !strings.Contains(err.Error(), "i/o timeout") {
+			t.Fatalf("call %d with replies 40ms late: %v, want its deadline exceeded", i, err)
+		}
+		if took := time.Since(start); took > time.Second {
+			t.Fatalf("call %d took %v, want about its 10ms deadline", i, took)
+		}
+	}
+	px.Pass()
+	ok, res := apply(t, s, t0.Add(time.Second), ch)
+	// Every call was sent, and Redis ran it: a late reply is still a
+	// charge, which is why the store's failures err on the side of
+	// refusing.
+	if !ok || res[0].Remaining != 1000-calls-1 {
+		t.Errorf("after the slow spell: admitted %v, %d left; want admitted with %d left", ok, res[0].Remaining, 1000-calls-1)
+	}
+	// The first timed-out call closed its connection; the rest kept theirs.
+	if n := px.Conns(); n < WarmConns-2 {
+		t.Errorf("%d connections open after %d late replies, want about the %d warmed: timed-out calls closed theirs", n, calls, WarmConns)
 	}
 }
