@@ -108,10 +108,6 @@ const minStoreWait = time.Millisecond
 // admits at most the limit plus this fraction of it.
 const DefaultOvershoot = 0.1
 
-// DefaultLocalFraction was the fixed local fraction before the automatic
-// share; it stays the value an operator who wants the old behaviour sets.
-const DefaultLocalFraction = 0.1
-
 // FailurePolicy is how a Limiter bounds and survives its store.
 type FailurePolicy struct {
 	// Timeout bounds each store call of Decide and Reconcile (the smaller
