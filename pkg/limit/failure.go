@@ -131,6 +131,10 @@ type FailurePolicy struct {
 	// Observer is told of store failures and degraded decisions
 	// (Optional).
 	Observer FailureObserver
+
+	// owed is what local charges the store has not counted yet; set by
+	// WithStoreFailure.
+	owed *owed
 }
 
 // FailureObserver is told what the store's failures did: the Limiter
@@ -156,6 +160,7 @@ func WithStoreFailure(p FailurePolicy) Option {
 		if !(p.LocalFraction > 0 && p.LocalFraction <= 1) {
 			p.LocalFraction = 0
 		}
+		p.owed = &owed{}
 		l.failure = &p
 	}
 }
@@ -200,6 +205,7 @@ func (l *Limiter) degrade(ctx context.Context, now time.Time, dom *Domain, req *
 	dropped := 0
 	var local []Charge
 	var localPlans []plan
+	var localIdx []int // each local charge's index in b
 	denied := false
 	for k, p := range b.plans {
 		c := b.charges[k]
@@ -236,6 +242,7 @@ func (l *Limiter) degrade(ctx context.Context, now time.Time, dom *Domain, req *
 		case FailureLocal:
 			local = append(local, l.localCharge(c))
 			localPlans = append(localPlans, p)
+			localIdx = append(localIdx, k)
 		}
 	}
 	leased := false
@@ -250,6 +257,9 @@ func (l *Limiter) degrade(ctx context.Context, now time.Time, dom *Domain, req *
 			if err != nil {
 				admitted = false
 				clear(res)
+			}
+			if err == nil {
+				l.owe(now, b, localIdx, local, res, admitted)
 			}
 		}
 		for k, p := range localPlans {
@@ -301,6 +311,22 @@ func (l *Limiter) degrade(ctx context.Context, now time.Time, dom *Domain, req *
 	}
 	if o := l.failure.Observer; o != nil {
 		o.Degraded(dom.Name, dec.Policy, dropped)
+	}
+}
+
+// owe notes the local charges the in-process store kept, to be written
+// back to the store (see owed): every one that fit when the decision was
+// admitted, and Force charges either way. A shadow charge that did not
+// fit was not kept.
+func (l *Limiter) owe(now time.Time, b *built, idx []int, local []Charge, res []Result, admitted bool) {
+	for k := range local {
+		if !(local[k].Force || admitted && res[k].Fits) {
+			continue
+		}
+		// The store's own charge: its key and its limit, not the share.
+		c := b.charges[idx[k]]
+		c.Cost = local[k].Cost
+		l.failure.owed.add(now, &c)
 	}
 }
 

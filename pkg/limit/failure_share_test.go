@@ -258,3 +258,115 @@ func TestDegradedBoundAcrossReplicas(t *testing.T) {
 		}
 	}
 }
+
+// TestDegradedLocalAdmissionsWrittenBack: what replicas admitted locally
+// goes to the store with their next decision on the key, once, so a
+// window where the store came back admits the limit, not the limit plus
+// the local admissions; a write-back that fails is sent again; units whose
+// window has passed are dropped.
+func TestDegradedLocalAdmissionsWrittenBack(t *testing.T) {
+	t.Parallel()
+	const replicas = 3
+	newCluster := func(t *testing.T) (*storetest.FakeClock, limit.Store, []*flakyStore, []*limit.Limiter) {
+		t.Helper()
+		clk := storetest.NewFakeClock(t0)
+		shared := memstore.New()
+		stores := make([]*flakyStore, replicas)
+		lims := make([]*limit.Limiter, replicas)
+		for i := range lims {
+			stores[i] = &flakyStore{shared: shared}
+			lims[i] = limit.NewLimiter(stores[i], clk, shareRules(t), limit.WithStoreFailure(limit.FailurePolicy{
+				Timeout: time.Second, Local: memstore.New(), Replicas: func() int { return replicas },
+			}))
+		}
+		return clk, shared, stores, lims
+	}
+	decide := func(t *testing.T, l *limit.Limiter) *limit.Decision {
+		t.Helper()
+		dec, err := l.Decide(context.Background(), req("s", []string{"req", "a"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return dec
+	}
+	// remaining is what the shared store has left on the key.
+	remaining := func(t *testing.T, clk *storetest.FakeClock, shared limit.Store) uint64 {
+		t.Helper()
+		res := make([]limit.Result, 1)
+		ch := limit.Charge{Key: limit.Key(limit.Requests, limit.SlidingWindow, time.Minute, "s", []limit.Entry{{Key: "req", Value: "a"}}),
+			Algorithm: limit.SlidingWindow, Amount: 100, Window: time.Minute}
+		if _, err := shared.Apply(context.Background(), clk.Now(), []limit.Charge{ch}, res); err != nil {
+			t.Fatal(err)
+		}
+		return res[0].Remaining
+	}
+
+	t.Run("a window admits the limit", func(t *testing.T) {
+		t.Parallel()
+		clk, _, stores, lims := newCluster(t)
+		local, fromStore := 0, 0
+		for i, l := range lims {
+			stores[i].down = true
+			for range 5 {
+				if dec := decide(t, l); dec.Code == limit.CodeOK {
+					local++
+				}
+				clk.Advance(time.Millisecond)
+			}
+			stores[i].down = false
+		}
+		for more := true; more; {
+			more = false
+			for _, l := range lims {
+				dec := decide(t, l)
+				if dec.Degraded {
+					t.Fatal("a degraded decision with the store up")
+				}
+				if dec.Code == limit.CodeOK {
+					fromStore++
+					more = true
+				}
+				clk.Advance(time.Millisecond)
+			}
+		}
+		if local != 9 || local+fromStore != 100 {
+			t.Errorf("admitted %d locally and %d by the store, want 9 and 91: the limit, the local ones counted once", local, fromStore)
+		}
+	})
+
+	t.Run("a failed write-back is sent again", func(t *testing.T) {
+		t.Parallel()
+		clk, shared, stores, lims := newCluster(t)
+		stores[0].down = true
+		for range 3 {
+			decide(t, lims[0])
+		}
+		decide(t, lims[0]) // fails, and with it the write-back
+		stores[0].down = false
+		if dec := decide(t, lims[0]); dec.Degraded || dec.Code != limit.CodeOK {
+			t.Fatalf("with the store back: degraded %v, %v", dec.Degraded, dec.Code)
+		}
+		if got := remaining(t, clk, shared); got != 100-3-1 {
+			t.Errorf("the store has %d left, want %d: the 3 local admissions and the decision", got, 100-3-1)
+		}
+		decide(t, lims[0])
+		if got := remaining(t, clk, shared); got != 100-3-2 {
+			t.Errorf("after another decision the store has %d left, want %d: the units sent once", got, 100-3-2)
+		}
+	})
+
+	t.Run("units whose window passed are dropped", func(t *testing.T) {
+		t.Parallel()
+		clk, shared, stores, lims := newCluster(t)
+		stores[0].down = true
+		for range 3 {
+			decide(t, lims[0])
+		}
+		stores[0].down = false
+		clk.Advance(time.Minute)
+		decide(t, lims[0])
+		if got := remaining(t, clk, shared); got != 99 {
+			t.Errorf("the store has %d left, want 99: units a minute old count in no window", got)
+		}
+	})
+}
