@@ -22,7 +22,8 @@ import (
 // cost reports (Force charges) of allow and deny rules: the store would
 // have recorded them, and an in-process store whose state is gone with
 // the next restart is no place for them; a local rule's cost report is
-// charged locally. Concurrency caps follow their rule's policy (local:
+// charged locally. What a local rule kept is written back to the store
+// with the next decision on its key that reaches it (see owed). Concurrency caps follow their rule's policy (local:
 // a lease on the in-process store, released by the access log as
 // usual). What is dropped is counted (FailureObserver.Dropped).
 type StoreFailure uint8
@@ -356,8 +357,9 @@ func (l *Limiter) localCharge(c Charge) Charge {
 //   - a window limit or token bucket (requests or tokens): DefaultOvershoot/N.
 //     A window where some replicas still reach the store can admit the
 //     whole limit there, and whatever the failing ones admit on top of
-//     it, since the store never hears of it; so the failing ones together
-//     keep only what the limit may be exceeded by.
+//     it, as the store hears of it only once they reach it again (see
+//     owed); so the failing ones together keep only what the limit may be
+//     exceeded by.
 //   - a concurrency cap: 1/N. It counts requests in flight now, not a
 //     window: when every replica has lost the store, their shares add up
 //     to the cap; while only some have, the cap can be exceeded by what

@@ -136,14 +136,14 @@ func TestDegradedShareFollowsReplicas(t *testing.T) {
 
 // flakyStore is one replica's view of a shared store: while down is set,
 // its calls fail; when charged is set, a failed call is still applied
-// first, as a call whose reply timed out after the script ran.
+// first and fails with a timeout, as a call whose reply came too late.
 type flakyStore struct {
 	shared  limit.Store
 	down    bool
 	charged bool
 }
 
-var errFlaky = errors.New("i/o timeout")
+var errFlaky = errors.New("connection refused")
 
 func (s *flakyStore) Apply(ctx context.Context, now time.Time, cs []limit.Charge, res []limit.Result) (bool, error) {
 	if !s.down {
@@ -151,6 +151,7 @@ func (s *flakyStore) Apply(ctx context.Context, now time.Time, cs []limit.Charge
 	}
 	if s.charged {
 		_, _ = s.shared.Apply(ctx, now, cs, res)
+		return false, context.DeadlineExceeded
 	}
 	return false, errFlaky
 }
@@ -352,6 +353,27 @@ func TestDegradedLocalAdmissionsWrittenBack(t *testing.T) {
 		decide(t, lims[0])
 		if got := remaining(t, clk, shared); got != 100-3-2 {
 			t.Errorf("after another decision the store has %d left, want %d: the units sent once", got, 100-3-2)
+		}
+	})
+
+	t.Run("a write-back that timed out is taken as counted", func(t *testing.T) {
+		t.Parallel()
+		clk, shared, stores, lims := newCluster(t)
+		stores[0].down = true
+		for range 3 {
+			decide(t, lims[0])
+		}
+		stores[0].charged = true // the store runs calls, their replies come too late
+		for range 5 {
+			decide(t, lims[0])
+		}
+		stores[0].down, stores[0].charged = false, false
+		decide(t, lims[0])
+		// 3 local admissions sent once, 5 timed-out calls (none admitted
+		// by the store: it counted them, then the local share refused
+		// them), and the last decision.
+		if got := remaining(t, clk, shared); got != 100-3-5-1 {
+			t.Errorf("the store has %d left, want %d: the units sent once, not with every call that timed out", got, 100-3-5-1)
 		}
 	})
 

@@ -2,6 +2,7 @@ package limit
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,10 +21,14 @@ const maxOwedKeys = 100_000
 // So a window in which the store was unreachable and then answered again
 // admits about its limit, not the limit plus the local admissions.
 //
-// A write-back whose call fails is sent again with the next decision: the
-// store may have counted it already, and counting it twice only refuses
-// more. Units whose window has passed since they were admitted count in
-// no window any more and are dropped. Concurrency leases are not written
+// A write-back whose call failed before reaching the store (the circuit
+// open, a refused connection) is sent again with the next decision. One
+// whose call timed out is taken as counted: with a slow store it almost
+// always was, and sending it again with every decision that times out
+// would count it many times over, refusing for nothing; when it was not,
+// the store misses those units, which the automatic share's bound allows
+// for. Units whose window has passed since they were admitted count in no
+// window any more and are dropped. Concurrency leases are not written
 // back: they end by themselves.
 type owed struct {
 	keys atomic.Int64 // entries in m: Decide looks no further when 0
@@ -131,7 +136,14 @@ func (l *Limiter) applyOwed(ctx context.Context, now time.Time, charges []Charge
 	all := append(sent, charges...)
 	allRes := make([]Result, len(all))
 	admitted, err := l.store.Apply(ctx, now, all, allRes)
-	l.failure.owed.settle(sent, err == nil)
+	l.failure.owed.settle(sent, err == nil || timedOut(err))
 	copy(res, allRes[len(sent):])
 	return admitted, err
+}
+
+// timedOut reports whether err is a call that ran out of time, after which
+// the store may well have done what it was asked.
+func timedOut(err error) bool {
+	var t interface{ Timeout() bool }
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &t) && t.Timeout()
 }
