@@ -25,9 +25,9 @@ type failureFlags struct {
 }
 
 func (f *failureFlags) register(fs *flag.FlagSet) {
-	fs.DurationVar(&f.timeout, "store-timeout", limit.DefaultStoreTimeout, "bound on each decision's store call (the caller's deadline wins if sooner); keep it under Envoy's rate limit timeout (20ms by default)")
-	fs.StringVar(&f.policy, "store-failure", "allow", "what decides when the store cannot answer (error, timeout, circuit open), for rules and domains without store_failure: allow, deny, or local (a conservative limit kept in this process)")
-	fs.Float64Var(&f.fraction, "store-failure-local-fraction", limit.DefaultLocalFraction, "for store_failure local: the fraction of each global limit one replica may spend alone while the store is down, in (0,1]")
+	fs.DurationVar(&f.timeout, "store-timeout", limit.DefaultStoreTimeout, "bound on each decision's store call; a caller's deadline (Envoy sends its filter timeout) also bounds it, less 3ms for the answer to get back")
+	fs.StringVar(&f.policy, "store-failure", "local", "what decides when the store cannot answer (error, timeout, circuit open), for rules and domains without store_failure: local (this replica's share of each limit, kept in this process), deny, or allow (admit, count nothing)")
+	fs.Float64Var(&f.fraction, "store-failure-local-fraction", 0, "for store_failure local: the fraction of each limit one replica may spend alone while the store is down, in (0,1]; 0: automatic, a tenth of each window limit and all of a concurrency cap, split between the replicas that share the store")
 }
 
 func (f *failureFlags) check() error {
@@ -37,17 +37,18 @@ func (f *failureFlags) check() error {
 		return fmt.Errorf("--store-failure %q is not one of %s", f.policy, limit.StoreFailureNames())
 	case f.timeout <= 0:
 		return errors.New("--store-timeout must be positive")
-	case !(f.fraction > 0 && f.fraction <= 1):
-		return errors.New("--store-failure-local-fraction must be in (0,1]")
+	case !(f.fraction >= 0 && f.fraction <= 1):
+		return errors.New("--store-failure-local-fraction must be in [0,1] (0: automatic)")
 	}
 	f.parsed = p
 	return nil
 }
 
-// option is the Limiter's store failure policy, reporting to obs. The
-// local policy's counters live in an in-process store of their own, apart
-// from the counters of an in-memory deployment.
-func (f *failureFlags) option(obs limit.FailureObserver, remote bool) limit.Option {
+// option is the Limiter's store failure policy, reporting to obs; the
+// automatic local share divides by replicas. The local policy's counters
+// live in an in-process store of their own, apart from the counters of an
+// in-memory deployment.
+func (f *failureFlags) option(obs limit.FailureObserver, remote bool, replicas func() int) limit.Option {
 	timeout := f.timeout
 	if !remote {
 		// The in-memory store answers in microseconds and never fails: a
@@ -58,25 +59,27 @@ func (f *failureFlags) option(obs limit.FailureObserver, remote bool) limit.Opti
 		Timeout:       timeout,
 		Default:       f.parsed,
 		LocalFraction: f.fraction,
+		Replicas:      replicas,
 		Local:         memstore.New(),
 		Observer:      obs,
 	})
 }
 
 // failureMetrics count what the store's failures did; it is the
-// Limiter's limit.FailureObserver.
+// Limiter's limit.FailureObserver, and tells health (for logs and /readyz).
 type failureMetrics struct {
 	errors   prometheus.Counter
 	degraded *prometheus.CounterVec
 	dropped  prometheus.Counter
+	health   *storeHealth
 }
 
 var _ limit.FailureObserver = (*failureMetrics)(nil)
 
 // newFailureMetrics registers the store failure metrics on reg, and the
-// circuit's when guard is set (Redis).
-func newFailureMetrics(reg prometheus.Registerer, guard *storeguard.Guard) (*failureMetrics, error) {
-	m := &failureMetrics{
+// circuit's and the replica count's when guard is set (Redis).
+func newFailureMetrics(reg prometheus.Registerer, guard *storeguard.Guard, health *storeHealth) (*failureMetrics, error) {
+	m := &failureMetrics{health: health,
 		errors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tollgate_store_errors_total",
 			Help: "Store calls of decisions and reconciliations that failed, timed out or met an open circuit; a caller that gave up is not counted.",
@@ -101,6 +104,10 @@ func newFailureMetrics(reg prometheus.Registerer, guard *storeguard.Guard) (*fai
 				Name: "tollgate_store_circuit_refused_total",
 				Help: "Store calls refused at once because the circuit was open.",
 			}, func() float64 { return float64(guard.Refused()) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "tollgate_store_replicas",
+				Help: "Replicas sharing the store, this one included, as the heartbeats in it count them: the automatic local share of a limit is split between them.",
+			}, func() float64 { return float64(health.replicas.get()) }),
 		)
 	}
 	for _, c := range cs {
@@ -121,6 +128,7 @@ func (m *failureMetrics) Degraded(domain string, p limit.StoreFailure, dropped i
 	if dropped > 0 {
 		m.dropped.Add(float64(dropped))
 	}
+	m.health.degradedDecision(p)
 }
 
 // storeReadiness is the store's part of /readyz.
@@ -143,7 +151,45 @@ type storeReadiness struct {
 	policy  limit.StoreFailure
 	guard   *storeguard.Guard // nil for the in-memory store
 	ping    func(context.Context) error
+	health  *storeHealth
 	reached atomic.Bool
+}
+
+// warmer is a store that can ready itself for its first decisions.
+type warmer interface {
+	Warm(ctx context.Context) error
+}
+
+// warmUp is server.Config.Warm for store: the store's own warm-up (Redis:
+// open connections, load the function library), then a first heartbeat,
+// so the replica count is known before the first decision; then it waits
+// beatSettle, so that the replicas already running have read the new
+// count too before this one takes traffic. Without the wait, a replica
+// started just before would keep a share too large for a beat interval,
+// and the replicas' local shares could add up to more than the
+// overshoot the share promises.
+func (r *storeReadiness) warmUp(store any) func(context.Context) error {
+	w, ok := store.(warmer)
+	if !ok {
+		return nil
+	}
+	return func(ctx context.Context) error {
+		if err := w.Warm(ctx); err != nil {
+			return err
+		}
+		if err := r.health.beat(ctx); err != nil {
+			return err
+		}
+		t := time.NewTimer(beatSettle)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+		r.reached.Store(true)
+		return nil
+	}
 }
 
 func (r *storeReadiness) ready(ctx context.Context) error {

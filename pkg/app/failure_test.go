@@ -58,7 +58,7 @@ func TestServeRedisKilled(t *testing.T) {
 	}{
 		{policy: "allow", wantOK: calls, wantReady: true},
 		{policy: "deny", wantOK: 0, wantReady: false},
-		{policy: "local", wantOK: 10, wantReady: true}, // 100 x the default fraction 0.1
+		{policy: "local", wantOK: 10, wantReady: true}, // 100 x the automatic share, 0.1/1 replica
 	}
 	for _, tt := range tests {
 		t.Run(tt.policy, func(t *testing.T) {
@@ -98,23 +98,35 @@ func TestServeRedisKilled(t *testing.T) {
 			if code, body := r.get("/readyz"); (code == http.StatusOK) != tt.wantReady {
 				t.Errorf("/readyz with Redis killed = %d %q, want ready %v", code, body, tt.wantReady)
 			}
-			_, metrics := r.get("/metrics")
-			for _, want := range []string{
-				`tollgate_store_circuit_state 2`,
-				`tollgate_store_degraded_decisions_total{domain="e2e",policy="` + tt.policy + `"} 30`,
-			} {
-				if !strings.Contains(metrics, want) {
-					t.Errorf("/metrics lacks %q", want)
-				}
+			if _, metrics := r.get("/metrics"); !strings.Contains(metrics, `tollgate_store_degraded_decisions_total{domain="e2e",policy="`+tt.policy+`"} 30`) {
+				t.Errorf("/metrics lacks 30 degraded decisions by %s", tt.policy)
 			}
 
-			// A longer outage: failed probes double the circuit's backoff
-			// to its longest, 1s, the worst case for recovery.
+			// A longer outage: the circuit opens once the failures have
+			// lasted storeguard.DefaultFailFor, and failed probes double
+			// its backoff to its longest, 1s, the worst case for recovery.
 			for killed := time.Now(); time.Since(killed) < 2*time.Second; {
 				if resp := r.call("acme"); !degraded(resp) {
 					t.Fatalf("with Redis killed: %v, want x-tollgate-degraded: store", resp)
 				}
 				time.Sleep(20 * time.Millisecond)
+			}
+			if _, metrics := r.get("/metrics"); !strings.Contains(metrics, "tollgate_store_circuit_state 2") {
+				t.Errorf("/metrics lacks tollgate_store_circuit_state 2 after 2s of failures")
+			}
+			// /readyz says why decisions are degraded, and never the URL.
+			if _, body := r.get("/readyz"); !strings.Contains(body, "store circuit: open since") || !strings.Contains(body, "degraded decisions in the last minute:") ||
+				strings.Contains(body, srv.URL()) {
+				t.Errorf("/readyz during the outage = %q, want the circuit open and the degraded decisions, without the URL", body)
+			}
+			// Logged, but not once per decision: the first line at once,
+			// the rest counted into one line per 10s.
+			out := r.stderr.String()
+			if n := strings.Count(out, "store circuit opened"); n < 1 || n > 2 {
+				t.Errorf("the log has %d lines on the circuit opening, want 1 or 2:\n%s", n, out)
+			}
+			if n := strings.Count(out, "degraded decisions:"); n < 1 || n > 2 {
+				t.Errorf("the log has %d lines on about 100 degraded decisions, want 1 or 2:\n%s", n, out)
 			}
 
 			srv.Restart()
@@ -133,7 +145,7 @@ func TestServeRedisKilled(t *testing.T) {
 }
 
 // defaultFailure is failureFlags as parsed with no flag set.
-var defaultFailure = failureFlags{timeout: 10 * time.Millisecond, policy: "allow", fraction: 0.1, parsed: limit.FailureAllow}
+var defaultFailure = failureFlags{timeout: 15 * time.Millisecond, policy: "local", fraction: 0, parsed: limit.FailureLocal}
 
 func TestFailureFlags(t *testing.T) {
 	t.Parallel()
@@ -150,8 +162,10 @@ func TestFailureFlags(t *testing.T) {
 			want: failureFlags{timeout: 5 * time.Millisecond, policy: "local", fraction: 0.25, parsed: limit.FailureLocal},
 		},
 		{name: "unknown policy", give: map[string]string{"TOLLGATE_STORE_FAILURE": "open"}, wantErr: `--store-failure "open" is not one of allow|deny|local`},
-		{name: "fraction 0", give: map[string]string{"TOLLGATE_STORE_FAILURE_LOCAL_FRACTION": "0"}, wantErr: "--store-failure-local-fraction must be in (0,1]"},
-		{name: "fraction above 1", give: map[string]string{"TOLLGATE_STORE_FAILURE_LOCAL_FRACTION": "1.5"}, wantErr: "--store-failure-local-fraction must be in (0,1]"},
+		{name: "fraction below 0", give: map[string]string{"TOLLGATE_STORE_FAILURE_LOCAL_FRACTION": "-0.1"}, wantErr: "--store-failure-local-fraction must be in [0,1] (0: automatic)"},
+		{name: "fraction above 1", give: map[string]string{"TOLLGATE_STORE_FAILURE_LOCAL_FRACTION": "1.5"}, wantErr: "--store-failure-local-fraction must be in [0,1] (0: automatic)"},
+		{name: "allow stays available", give: map[string]string{"TOLLGATE_STORE_FAILURE": "allow"},
+			want: failureFlags{timeout: 15 * time.Millisecond, policy: "allow", parsed: limit.FailureAllow}},
 		{name: "no timeout", give: map[string]string{"TOLLGATE_STORE_TIMEOUT": "0s"}, wantErr: "--store-timeout must be positive"},
 	}
 	for _, tt := range tests {

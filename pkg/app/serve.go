@@ -133,6 +133,9 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 	if err != nil {
 		return fmt.Errorf("--ticket-key-file: %w", err)
 	}
+	raw, health := store, newStoreHealth(log.Named("store"), f.failure, shared.replicas, f.pressure.replica())
+	stopHealth := health.start(ctx)
+	defer stopHealth()
 	var local *overlimit.Store
 	var leases *lease.Store
 	var guard *storeguard.Guard
@@ -146,7 +149,7 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 		// The leases' rest goes back to Redis once the server has
 		// drained, before the client closes: hence not the serve
 		// context, which ends before draining starts.
-		guard = storeguard.New(store, storeguard.Options{}) // a down Redis fails decisions fast (issue 6)
+		guard = storeguard.New(store, storeguard.Options{OnChange: health.circuitChanged}) // a down Redis fails decisions fast (issue 6)
 		local = overlimit.New(guard, overlimit.Options{})
 		var outer limit.Store
 		var stopLeases func()
@@ -180,7 +183,7 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 			return err
 		}
 	}
-	failures, err := newFailureMetrics(reg, guard)
+	failures, err := newFailureMetrics(reg, guard, health)
 	if err != nil {
 		return err
 	}
@@ -198,7 +201,7 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 	if err := reg.Register(newPressureCollector(sh)); err != nil {
 		return fmt.Errorf("register pressure metrics: %w", err)
 	}
-	lim := limit.NewLimiter(store, limit.SystemClock{}, rules, append(sh.limiterOptions(), f.failure.option(failures, f.redisURL != ""))...)
+	lim := limit.NewLimiter(store, limit.SystemClock{}, rules, append(sh.limiterOptions(), f.failure.option(failures, f.redisURL != "", health.replicas.get))...)
 	loop, err := outcome.New(ticketKeys, lim, log.Named("outcome"), reg, outcome.Options{})
 	if err != nil {
 		return err
@@ -220,7 +223,7 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 	if f.pressure.tokenFile != "" {
 		admin["/v1/pressure"] = sh.handler()
 	}
-	storeReady := &storeReadiness{policy: f.failure.parsed, guard: guard, ping: store.Ping}
+	storeReady := &storeReadiness{policy: f.failure.parsed, guard: guard, ping: store.Ping, health: health}
 	srv, err := server.New(server.Config{
 		Services: append([]server.Service{rlsSvc}, az.services()...),
 		Logger:   log.Named("server"),
@@ -233,6 +236,8 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 			}
 			return storeReady.ready(ctx)
 		},
+		Warm:        storeReady.warmUp(raw),
+		ReadyDetail: health.detail,
 		DebugConfig: func() any {
 			return newConfigView(a.versionString(), f.config, f.redisURL, lim.Rules())
 		},
@@ -326,6 +331,7 @@ func (p pingable) Ping(ctx context.Context) error { return p.ping(ctx) }
 type sharedState struct {
 	board    limit.Board
 	breakers breaker.Store
+	replicas peerBeater // nil for the in-memory store
 }
 
 // openStore returns the in-memory store for an empty URL, else a Redis
@@ -339,7 +345,7 @@ func openStore(redisURL string, opts ...redisstore.Option) (store pingStore, sha
 		return nil, sharedState{}, nil, fmt.Errorf("--redis-url: %w", err) // redisstore's errors never hold the password
 	}
 	s := redisstore.New(c)
-	return s, sharedState{board: redisstore.NewBoard(c), breakers: s.Breakers()}, func() { _ = s.Close() }, nil
+	return s, sharedState{board: redisstore.NewBoard(c), breakers: s.Breakers(), replicas: redisstore.NewReplicas(c)}, func() { _ = s.Close() }, nil
 }
 
 // debugJSON serves what view returns as indented JSON.

@@ -14,15 +14,16 @@ import (
 //   - allow: the charges are treated as admitted; nothing is recorded.
 //   - deny: the charges are over limit, with a RetryAfter of
 //     DegradedRetryAfter.
-//   - local: the charges run on an in-process store, each limit scaled by
-//     the local fraction: the fraction of each global limit one replica
-//     may spend alone while the store is down (see FailurePolicy).
+//   - local (the default): the charges run on an in-process store, each
+//     limit scaled down to this replica's share of it (see
+//     FailurePolicy.LocalFraction and localShare).
 //
 // In a degraded decision, refunds (negative hits) are dropped, and so are
 // cost reports (Force charges) of allow and deny rules: the store would
 // have recorded them, and an in-process store whose state is gone with
 // the next restart is no place for them; a local rule's cost report is
-// charged locally. Concurrency caps follow their rule's policy (local:
+// charged locally. What a local rule kept is written back to the store
+// with the next decision on its key that reaches it (see owed). Concurrency caps follow their rule's policy (local:
 // a lease on the in-process store, released by the access log as
 // usual). What is dropped is counted (FailureObserver.Dropped).
 type StoreFailure uint8
@@ -79,14 +80,34 @@ func (f StoreFailure) stricter(g StoreFailure) bool {
 // to wait: the store may be back by then.
 const DegradedRetryAfter = time.Second
 
-// DefaultStoreTimeout bounds every store call of a decision: well under
-// Envoy's 20 ms rate limit timeout, so that the policy, not Envoy's
-// failure_mode, answers a slow store.
-const DefaultStoreTimeout = 10 * time.Millisecond
+// DefaultStoreTimeout bounds every store call of a decision. Envoy's rate
+// limit filter gives up after 20 ms by default (and then lets the request
+// through, unless failure_mode_deny is set), so a decision must be
+// answered before that: 15 ms leaves StoreReserve and more for the answer
+// to get back. It is not shorter because a replica whose CPU is throttled
+// (a Kubernetes CPU limit) routinely stalls for 10 ms: such a stall should
+// cost a decision a wait, not a degraded answer.
+const DefaultStoreTimeout = 15 * time.Millisecond
 
-// DefaultLocalFraction is the fraction of each global limit one replica
-// may spend alone while the store is down.
-const DefaultLocalFraction = 0.1
+// StoreReserve is what a store call leaves of its caller's deadline, so
+// that the answer still reaches a caller that set one (Envoy sends its
+// filter timeout as grpc-timeout): the time to encode the answer, for
+// the network, and for the moments of the caller's budget spent before
+// the call reached this process, which its deadline here does not show.
+const StoreReserve = 3 * time.Millisecond
+
+// minStoreWait is the least a store call is given when the caller's
+// deadline leaves less than StoreReserve: a call given nothing would fail
+// without asking the store and count against it.
+const minStoreWait = time.Millisecond
+
+// DefaultOvershoot is, under the automatic local share, the fraction of
+// each window limit (requests or tokens) that all replicas together may
+// admit beyond it while their store fails: each replica keeps
+// DefaultOvershoot/N of the limit, N the replicas sharing the store.
+// Whatever the others admit through the store meanwhile, a window then
+// admits at most the limit plus this fraction of it.
+const DefaultOvershoot = 0.1
 
 // FailurePolicy is how a Limiter bounds and survives its store.
 type FailurePolicy struct {
@@ -94,12 +115,16 @@ type FailurePolicy struct {
 	// of it and the caller's deadline); 0: no bound of its own.
 	Timeout time.Duration
 	// Default is the policy of rules and domains that set none (Optional,
-	// default FailureAllow).
+	// default FailureLocal).
 	Default StoreFailure
-	// LocalFraction scales every limit a local charge is checked against,
-	// in (0,1] (Optional, default DefaultLocalFraction); amounts above 0
-	// stay at least 1.
+	// LocalFraction, in (0,1], fixes the fraction of every limit a local
+	// charge is checked against; amounts above 0 stay at least 1
+	// (Optional; default 0: the automatic share, see localShare).
 	LocalFraction float64
+	// Replicas reports how many replicas share the store, this one
+	// included, for the automatic share (Optional; nil or a count under 1
+	// means 1). It is called on degraded decisions only.
+	Replicas func() int
 	// Local is the in-process store of local charges (Required for
 	// local; without it, local charges are denied, the conservative
 	// reading of "a limit this replica keeps alone").
@@ -107,6 +132,10 @@ type FailurePolicy struct {
 	// Observer is told of store failures and degraded decisions
 	// (Optional).
 	Observer FailureObserver
+
+	// owed is what local charges the store has not counted yet; set by
+	// WithStoreFailure.
+	owed *owed
 }
 
 // FailureObserver is told what the store's failures did: the Limiter
@@ -127,21 +156,27 @@ type FailureObserver interface {
 func WithStoreFailure(p FailurePolicy) Option {
 	return func(l *Limiter) {
 		if p.Default == FailureUnset {
-			p.Default = FailureAllow
+			p.Default = FailureLocal
 		}
 		if !(p.LocalFraction > 0 && p.LocalFraction <= 1) {
-			p.LocalFraction = DefaultLocalFraction
+			p.LocalFraction = 0
 		}
+		p.owed = &owed{}
 		l.failure = &p
 	}
 }
 
-// storeCtx is ctx bounded by the store timeout.
+// storeCtx is ctx bounded by the store timeout, and by the caller's own
+// deadline less StoreReserve (but never under minStoreWait).
 func (l *Limiter) storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	if l.failure == nil || l.failure.Timeout <= 0 {
 		return ctx, func() {}
 	}
-	return context.WithTimeout(ctx, l.failure.Timeout)
+	wait := l.failure.Timeout
+	if dl, ok := ctx.Deadline(); ok {
+		wait = min(wait, max(time.Until(dl)-StoreReserve, minStoreWait))
+	}
+	return context.WithTimeout(ctx, wait)
 }
 
 // gaveUp reports whether err is the caller's own cancellation or
@@ -171,6 +206,7 @@ func (l *Limiter) degrade(ctx context.Context, now time.Time, dom *Domain, req *
 	dropped := 0
 	var local []Charge
 	var localPlans []plan
+	var localIdx []int // each local charge's index in b
 	denied := false
 	for k, p := range b.plans {
 		c := b.charges[k]
@@ -207,6 +243,7 @@ func (l *Limiter) degrade(ctx context.Context, now time.Time, dom *Domain, req *
 		case FailureLocal:
 			local = append(local, l.localCharge(c))
 			localPlans = append(localPlans, p)
+			localIdx = append(localIdx, k)
 		}
 	}
 	leased := false
@@ -221,6 +258,9 @@ func (l *Limiter) degrade(ctx context.Context, now time.Time, dom *Domain, req *
 			if err != nil {
 				admitted = false
 				clear(res)
+			}
+			if err == nil {
+				l.owe(now, b, localIdx, local, res, admitted)
 			}
 		}
 		for k, p := range localPlans {
@@ -275,12 +315,67 @@ func (l *Limiter) degrade(ctx context.Context, now time.Time, dom *Domain, req *
 	}
 }
 
-// localCharge is c checked against the local fraction of its limit.
+// owe notes the local charges the in-process store kept, to be written
+// back to the store (see owed): every one that fit when the decision was
+// admitted, and Force charges either way. A shadow charge that did not
+// fit was not kept.
+func (l *Limiter) owe(now time.Time, b *built, idx []int, local []Charge, res []Result, admitted bool) {
+	for k := range local {
+		if !(local[k].Force || admitted && res[k].Fits) {
+			continue
+		}
+		// The store's own charge: its key and its limit, not the share.
+		c := b.charges[idx[k]]
+		c.Cost = local[k].Cost
+		l.failure.owed.add(now, &c)
+	}
+}
+
+// localCharge is c checked against this replica's share of its limit:
+// the fixed LocalFraction when one is set, else localShare.
 func (l *Limiter) localCharge(c Charge) Charge {
-	f := l.failure.LocalFraction
-	c.Amount = fractionOf(c.Amount, f)
-	c.Burst = fractionOf(c.Burst, f)
+	if f := l.failure.LocalFraction; f > 0 {
+		c.Amount = fractionOf(c.Amount, f)
+		c.Burst = fractionOf(c.Burst, f)
+		return c
+	}
+	f := l.localShare(c.Algorithm)
+	burst := c.Burst
+	c.Amount = floorOf(c.Amount, f)
+	c.Burst = floorOf(c.Burst, f)
+	if burst > 0 && c.Burst == 0 {
+		// A burst of 0 means the whole amount: a share too small for one
+		// unit of burst admits nothing.
+		c.Amount = 0
+	}
 	return c
+}
+
+// localShare is the automatic fraction of a limit this replica keeps
+// while the store fails, N being the replicas sharing it:
+//
+//   - a window limit or token bucket (requests or tokens): DefaultOvershoot/N.
+//     A window where some replicas still reach the store can admit the
+//     whole limit there, and whatever the failing ones admit on top of
+//     it, as the store hears of it only once they reach it again (see
+//     owed); so the failing ones together keep only what the limit may be
+//     exceeded by.
+//   - a concurrency cap: 1/N. It counts requests in flight now, not a
+//     window: when every replica has lost the store, their shares add up
+//     to the cap; while only some have, the cap can be exceeded by what
+//     they hold, at most a 1/N share each, until their leases end.
+//
+// Amounts are rounded down: a share of under one unit denies, the
+// conservative reading of a limit too small to split.
+func (l *Limiter) localShare(a Algorithm) float64 {
+	n := 1
+	if r := l.failure.Replicas; r != nil {
+		n = max(1, r())
+	}
+	if a == Concurrency {
+		return 1 / float64(n)
+	}
+	return DefaultOvershoot / float64(n)
 }
 
 // fractionOf is floor(n x f), at least 1 when n is: a fraction of a limit
@@ -290,6 +385,14 @@ func fractionOf(n uint64, f float64) uint64 {
 		return n
 	}
 	return max(1, uint64(math.Floor(float64(n)*f)))
+}
+
+// floorOf is floor(n x f).
+func floorOf(n uint64, f float64) uint64 {
+	if f >= 1 {
+		return n
+	}
+	return uint64(math.Floor(float64(n) * f))
 }
 
 // releaseLocal gives back, on the in-process store, the concurrency leases

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
+	"github.com/tollgate-dev/tollgate/test/testutil"
 )
 
 var t0 = time.Unix(1_700_000_000, 0)
@@ -35,6 +37,14 @@ func (s *downStore) Apply(ctx context.Context, _ time.Time, _ []limit.Charge, _ 
 		<-ctx.Done()
 		return false, ctx.Err()
 	}
+	return false, errDown
+}
+
+// deadlineStore fails at once and records its context's deadline.
+type deadlineStore struct{ deadline time.Time }
+
+func (s *deadlineStore) Apply(ctx context.Context, _ time.Time, _ []limit.Charge, _ []limit.Result) (bool, error) {
+	s.deadline, _ = ctx.Deadline()
 	return false, errDown
 }
 
@@ -149,9 +159,9 @@ func TestDegradedPolicies(t *testing.T) {
 			wantCodes: []limit.Code{limit.CodeOverLimit}, wantRetry: []time.Duration{time.Second}, wantLimit: []uint64{100},
 		},
 		{
-			name: "the default default is allow", give: req("flag", []string{"user", "u"}),
-			wantCode: limit.CodeOK, wantPolicy: limit.FailureAllow,
-			wantCodes: []limit.Code{limit.CodeOK}, wantRetry: []time.Duration{0}, wantLimit: []uint64{0},
+			name: "the default default is local", give: req("flag", []string{"user", "u"}),
+			wantCode: limit.CodeOK, wantPolicy: limit.FailureLocal,
+			wantCodes: []limit.Code{limit.CodeOK}, wantRetry: []time.Duration{0}, wantLimit: []uint64{10},
 		},
 		{
 			name: "deny wins over local and allow; each status keeps its own", give: req("d", []string{"path", "/p"}, []string{"tenant", "a"}, []string{"model", "m", "user", "u"}),
@@ -297,6 +307,32 @@ func TestDecideHonoursStoreTimeout(t *testing.T) {
 			t.Errorf("Decide took %v, want %v plus a small margin", took, timeout)
 		}
 	}
+	// A caller's deadline leaves StoreReserve for the answer to get back,
+	// but never less than a millisecond for the store.
+	for _, tt := range []struct {
+		name     string
+		left     time.Duration // before the caller's deadline
+		timeout  time.Duration
+		wantLeft time.Duration // before the caller's deadline, when the store call's ends
+	}{
+		{name: "a close deadline", left: time.Second, timeout: time.Hour, wantLeft: limit.StoreReserve},
+		{name: "a far deadline", left: time.Hour, timeout: time.Second, wantLeft: time.Hour - time.Second},
+		{name: "a deadline inside the reserve", left: 2 * time.Millisecond, timeout: time.Second, wantLeft: time.Millisecond},
+	} {
+		ds := &deadlineStore{}
+		l := limit.NewLimiter(ds, nil, failureRules(t), limit.WithStoreFailure(limit.FailurePolicy{Timeout: tt.timeout, Default: limit.FailureDeny}))
+		ctx, cancel := context.WithTimeout(context.Background(), tt.left)
+		callerDL, _ := ctx.Deadline()
+		_, _ = l.Decide(ctx, req("flag", []string{"user", "u"}))
+		cancel()
+		// The store call's deadline is set from the clock a little after
+		// the caller's, so it may be later by that: a few milliseconds on
+		// a busy machine, never earlier.
+		got := callerDL.Sub(ds.deadline)
+		if got > tt.wantLeft || got < tt.wantLeft-50*time.Millisecond {
+			t.Errorf("%s: the store call ends %v before the caller's deadline, want %v", tt.name, got, tt.wantLeft)
+		}
+	}
 	// local without an in-process store is deny: the conservative reading.
 	if dec, _ := l.Decide(context.Background(), req("d", []string{"path", "/p"})); dec.Code != limit.CodeOverLimit {
 		t.Errorf("local without a Local store = %v, want over limit", dec.Code)
@@ -334,6 +370,63 @@ func TestParseStoreFailure(t *testing.T) {
 	for _, bad := range []string{"", "unset", "Allow", "open"} {
 		if _, ok := limit.ParseStoreFailure(bad); ok {
 			t.Errorf("ParseStoreFailure(%q) accepted", bad)
+		}
+	}
+}
+
+// BenchmarkDecideStoreFailure is a healthy decision (the store answers)
+// with and without the store failure policy serve wires for Redis: what
+// the policy costs a decision when nothing fails.
+func BenchmarkDecideStoreFailure(b *testing.B) {
+	stores := []struct {
+		name string
+		make func(b *testing.B) limit.Store
+	}{
+		{"memstore", func(*testing.B) limit.Store { return memstore.New() }},
+		{"redis", func(b *testing.B) limit.Store { return testutil.RedisStore(b) }},
+	}
+	policies := []struct {
+		name string
+		opts []limit.Option
+	}{
+		{"none", nil},
+		{"default", []limit.Option{limit.WithStoreFailure(limit.FailurePolicy{Timeout: limit.DefaultStoreTimeout, Local: memstore.New()})}},
+	}
+	d := &limit.Domain{Name: "bench", Descriptors: []*limit.Rule{{Key: "tenant", RateLimit: perMinute(1 << 40)}}}
+	rs, err := limit.NewRuleSet(d)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, st := range stores {
+		for _, p := range policies {
+			b.Run(st.name+"/"+p.name, func(b *testing.B) {
+				l := limit.NewLimiter(st.make(b), nil, rs, p.opts...)
+				reqs := make([]*limit.Request, 1000)
+				for i := range reqs {
+					reqs[i] = req("bench", []string{"tenant", fmt.Sprintf("t%d", i)})
+				}
+				ctx := context.Background()
+				var degraded atomic.Int64
+				b.ReportAllocs()
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) {
+					i := 0
+					for pb.Next() {
+						dec, err := l.Decide(ctx, reqs[i%len(reqs)])
+						if err != nil {
+							b.Errorf("Decide: %v", err)
+							return
+						}
+						if dec.Degraded {
+							// A busy machine can hold a decision past the
+							// store timeout: counted, not a failure.
+							degraded.Add(1)
+						}
+						i++
+					}
+				})
+				b.ReportMetric(float64(degraded.Load())/float64(b.N), "degraded/op")
+			})
 		}
 	}
 }

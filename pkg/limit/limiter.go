@@ -260,7 +260,7 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	}
 	res := b.results(len(b.charges))
 	sctx, cancel := l.storeCtx(ctx)
-	admitted, err := l.store.Apply(sctx, now, b.charges, res)
+	admitted, err := l.applyOwed(sctx, now, b.charges, res)
 	cancel()
 	if err != nil && l.failure != nil && !gaveUp(ctx, err) {
 		l.storeFailed(dom)

@@ -22,11 +22,17 @@ func (s *Server) adminHandler() (h http.Handler, err error) {
 		writeText(w, http.StatusOK, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		var detail string
+		if s.cfg.ReadyDetail != nil {
+			if d := strings.TrimRight(s.cfg.ReadyDetail(), "\n"); d != "" {
+				detail = "\n" + d
+			}
+		}
 		if err := s.ready(r.Context()); err != nil {
-			writeText(w, http.StatusServiceUnavailable, "not ready: "+oneLine(err.Error()))
+			writeText(w, http.StatusServiceUnavailable, "not ready: "+oneLine(err.Error())+detail)
 			return
 		}
-		writeText(w, http.StatusOK, "ok")
+		writeText(w, http.StatusOK, "ok"+detail)
 	})
 	mux.HandleFunc("GET /debug/config", func(w http.ResponseWriter, _ *http.Request) {
 		if s.cfg.DebugConfig == nil {

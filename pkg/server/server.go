@@ -46,6 +46,16 @@ const (
 	adminShutdownTimeout        = 5 * time.Second
 )
 
+// Warm-up pacing.
+const (
+	// WarmRetry is how soon a failed Warm is tried again, and WarmTimeout
+	// bounds one try.
+	WarmRetry   = 250 * time.Millisecond
+	WarmTimeout = 5 * time.Second
+	// warmLogEvery is how often a Warm that keeps failing is logged.
+	warmLogEvery = 10 * time.Second
+)
+
 // Config is what a Server is built from.
 type Config struct {
 	// Services are the APIs on the gRPC port (Required: at least one).
@@ -58,6 +68,17 @@ type Config struct {
 	// should, else why not. It drives /readyz and the gRPC health status.
 	// (Optional; default always ready.)
 	Ready func(ctx context.Context) error
+	// ReadyDetail adds lines to /readyz's body after its first, which
+	// says ready or why not: what an operator wants to know either way,
+	// such as a store answered by a failure policy (Optional). It must
+	// hold no secret.
+	ReadyDetail func() string
+	// Warm readies what the first calls need (Optional). Serve calls it
+	// before the gRPC port serves, and again every WarmRetry until it
+	// returns nil; until then the replica is not ready (/readyz says
+	// "warming up" and why) and connections to the gRPC port wait in the
+	// listener's backlog. Each call is bounded by WarmTimeout.
+	Warm func(ctx context.Context) error
 	// DebugConfig returns the value /debug/config renders as JSON. Its
 	// type decides what is shown, so it should be a view built for the
 	// purpose, with secrets left out or redacted. (Optional; without it
@@ -136,6 +157,10 @@ type Server struct {
 	draining atomic.Bool
 	tls      *tlsFiles // nil for plaintext
 	protect  *protection
+
+	// warm is nil once Warm succeeded (or without one), else why the
+	// replica is not warm yet.
+	warm atomic.Pointer[error]
 }
 
 // New builds a Server; Serve starts it.
@@ -177,6 +202,9 @@ func New(cfg Config) (*Server, error) {
 		cfg.ConnectionTimeout = DefaultConnectionTimeout
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, protect: newProtection(cfg)}
+	if cfg.Warm != nil {
+		s.setWarm(errNotWarm)
+	}
 	if err := s.protect.register(cfg.Registerer); err != nil {
 		return nil, err
 	}
@@ -257,7 +285,14 @@ func (s *Server) setHealth(st healthpb.HealthCheckResponse_ServingStatus) {
 func (s *Server) Serve(ctx context.Context, grpcLis, adminLis net.Listener) error {
 	errc := make(chan error, 2)
 	go func() {
-		if err := s.grpc.Serve(s.protect.listener(grpcLis)); err != nil {
+		if !s.warmUp(ctx) {
+			_ = grpcLis.Close()
+			errc <- nil
+			return
+		}
+		// Serve after GracefulStop (shutdown began as warm-up ended)
+		// returns ErrServerStopped at once: a normal end.
+		if err := s.grpc.Serve(s.protect.listener(grpcLis)); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			errc <- fmt.Errorf("serve grpc on %s: %w", grpcLis.Addr(), err)
 			return
 		}
@@ -362,9 +397,58 @@ func (s *Server) followReadiness(ctx context.Context) {
 // errDraining is the readiness answer once shutdown has begun.
 var errDraining = errors.New("shutting down")
 
+// errNotWarm is the readiness answer before the first Warm returned.
+var errNotWarm = errors.New("warming up")
+
+func (s *Server) setWarm(err error) {
+	if err == nil {
+		s.warm.Store(nil)
+		return
+	}
+	s.warm.Store(&err)
+}
+
+// warmUp calls Warm until it succeeds, and reports whether it did before
+// ctx ended. A Warm that keeps failing is logged once, then every
+// warmLogEvery.
+func (s *Server) warmUp(ctx context.Context) bool {
+	if s.cfg.Warm == nil {
+		return true
+	}
+	var logged time.Time
+	for {
+		wctx, cancel := context.WithTimeout(ctx, WarmTimeout)
+		err := s.cfg.Warm(wctx)
+		cancel()
+		if err == nil {
+			s.setWarm(nil)
+			s.log.Info("warmed up")
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		s.setWarm(fmt.Errorf("%w: %w", errNotWarm, err))
+		if time.Since(logged) >= warmLogEvery {
+			s.log.Warn("warm-up failed; the gRPC port waits until it succeeds", zap.Error(err), zap.Duration("retry_every", WarmRetry))
+			logged = time.Now()
+		}
+		t := time.NewTimer(WarmRetry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-t.C:
+		}
+	}
+}
+
 func (s *Server) ready(ctx context.Context) error {
 	if s.draining.Load() {
 		return errDraining
+	}
+	if err := s.warm.Load(); err != nil {
+		return *err
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ReadyTimeout)
 	defer cancel()

@@ -25,7 +25,7 @@ import (
 const (
 	domain = "outage"
 	// limitPerMinute is the tenant's limit; the local policy admits
-	// localLimit of it (the default --store-failure-local-fraction, 0.1)
+	// localLimit of it (the automatic local share of a lone replica, 0.1)
 	// while Redis is down. The warm-up sends fewer calls than the limit,
 	// so no answer before the fault is over limit or known to be.
 	limitPerMinute = 3000

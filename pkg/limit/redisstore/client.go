@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -27,6 +28,16 @@ const (
 	// ClusterStateReloadInterval is how old a cluster client's slot map
 	// may grow before a command reloads it.
 	ClusterStateReloadInterval = time.Second
+	// DefaultMinIdleConns is how many idle connections (per node) the
+	// pool keeps, dialling them again in the background whenever one is
+	// closed. A call that times out closes its connection, so after a
+	// stall the next decisions would otherwise each dial and shake hands
+	// in their own time. More are opened by Warm, at start.
+	DefaultMinIdleConns = 2
+	// WarmConns is how many connections (per node, at most the pool's
+	// size) Warm opens: about the store calls a busy replica has in
+	// flight at once.
+	WarmConns = 16
 )
 
 // NewClient builds a go-redis client from a URL:
@@ -46,7 +57,9 @@ const (
 //
 // Query parameters (Optional): dial_timeout (default 1s), read_timeout and
 // write_timeout (default 250ms), as Go durations; pool_size (connections
-// per node, default go-redis's 10 per CPU). Others are rejected.
+// per node, default go-redis's 10 per CPU); min_idle_conns (connections
+// per node kept open, default DefaultMinIdleConns, at most pool_size; 0
+// keeps none). Others are rejected.
 //
 // Commands are not retried on a single node or Sentinel: a script that
 // ran but whose reply timed out would charge twice. The caller's context
@@ -161,6 +174,15 @@ type clientSpec struct {
 	readTimeout  time.Duration
 	writeTimeout time.Duration
 	poolSize     int // 0: go-redis's default
+	minIdleConns int
+}
+
+// idle is the MinIdleConns to ask go-redis for: never above the pool.
+func (s *clientSpec) idle() int {
+	if s.poolSize > 0 {
+		return min(s.minIdleConns, s.poolSize)
+	}
+	return s.minIdleConns
 }
 
 // client makes the client; tc is nil without TLS.
@@ -180,6 +202,7 @@ func (s *clientSpec) client(tc *tls.Config) redis.UniversalClient {
 			ContextTimeoutEnabled: true,
 			MaxRetries:            -1,
 			PoolSize:              s.poolSize,
+			MinIdleConns:          s.idle(),
 			TLSConfig:             tc,
 		})
 	case cluster:
@@ -205,6 +228,7 @@ func (s *clientSpec) client(tc *tls.Config) redis.UniversalClient {
 			WriteTimeout:               s.writeTimeout,
 			ContextTimeoutEnabled:      true,
 			PoolSize:                   s.poolSize,
+			MinIdleConns:               s.idle(),
 			TLSConfig:                  tc,
 		})
 	}
@@ -221,6 +245,7 @@ func (s *clientSpec) client(tc *tls.Config) redis.UniversalClient {
 		ContextTimeoutEnabled: true,
 		MaxRetries:            -1,
 		PoolSize:              s.poolSize,
+		MinIdleConns:          s.idle(),
 		TLSConfig:             tc,
 	})
 }
@@ -241,6 +266,7 @@ func parseURL(raw string) (*clientSpec, error) {
 		dialTimeout:  DefaultDialTimeout,
 		readTimeout:  DefaultReadTimeout,
 		writeTimeout: DefaultWriteTimeout,
+		minIdleConns: DefaultMinIdleConns,
 	}
 	userinfo := ""
 	// The userinfo ends at the last '@', wherever it is: a password whose
@@ -352,7 +378,7 @@ func (s *clientSpec) parse(scheme, rest string) error {
 
 // options reads the query parameters over the defaults.
 func (s *clientSpec) options(q url.Values, allowDB bool) error {
-	known := []string{"dial_timeout", "read_timeout", "write_timeout", "pool_size"}
+	known := []string{"dial_timeout", "read_timeout", "write_timeout", "pool_size", "min_idle_conns"}
 	if allowDB {
 		known = append(known, "db")
 	}
@@ -375,6 +401,10 @@ func (s *clientSpec) options(q url.Values, allowDB bool) error {
 		case "pool_size":
 			if s.poolSize, err = strconv.Atoi(v); err != nil || s.poolSize < 1 {
 				err = fmt.Errorf("pool_size %q is not a positive integer", v)
+			}
+		case "min_idle_conns":
+			if s.minIdleConns, err = strconv.Atoi(v); err != nil || s.minIdleConns < 0 {
+				err = fmt.Errorf("min_idle_conns %q is not an integer >= 0", v)
 			}
 		case "db":
 			s.db, err = parseDB(v)
@@ -427,4 +457,57 @@ func hostPorts(hosts string, defaultPort int) ([]string, error) {
 		out = append(out, net.JoinHostPort(host, port))
 	}
 	return out, nil
+}
+
+// Warm readies the store for its first decisions: it opens WarmConns
+// connections (at most the pool's size; on every master of a cluster),
+// which stay in the pool, by pinging on that many at once, and loads the
+// function library, or the script on a server without functions. A fresh
+// process's first decisions otherwise each dialled, shook hands and
+// found the library missing, longer than a decision's store timeout:
+// three replicas started together answered their first hundred
+// decisions by store_failure (issue 12). It returns the first error met;
+// the library is then loaded by a later Warm or Ping, or by the first
+// call that needs it.
+func (s *Store) Warm(ctx context.Context) error {
+	if s.cluster != nil {
+		n := min(WarmConns, max(1, s.cluster.Options().PoolSize))
+		err := s.cluster.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			return pingMany(ctx, m, n)
+		})
+		if err != nil {
+			return fmt.Errorf("warm up redis cluster: %w", err)
+		}
+	} else {
+		n := 1
+		if c, ok := s.c.(*redis.Client); ok {
+			n = min(WarmConns, max(1, c.Options().PoolSize))
+		}
+		if err := pingMany(ctx, s.c, n); err != nil {
+			return fmt.Errorf("warm up redis: %w", err)
+		}
+	}
+	s.apply.load(ctx, s.c)
+	if s.apply.scripts.Load() {
+		if err := s.apply.script.Load(ctx, s.c).Err(); err != nil {
+			return fmt.Errorf("warm up redis: load the apply script: %w", err)
+		}
+	}
+	s.loaded.Store(true)
+	return nil
+}
+
+// pingMany sends n PINGs at once, so the pool holds n open connections.
+func pingMany(ctx context.Context, c redis.Cmdable, n int) error {
+	errs := make(chan error, n)
+	for range n {
+		go func() { errs <- c.Ping(ctx).Err() }()
+	}
+	var first error
+	for range n {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }

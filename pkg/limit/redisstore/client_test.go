@@ -21,6 +21,7 @@ func TestParseURL(t *testing.T) {
 	t.Parallel()
 	def := func(s clientSpec) *clientSpec {
 		s.dialTimeout, s.readTimeout, s.writeTimeout = DefaultDialTimeout, DefaultReadTimeout, DefaultWriteTimeout
+		s.minIdleConns = DefaultMinIdleConns
 		return &s
 	}
 	tests := []struct {
@@ -44,9 +45,12 @@ func TestParseURL(t *testing.T) {
 			want: def(clientSpec{topology: single, network: "tcp", addrs: []string{"h:6379"}, tls: true})},
 		{name: "scheme is case-insensitive", give: "REDIS://h:1",
 			want: def(clientSpec{topology: single, network: "tcp", addrs: []string{"h:1"}})},
-		{name: "timeouts and pool", give: "redis://h:1?dial_timeout=2s&read_timeout=100ms&write_timeout=50ms&pool_size=7",
+		{name: "timeouts and pool", give: "redis://h:1?dial_timeout=2s&read_timeout=100ms&write_timeout=50ms&pool_size=7&min_idle_conns=3",
 			want: &clientSpec{topology: single, network: "tcp", addrs: []string{"h:1"},
-				dialTimeout: 2 * time.Second, readTimeout: 100 * time.Millisecond, writeTimeout: 50 * time.Millisecond, poolSize: 7}},
+				dialTimeout: 2 * time.Second, readTimeout: 100 * time.Millisecond, writeTimeout: 50 * time.Millisecond, poolSize: 7, minIdleConns: 3}},
+		{name: "no idle connections", give: "redis://h:1?min_idle_conns=0",
+			want: &clientSpec{topology: single, network: "tcp", addrs: []string{"h:1"},
+				dialTimeout: DefaultDialTimeout, readTimeout: DefaultReadTimeout, writeTimeout: DefaultWriteTimeout}},
 		{name: "unix socket", give: "unix:///run/redis/redis.sock?db=2",
 			want: def(clientSpec{topology: single, network: "unix", addrs: []string{"/run/redis/redis.sock"}, db: 2})},
 		{name: "unix socket with a password", give: "unix://:pw@/tmp/r.sock",
@@ -97,6 +101,7 @@ func TestParseURLErrors(t *testing.T) {
 		{name: "bad timeout", give: "redis://u:" + secret + "@h?read_timeout=5", want: `read_timeout "5" is not a positive duration`},
 		{name: "negative timeout", give: "redis://u:" + secret + "@h?dial_timeout=-1s", want: "not a positive duration"},
 		{name: "bad pool", give: "redis://u:" + secret + "@h?pool_size=0", want: "pool_size"},
+		{name: "bad idle connections", give: "redis://u:" + secret + "@h?min_idle_conns=-1", want: "min_idle_conns"},
 		{name: "fragment", give: "redis://u:" + secret + "@h#frag", want: "fragment"},
 		{name: "unix with a host", give: "unix://u:" + secret + "@host/tmp/x.sock", want: "no host"},
 		{name: "unix without a path", give: "unix://u:" + secret + "@", want: "socket path"},

@@ -72,6 +72,9 @@ type Store struct {
 	apply   *applier
 	// loaded is set once a Ping has loaded the function library.
 	loaded atomic.Bool
+	// slowUntil is when calls stop outliving their decisions (Unix ns;
+	// see runFor).
+	slowUntil atomic.Int64
 }
 
 var _ limit.Store = (*Store)(nil)
@@ -136,7 +139,7 @@ func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge
 	if err != nil {
 		return false, err
 	}
-	rep, err := s.run(ctx, call)
+	rep, err := s.runFor(ctx, now, call)
 	if err != nil {
 		return false, err
 	}

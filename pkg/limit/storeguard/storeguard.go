@@ -1,13 +1,18 @@
 // Package storeguard is a circuit in front of a limit.Store (the Redis
 // store): when the store keeps failing, decisions stop waiting for it.
 //
-// Closed, every call goes through. Failures consecutive errors open it,
-// timeouts included: a single slow call on a healthy but busy store (a
-// 10ms budget is tight on a loaded node) must not turn every decision
-// degraded for a whole backoff, while a store that is down or
-// blackholed fails every call and opens it after Failures of them. Open, Apply fails at once with ErrOpen, without
-// calling the store, so the Limiter's store_failure answers in
-// microseconds rather than after the store timeout. After a backoff
+// Closed, every call goes through. A run of consecutive errors, timeouts
+// included, opens it once it has Failures errors and has lasted FailFor,
+// from the first error to the latest. A store that is down or blackholed
+// fails every call and opens it within about FailFor. A process that
+// stalls (a CPU-throttled pod is paused for tens of milliseconds at a
+// time) makes every call in flight time out at once, when it resumes:
+// that run is long in calls but short in time, says nothing about the
+// store, and must not turn every decision degraded for a whole backoff;
+// the calls after the stall succeed and end the run. Open, Apply fails at
+// once with ErrOpen, without calling the store, so the Limiter's
+// store_failure answers in microseconds rather than after the store
+// timeout. After a backoff
 // (MinBackoff, doubling on each failed probe up to MaxBackoff) the next
 // call is let through as the one probe (half-open; calls meanwhile are
 // refused); its success closes the circuit, its failure opens it again.
@@ -56,6 +61,7 @@ func (s State) String() string {
 // Defaults of Options.
 const (
 	DefaultFailures   = 3
+	DefaultFailFor    = 50 * time.Millisecond
 	DefaultMinBackoff = 100 * time.Millisecond
 	DefaultMaxBackoff = time.Second
 )
@@ -63,8 +69,17 @@ const (
 // Options tune a Guard; zero values take the defaults.
 type Options struct {
 	// Failures is how many consecutive errors, timeouts included, open
-	// the circuit (Optional, default 3).
+	// the circuit, once they span FailFor (Optional, default 3).
 	Failures int
+	// FailFor is how long a run of consecutive errors must last, from the
+	// first to the latest, to open the circuit (Optional, default 50ms;
+	// negative: no minimum). It is longer than the stalls a throttled pod
+	// sees often, and a few store timeouts long.
+	FailFor time.Duration
+	// OnChange, when set, is told of every change of state, with the
+	// error that opened the circuit (nil otherwise). It is called after
+	// the change, outside the Guard's lock, and must not block.
+	OnChange func(from, to State, err error)
 	// MinBackoff is how long the circuit stays open before the first
 	// probe (Optional, default 100ms); each failed probe doubles it, up to
 	// MaxBackoff (Optional, default 1s).
@@ -80,7 +95,9 @@ type Guard struct {
 
 	mu        sync.Mutex
 	state     State
+	since     time.Time     // when state began
 	fails     int           // consecutive errors while closed
+	firstFail time.Time     // when the first of them was seen
 	backoff   time.Duration // the current open period
 	openUntil time.Time     // when open: the earliest probe
 	probing   bool          // half-open: the probe is in flight
@@ -96,6 +113,12 @@ func New(inner limit.Store, o Options) *Guard {
 	if o.Failures <= 0 {
 		o.Failures = DefaultFailures
 	}
+	switch {
+	case o.FailFor == 0:
+		o.FailFor = DefaultFailFor
+	case o.FailFor < 0:
+		o.FailFor = 0
+	}
 	if o.MinBackoff <= 0 {
 		o.MinBackoff = DefaultMinBackoff
 	}
@@ -105,55 +128,79 @@ func New(inner limit.Store, o Options) *Guard {
 	if o.Clock == nil {
 		o.Clock = limit.SystemClock{}
 	}
-	return &Guard{inner: inner, opt: o, backoff: o.MinBackoff}
+	return &Guard{inner: inner, opt: o, backoff: o.MinBackoff, since: o.Clock.Now()}
 }
 
 // State is the circuit's state now.
 func (g *Guard) State() State { return State(g.published.Load()) }
+
+// Since returns the state now and when the circuit entered it.
+func (g *Guard) Since() (State, time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.state, g.since
+}
 
 // Refused counts the calls refused while the circuit was open.
 func (g *Guard) Refused() uint64 { return g.refused.Load() }
 
 // Apply calls the inner store unless the circuit is open.
 func (g *Guard) Apply(ctx context.Context, now time.Time, charges []limit.Charge, res []limit.Result) (bool, error) {
-	probe, ok := g.enter()
+	probe, ok, from := g.enter()
 	if !ok {
 		g.refused.Add(1)
 		return false, ErrOpen
 	}
+	if probe {
+		g.changed(from, HalfOpen, nil)
+	}
 	admitted, err := g.inner.Apply(ctx, now, charges, res)
-	g.exit(ctx, probe, err)
+	if from, to, changed := g.exit(ctx, probe, err); changed {
+		g.changed(from, to, err)
+	}
 	return admitted, err
 }
 
+// changed tells OnChange of a change, with the error when it opened.
+func (g *Guard) changed(from, to State, err error) {
+	if g.opt.OnChange == nil {
+		return
+	}
+	if to != Open {
+		err = nil
+	}
+	g.opt.OnChange(from, to, err)
+}
+
 // enter decides whether a call may go through, and whether it is the
-// probe.
-func (g *Guard) enter() (probe, ok bool) {
+// probe; from is the state before a probe turned the circuit half-open.
+func (g *Guard) enter() (probe, ok bool, from State) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	switch g.state {
 	case Closed:
-		return false, true
+		return false, true, Closed
 	case Open:
 		if g.opt.Clock.Now().Before(g.openUntil) {
-			return false, false
+			return false, false, Open
 		}
 		g.set(HalfOpen)
 		g.probing = true
-		return true, true
+		return true, true, Open
 	default: // half-open
 		if g.probing {
-			return false, false
+			return false, false, HalfOpen
 		}
 		g.probing = true
-		return true, true
+		return true, true, HalfOpen
 	}
 }
 
-// exit records a call's outcome.
-func (g *Guard) exit(ctx context.Context, probe bool, err error) {
+// exit records a call's outcome and reports a change of state.
+func (g *Guard) exit(ctx context.Context, probe bool, err error) (from, to State, changed bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	from = g.state
 	if probe {
 		g.probing = false
 	}
@@ -171,11 +218,16 @@ func (g *Guard) exit(ctx context.Context, probe bool, err error) {
 		g.backoff = min(2*g.backoff, g.opt.MaxBackoff)
 		g.open()
 	case g.state == Closed:
+		now := g.opt.Clock.Now()
+		if g.fails == 0 {
+			g.firstFail = now
+		}
 		g.fails++
-		if g.fails >= g.opt.Failures {
+		if g.fails >= g.opt.Failures && now.Sub(g.firstFail) >= g.opt.FailFor {
 			g.open()
 		}
 	}
+	return from, g.state, g.state != from
 }
 
 // open opens the circuit for the current backoff. Callers hold mu.
@@ -186,6 +238,9 @@ func (g *Guard) open() {
 }
 
 func (g *Guard) set(s State) {
+	if s != g.state {
+		g.since = g.opt.Clock.Now()
+	}
 	g.state = s
 	g.published.Store(int32(s))
 }

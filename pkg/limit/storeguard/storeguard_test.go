@@ -62,11 +62,30 @@ func apply(g *Guard) error {
 	return err
 }
 
+// openIt opens g's circuit: Failures errors spread over FailFor.
+func openIt(t *testing.T, g *Guard, s *fakeStore, clk *storetest.FakeClock) {
+	t.Helper()
+	s.fail(errDown)
+	for i := range DefaultFailures {
+		if i > 0 {
+			clk.Advance(DefaultFailFor / (DefaultFailures - 1))
+		}
+		_ = apply(g)
+	}
+	if g.State() != Open {
+		t.Fatalf("state = %v, want open", g.State())
+	}
+}
+
 func TestOpensAfterConsecutiveFailures(t *testing.T) {
 	t.Parallel()
+	// every is the clock's step between calls when a case does not say:
+	// three calls at that pace span FailFor.
+	const every = DefaultFailFor / 2
 	tests := []struct {
 		name      string
-		give      []error // the inner store's answers, in order
+		give      []error // the inner store's answers, in order, every apart
+		every     time.Duration
 		wantState State
 	}{
 		{name: "two errors stay closed", give: []error{errDown, errDown}, wantState: Closed},
@@ -78,12 +97,31 @@ func TestOpensAfterConsecutiveFailures(t *testing.T) {
 		{name: "three deadlines open", give: []error{context.DeadlineExceeded, context.DeadlineExceeded, context.DeadlineExceeded}, wantState: Open},
 		{name: "timeouts and errors add up", give: []error{netTimeout{}, errDown, context.DeadlineExceeded}, wantState: Open},
 		{name: "a success between timeouts resets", give: []error{netTimeout{}, netTimeout{}, nil, netTimeout{}, netTimeout{}}, wantState: Closed},
+		// A stall: every call in flight times out in the same instant.
+		{name: "many timeouts at one instant stay closed", every: -1, wantState: Closed,
+			give: []error{context.DeadlineExceeded, context.DeadlineExceeded, context.DeadlineExceeded, context.DeadlineExceeded, context.DeadlineExceeded, context.DeadlineExceeded}},
+		{name: "timeouts spanning just under FailFor stay closed", every: (DefaultFailFor - time.Millisecond) / 3, wantState: Closed,
+			give: []error{context.DeadlineExceeded, context.DeadlineExceeded, context.DeadlineExceeded, context.DeadlineExceeded}},
+		{name: "timeouts spanning FailFor open", every: DefaultFailFor / 4, wantState: Open,
+			give: []error{context.DeadlineExceeded, context.DeadlineExceeded, context.DeadlineExceeded, context.DeadlineExceeded, context.DeadlineExceeded}},
+		{name: "a stall's timeouts then a success stay closed", every: -1, wantState: Closed,
+			give: []error{context.DeadlineExceeded, context.DeadlineExceeded, context.DeadlineExceeded, nil}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			g, s, _ := newGuard(t)
-			for _, e := range tt.give {
+			g, s, clk := newGuard(t)
+			step := tt.every
+			switch {
+			case step == 0:
+				step = every
+			case step < 0:
+				step = 0
+			}
+			for i, e := range tt.give {
+				if i > 0 {
+					clk.Advance(step)
+				}
 				s.fail(e)
 				_ = apply(g)
 			}
@@ -94,16 +132,46 @@ func TestOpensAfterConsecutiveFailures(t *testing.T) {
 	}
 }
 
+// TestOnChange: every change of state is reported once, with the error
+// that opened the circuit, and Since tells when it began.
+func TestOnChange(t *testing.T) {
+	t.Parallel()
+	type change struct {
+		from, to State
+		err      error
+	}
+	var got []change
+	s := &fakeStore{}
+	clk := storetest.NewFakeClock(t0)
+	g := New(s, Options{Clock: clk, OnChange: func(from, to State, err error) { got = append(got, change{from, to, err}) }})
+	openIt(t, g, s, clk)
+	if st, since := g.Since(); st != Open || !since.Equal(t0.Add(DefaultFailFor)) {
+		t.Errorf("Since = %v %v, want open since %v", st, since, t0.Add(DefaultFailFor))
+	}
+	clk.Advance(DefaultMinBackoff)
+	_ = apply(g) // a failed probe: half-open, then open again
+	clk.Advance(2 * DefaultMinBackoff)
+	s.fail(nil)
+	_ = apply(g) // a good probe: half-open, then closed
+	want := []change{
+		{Closed, Open, errDown},
+		{Open, HalfOpen, nil}, {HalfOpen, Open, errDown},
+		{Open, HalfOpen, nil}, {HalfOpen, Closed, nil},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("changes = %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i].from != want[i].from || got[i].to != want[i].to || !errors.Is(got[i].err, want[i].err) {
+			t.Errorf("change %d = %v, want %v", i, got[i], want[i])
+		}
+	}
+}
+
 func TestOpenRefusesFastThenProbes(t *testing.T) {
 	t.Parallel()
 	g, s, clk := newGuard(t)
-	s.fail(errDown)
-	for range 3 {
-		_ = apply(g)
-	}
-	if g.State() != Open {
-		t.Fatalf("state = %v, want open", g.State())
-	}
+	openIt(t, g, s, clk)
 	before := s.calls.Load()
 	start := time.Now()
 	for range 1000 {
@@ -142,10 +210,7 @@ func TestOpenRefusesFastThenProbes(t *testing.T) {
 func TestBackoffDoublesToMax(t *testing.T) {
 	t.Parallel()
 	g, s, clk := newGuard(t)
-	s.fail(errDown)
-	for range 3 {
-		_ = apply(g)
-	}
+	openIt(t, g, s, clk)
 	for _, want := range []time.Duration{100, 200, 400, 800, 1000, 1000} {
 		want *= time.Millisecond
 		clk.Advance(want - time.Millisecond)
@@ -167,10 +232,7 @@ func TestBackoffDoublesToMax(t *testing.T) {
 	if err := apply(g); err != nil {
 		t.Fatal(err)
 	}
-	s.fail(errDown)
-	for range 3 {
-		_ = apply(g)
-	}
+	openIt(t, g, s, clk)
 	clk.Advance(DefaultMinBackoff)
 	s.fail(nil)
 	if err := apply(g); err != nil {
@@ -181,10 +243,7 @@ func TestBackoffDoublesToMax(t *testing.T) {
 func TestOneProbeAtATime(t *testing.T) {
 	t.Parallel()
 	g, s, clk := newGuard(t)
-	s.fail(errDown)
-	for range 3 {
-		_ = apply(g)
-	}
+	openIt(t, g, s, clk)
 	clk.Advance(DefaultMinBackoff)
 	s.fail(nil)
 	s.mu.Lock()
@@ -235,10 +294,7 @@ func TestCancellationIsNotAFailure(t *testing.T) {
 	}
 
 	// A canceled probe leaves the circuit half-open for the next call.
-	s.fail(errDown)
-	for range 3 {
-		_ = apply(g)
-	}
+	openIt(t, g, s, clk)
 	clk.Advance(DefaultMinBackoff)
 	s.fail(context.Canceled)
 	_, _ = g.Apply(ctx, t0, nil, nil)
