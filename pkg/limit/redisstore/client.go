@@ -497,17 +497,28 @@ func (s *Store) Warm(ctx context.Context) error {
 	return nil
 }
 
-// pingMany sends n PINGs at once, so the pool holds n open connections.
+// pingMany leaves n connections of c's pool open: each PING runs on a
+// connection held apart from the pool until all n have answered, so none
+// is reused for another (PINGs sent at once from goroutines would reuse
+// whichever came back first, and open fewer on a busy machine). Without a
+// *redis.Client to take connections from, one PING.
 func pingMany(ctx context.Context, c redis.Cmdable, n int) error {
-	errs := make(chan error, n)
-	for range n {
-		go func() { errs <- c.Ping(ctx).Err() }()
+	rc, ok := c.(*redis.Client)
+	if !ok || n <= 1 {
+		return c.Ping(ctx).Err()
 	}
-	var first error
+	conns := make([]*redis.Conn, 0, n)
+	defer func() {
+		for _, cn := range conns {
+			_ = cn.Close() // back to the pool, open and idle
+		}
+	}()
 	for range n {
-		if err := <-errs; err != nil && first == nil {
-			first = err
+		cn := rc.Conn()
+		conns = append(conns, cn)
+		if err := cn.Ping(ctx).Err(); err != nil {
+			return err
 		}
 	}
-	return first
+	return nil
 }
