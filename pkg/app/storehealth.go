@@ -14,6 +14,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/limit/storeguard"
+	"github.com/tollgate-dev/tollgate/pkg/logpace"
 )
 
 const (
@@ -58,12 +59,12 @@ type storeHealth struct {
 	state    storeguard.State
 	since    time.Time // when the circuit entered state
 	cause    string    // the error that last opened it
-	opened   rateLog
-	closed   rateLog
-	degraded rateLog
+	opened   logpace.Pace
+	closed   logpace.Pace
+	degraded logpace.Pace
 	byPolicy [4]uint64 // degraded decisions not yet logged, by policy
 	recent   recentCounts
-	beats    rateLog // failed heartbeats
+	beats    logpace.Pace // failed heartbeats
 }
 
 // newStoreHealth returns a storeHealth for a replica named replica (its
@@ -77,6 +78,9 @@ func newStoreHealth(log *zap.Logger, f failureFlags, peers peerBeater, replica s
 	h := &storeHealth{
 		log: log, clock: limit.SystemClock{}, policy: f.parsed, fraction: f.fraction, peers: peers,
 		name: replica + "/" + hex.EncodeToString(b),
+	}
+	for _, p := range []*logpace.Pace{&h.opened, &h.closed, &h.degraded, &h.beats} {
+		p.Every = logEvery
 	}
 	h.since = h.clock.Now()
 	h.replicas.n.Store(1)
@@ -98,13 +102,13 @@ func (h *storeHealth) circuitChanged(from, to storeguard.State, err error) {
 	case to == storeguard.Open && err != nil:
 		h.cause = err.Error()
 		if from == storeguard.Closed {
-			if n, ok := h.opened.event(now); ok {
+			if n, ok := h.opened.Event(now); ok {
 				h.log.Warn("store circuit opened: decisions are answered by store_failure until the store answers again",
 					zap.Uint64("times", n), zap.String("error", h.cause), zap.Stringer("default_policy", h.policy))
 			}
 		}
 	case to == storeguard.Closed && wasOpen:
-		if n, ok := h.closed.event(now); ok {
+		if n, ok := h.closed.Event(now); ok {
 			h.log.Info("store circuit closed: decisions come from the store again",
 				zap.Uint64("times", n), zap.Duration("open_for", openFor))
 		}
@@ -118,7 +122,7 @@ func (h *storeHealth) degradedDecision(p limit.StoreFailure) {
 	defer h.mu.Unlock()
 	h.recent.add(now, p)
 	h.byPolicy[p]++
-	if n, ok := h.degraded.event(now); ok {
+	if n, ok := h.degraded.Event(now); ok {
 		h.logDegraded(n)
 	}
 }
@@ -137,16 +141,16 @@ func (h *storeHealth) flush() {
 	now := h.clock.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if n, ok := h.opened.due(now); ok {
+	if n, ok := h.opened.Due(now); ok {
 		h.log.Warn("store circuit opened again", zap.Uint64("times", n), zap.String("error", h.cause))
 	}
-	if n, ok := h.closed.due(now); ok {
+	if n, ok := h.closed.Due(now); ok {
 		h.log.Info("store circuit closed again", zap.Uint64("times", n))
 	}
-	if n, ok := h.degraded.due(now); ok {
+	if n, ok := h.degraded.Due(now); ok {
 		h.logDegraded(n)
 	}
-	if n, ok := h.beats.due(now); ok {
+	if n, ok := h.beats.Due(now); ok {
 		h.log.Warn("heartbeats to the store failed; the replica count stays as last read", zap.Uint64("times", n))
 	}
 }
@@ -189,7 +193,7 @@ func (h *storeHealth) start(ctx context.Context) (stop func()) {
 			case <-beats:
 				if err := h.beat(ctx); err != nil && ctx.Err() == nil {
 					h.mu.Lock()
-					if n, ok := h.beats.event(h.clock.Now()); ok {
+					if n, ok := h.beats.Event(h.clock.Now()); ok {
 						h.log.Warn("heartbeat to the store failed; the replica count stays as last read",
 							zap.Uint64("times", n), zap.Error(err), zap.Int("replicas", h.replicas.get()))
 					}
@@ -260,29 +264,6 @@ func (r *replicaCount) observe(n int, now time.Time) {
 
 // get is the count in force, at least 1.
 func (r *replicaCount) get() int { return int(r.n.Load()) }
-
-// rateLog paces one kind of log line (see logEvery).
-type rateLog struct {
-	last    time.Time // the kind's last line
-	pending uint64    // events since
-}
-
-// event counts an event and reports whether to log now, with the count.
-func (r *rateLog) event(now time.Time) (uint64, bool) {
-	r.pending++
-	return r.due(now)
-}
-
-// due reports the events counted since the last line, once it is logEvery
-// old, and starts the count again.
-func (r *rateLog) due(now time.Time) (uint64, bool) {
-	if r.pending == 0 || (!r.last.IsZero() && now.Sub(r.last) < logEvery) {
-		return 0, false
-	}
-	n := r.pending
-	r.pending, r.last = 0, now
-	return n, true
-}
 
 // recentCounts counts events by policy in one-second buckets over the
 // last minute.

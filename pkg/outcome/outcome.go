@@ -34,6 +34,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/logpace"
 	"github.com/tollgate-dev/tollgate/pkg/ticket"
 )
 
@@ -86,7 +87,9 @@ type Loop struct {
 	cpt     atomic.Uint64 // float64 bits: characters per token
 	log     *zap.Logger
 	m       *metrics
-	warn    logEvery
+
+	mu   sync.Mutex
+	warn logpace.Pace // refused tickets' log lines
 }
 
 // New returns a Loop opening tickets under keys and settling them on lim,
@@ -113,7 +116,7 @@ func New(keys *ticket.Keys, lim Limiter, log *zap.Logger, reg prometheus.Registe
 	if err != nil {
 		return nil, err
 	}
-	l := &Loop{sealer: sealer, lim: lim, clock: opts.Clock, timeout: opts.Timeout, log: log, m: m, warn: logEvery{every: 10 * time.Second}}
+	l := &Loop{sealer: sealer, lim: lim, clock: opts.Clock, timeout: opts.Timeout, log: log, m: m, warn: logpace.Pace{Every: 10 * time.Second}}
 	l.SetCharsPerToken(4)
 	return l, nil
 }
@@ -138,9 +141,14 @@ func (l *Loop) Open(channel, s string) *ticket.Ticket {
 	if err != nil {
 		reason := reasonOf(err)
 		l.m.tickets.WithLabelValues(channel, reason).Inc()
-		if n, ok := l.warn.allow(l.clock.Now()); ok {
+		l.mu.Lock()
+		n, ok := l.warn.Event(l.clock.Now())
+		l.mu.Unlock()
+		if ok {
+			// This refusal's reason and size; refused counts it and those
+			// held back since the last line, of any reason.
 			l.log.Warn("ticket refused: it changes nothing", zap.String("channel", channel), zap.String("reason", reason),
-				zap.Uint64("refused_since_last_line", n), zap.Int("bytes", len(s)))
+				zap.Uint64("refused", n), zap.Int("bytes", len(s)))
 		}
 		return nil
 	}
@@ -281,28 +289,6 @@ func (l *Loop) Breakers(t *ticket.Ticket) []Breaker {
 // Breaker is a breaker an outcome counts for.
 type Breaker struct {
 	Key, Name, ProbeID string
-}
-
-// logEvery lets one line through per interval and counts the rest.
-type logEvery struct {
-	every time.Duration
-	mu    sync.Mutex
-	last  time.Time
-	n     uint64
-}
-
-// allow reports whether a line may be written at now, and how many were
-// held back since the last one.
-func (e *logEvery) allow(now time.Time) (uint64, bool) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if !e.last.IsZero() && now.Sub(e.last) < e.every {
-		e.n++
-		return 0, false
-	}
-	n := e.n
-	e.last, e.n = now, 0
-	return n, true
 }
 
 // Metric label values.

@@ -188,13 +188,16 @@ func TestOpen(t *testing.T) {
 		}
 	}
 	// One line for the first refusal; the next five within 10 s are
-	// held back and counted on the line after them.
+	// held back and counted on the line after them, with its own.
 	entries := logs.All()
 	if len(entries) != 2 {
 		t.Fatalf("%d warnings, want 2: %v", len(entries), entries)
 	}
-	if n := entries[1].ContextMap()["refused_since_last_line"]; n != uint64(5) {
-		t.Errorf("second line counts %v refusals held back, want 5", n)
+	if n := entries[0].ContextMap()["refused"]; n != uint64(1) {
+		t.Errorf("first line counts %v refusals, want 1", n)
+	}
+	if n := entries[1].ContextMap()["refused"]; n != uint64(6) {
+		t.Errorf("second line counts %v refusals, want 6", n)
 	}
 	for _, e := range entries {
 		for _, v := range e.ContextMap() {

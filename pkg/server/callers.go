@@ -14,6 +14,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+
+	"github.com/tollgate-dev/tollgate/pkg/logpace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -165,9 +167,8 @@ type callerGuard struct {
 	log     *zap.Logger
 	now     func() time.Time // tests move it instead of sleeping
 
-	mu         sync.Mutex
-	logged     map[string]time.Time // by service: the last denial logged
-	suppressed map[string]int       // by service: denials not logged since
+	mu    sync.Mutex
+	paces map[string]*logpace.Pace // by service: the denials' log lines
 }
 
 func newCallerGuard(c *Callers, log *zap.Logger) *callerGuard {
@@ -177,10 +178,9 @@ func newCallerGuard(c *Callers, log *zap.Logger) *callerGuard {
 			Name: "tollgate_grpc_caller_denied_total",
 			Help: "Calls refused with PERMISSION_DENIED because the client certificate has no URI SAN allowed for the service (--allow-callers), by gRPC service.",
 		}, []string{"service"}),
-		log:        log,
-		now:        time.Now,
-		logged:     map[string]time.Time{},
-		suppressed: map[string]int{},
+		log:   log,
+		now:   time.Now,
+		paces: map[string]*logpace.Pace{},
 	}
 	for _, s := range c.Services() {
 		g.denied.WithLabelValues(s) // every restricted service shows a 0
@@ -261,15 +261,18 @@ func peerSANs(ctx context.Context) (sans []string, verified bool) {
 // with how many were left out since the last line.
 func (g *callerGuard) logDenied(ctx context.Context, service, method string, sans []string, verified bool) {
 	g.mu.Lock()
-	now := g.now()
-	if last, ok := g.logged[service]; ok && now.Sub(last) < callerLogEvery {
-		g.suppressed[service]++
-		g.mu.Unlock()
+	p := g.paces[service]
+	if p == nil {
+		// Services are the registered ones: the map stays small.
+		p = &logpace.Pace{Every: callerLogEvery}
+		g.paces[service] = p
+	}
+	n, ok := p.Event(g.now())
+	g.mu.Unlock()
+	if !ok {
 		return
 	}
-	suppressed := g.suppressed[service]
-	g.logged[service], g.suppressed[service] = now, 0
-	g.mu.Unlock()
+	suppressed := int(n - 1) // the denials held back before this one
 
 	fields := []zap.Field{
 		zap.String("service", service),
