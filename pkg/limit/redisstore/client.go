@@ -489,9 +489,11 @@ func (s *Store) Warm(ctx context.Context) error {
 	}
 	s.apply.load(ctx, s.c)
 	if s.apply.scripts.Load() {
-		if err := s.apply.script.Load(ctx, s.c).Err(); err != nil {
-			return fmt.Errorf("warm up redis: load the apply script: %w", err)
-		}
+		// Best effort: an ACL without SCRIPT LOAD (the README's grants
+		// FCALL, EVALSHA and EVAL) still runs the script, by EVAL on its
+		// first NOSCRIPT; failing the warm-up would keep the replica from
+		// ever serving.
+		_ = s.apply.script.Load(ctx, s.c).Err()
 	}
 	s.loaded.Store(true)
 	return nil
