@@ -838,14 +838,10 @@ func (n *nesting) object() bool {
 // body counts every byte of the whole body (bodyBytes: its size, or the
 // fewest bytes it can have when that is unknown) as a prompt character,
 // which can only overestimate the prompt.
-func estimate(b *Body, s *Settings, partial bool, bodyBytes int64) uint64 {
-	total, _ := estimateParts(b, s, partial, bodyBytes)
-	return total
-}
-
-// estimateParts is estimate, and the part of it that is the prompt (the
-// rest is the completions' allowance).
-func estimateParts(b *Body, s *Settings, partial bool, bodyBytes int64) (total, promptPart uint64) {
+// It also returns the prompt's part of the total (the rest is the
+// completions' allowance), which a stream that ends without a usage
+// report is settled from.
+func estimate(b *Body, s *Settings, partial bool, bodyBytes int64) (total, promptPart uint64) {
 	chars := b.PromptChars
 	if partial {
 		chars = max(chars, uint64(max(bodyBytes, 0)))

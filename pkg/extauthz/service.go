@@ -91,11 +91,7 @@ func New(d Decider, s *Settings, log *zap.Logger, reg prometheus.Registerer) (*S
 	svc.settings.Store(s)
 	// Until SetSealer, tickets open only in this process: the caller
 	// shares one Sealer with the services that open them.
-	sealer, err := ticket.NewSealer(ticket.RandomKeys(), 0)
-	if err != nil {
-		return nil, err
-	}
-	svc.sealer.Store(sealer)
+	svc.sealer.Store(ticket.LocalSealer())
 	return svc, nil
 }
 
@@ -198,7 +194,7 @@ func (s *Service) decide(ctx context.Context, set *Settings, in *authv3.CheckReq
 	if err != nil {
 		return err
 	}
-	c.tokens, c.prompt = estimateParts(&body, set, shape.cut, shape.least)
+	c.tokens, c.prompt = estimate(&body, set, shape.cut, shape.least)
 	if len(descs) == 0 {
 		return nil // nothing to limit this request by: admitted, no reservation
 	}

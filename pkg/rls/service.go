@@ -61,12 +61,9 @@ func New(d Decider, log *zap.Logger, reg prometheus.Registerer) (*Service, error
 		return nil, err
 	}
 	svc := &Service{decider: d, log: log, metrics: m}
-	// Until SetSealer, tickets open only in this process.
-	sealer, err := ticket.NewSealer(ticket.RandomKeys(), 0)
-	if err != nil {
-		return nil, err
-	}
-	svc.sealer.Store(sealer)
+	// Until SetSealer, tickets open only in this process: the caller
+	// shares one Sealer with the services that open them.
+	svc.sealer.Store(ticket.LocalSealer())
 	return svc, nil
 }
 

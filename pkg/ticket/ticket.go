@@ -29,7 +29,6 @@ import (
 	"errors"
 	"fmt"
 	"hash"
-	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -151,6 +150,15 @@ func NewSealer(keys *Keys, maxAge time.Duration) (*Sealer, error) {
 	return s, nil
 }
 
+// LocalSealer returns a Sealer under a key of this process alone: what a
+// service seals with until it is given the Sealer the outcome channels
+// open with.
+func LocalSealer() *Sealer {
+	s := &Sealer{maxAge: DefaultMaxAge}
+	s.keys.Store(RandomKeys())
+	return s
+}
+
 // SetKeys swaps the keys: tickets are sealed with the new current key at
 // once, and opened under the new set.
 func (s *Sealer) SetKeys(k *Keys) {
@@ -228,8 +236,15 @@ func appendTicket(b []byte, t *Ticket) []byte {
 	}
 	b = binary.AppendUvarint(b, uint64(len(t.Overrides)))
 	if len(t.Overrides) > 0 {
-		// Sorted, so a ticket is a function of its contents.
-		for _, name := range slices.Sorted(maps.Keys(t.Overrides)) {
+		// Sorted, so a ticket is a function of its contents; the names of
+		// the few overrides a key carries sort on the stack.
+		var buf [8]string
+		names := buf[:0]
+		for name := range t.Overrides {
+			names = append(names, name)
+		}
+		slices.Sort(names)
+		for _, name := range names {
 			o := t.Overrides[name]
 			b = appendString(b, name)
 			b = binary.AppendUvarint(b, o.Amount)
