@@ -10,16 +10,19 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/tollgate-dev/tollgate/pkg/authn"
 	"github.com/tollgate-dev/tollgate/pkg/config"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
 	"github.com/tollgate-dev/tollgate/pkg/ticket"
+	"github.com/tollgate-dev/tollgate/test/testutil"
 )
 
 // t0 is on a 180 s boundary, the bucket width of an hour's sliding window,
@@ -187,3 +190,36 @@ func chatBody(model string, promptChars, maxTokens int) string {
 func bearer(key string) string { return "Bearer " + key }
 
 func hv(key, value string) *corev3.HeaderValueOption { return option(key, value) }
+
+// checkCase is a Check request and the answer it must get (its ticket
+// shown opened, see opened), under settings (default testSettings).
+type checkCase struct {
+	name     string
+	settings string
+	give     *authv3.CheckRequest
+	want     *authv3.CheckResponse
+}
+
+// runCheckCases runs each case on a fresh harness of every store kind.
+func runCheckCases(t *testing.T, tests []checkCase) {
+	t.Helper()
+	for _, sk := range testutil.StoreKinds {
+		t.Run(sk.Name, func(t *testing.T) {
+			t.Parallel()
+			for _, tt := range tests {
+				t.Run(tt.name, func(t *testing.T) {
+					t.Parallel()
+					settings := tt.settings
+					if settings == "" {
+						settings = testSettings
+					}
+					h := newHarness(t, sk.Make(t), newSettings(t, settings), nil)
+					got := opened(t, h, h.check(t, tt.give))
+					if diff := cmp.Diff(tt.want, got, protocmp.Transform()); diff != "" {
+						t.Errorf("Check (-want +got):\n%s", diff)
+					}
+				})
+			}
+		})
+	}
+}

@@ -11,7 +11,6 @@ import (
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
@@ -147,12 +146,7 @@ func TestCheckPartialBody(t *testing.T) {
 	notSent := deniedResp(codes.Internal, 500,
 		`{"error":{"message":"The gateway did not pass the request body on to be checked, so the request cannot be admitted. Its operator must set with_request_body on the ext_authz filter.","type":"server_error","code":"request_body_not_checked"}}`)
 	key := []string{"authorization", bearer(keyAcme)}
-	tests := []struct {
-		name     string
-		settings string // default testSettings
-		give     *authv3.CheckRequest
-		want     *authv3.CheckResponse
-	}{
+	tests := []checkCase{
 		{
 			name: "model after the cut is 413",
 			give: envoyCheck(modelLastBody("gpt-4o", 2000, 5), cut, key...),
@@ -298,25 +292,7 @@ func TestCheckPartialBody(t *testing.T) {
 			want:     too("The request body is larger than 4096 bytes."),
 		},
 	}
-	for _, sk := range testutil.StoreKinds {
-		t.Run(sk.Name, func(t *testing.T) {
-			t.Parallel()
-			for _, tt := range tests {
-				t.Run(tt.name, func(t *testing.T) {
-					t.Parallel()
-					settings := tt.settings
-					if settings == "" {
-						settings = testSettings
-					}
-					h := newHarness(t, sk.Make(t), newSettings(t, settings), nil)
-					got := opened(t, h, h.check(t, tt.give))
-					if diff := cmp.Diff(tt.want, got, protocmp.Transform()); diff != "" {
-						t.Errorf("Check (-want +got):\n%s", diff)
-					}
-				})
-			}
-		})
-	}
+	runCheckCases(t, tests)
 }
 
 // TestPartialBodyDefaultOverGRPC shows the default as Envoy sees it, over

@@ -91,12 +91,7 @@ const (
 
 func TestCheck(t *testing.T) {
 	t.Parallel()
-	tests := []struct {
-		name     string
-		settings string // default testSettings
-		give     *authv3.CheckRequest
-		want     *authv3.CheckResponse
-	}{
+	tests := []checkCase{
 		{
 			name: "ok sets identity headers, rate limit headers and the reservation",
 			give: checkRequest(chatBody("gpt-4o", 400, 900), "authorization", bearer(keyAcme), "x-tollgate-tenant", "evil"),
@@ -252,25 +247,7 @@ func TestCheck(t *testing.T) {
 				`{"error":{"message":"No API key was provided. Send it as Authorization: Bearer \u003ckey\u003e.","type":"invalid_request_error","code":"missing_api_key"}}`),
 		},
 	}
-	for _, sk := range testutil.StoreKinds {
-		t.Run(sk.Name, func(t *testing.T) {
-			t.Parallel()
-			for _, tt := range tests {
-				t.Run(tt.name, func(t *testing.T) {
-					t.Parallel()
-					settings := tt.settings
-					if settings == "" {
-						settings = testSettings
-					}
-					h := newHarness(t, sk.Make(t), newSettings(t, settings), nil)
-					got := opened(t, h, h.check(t, tt.give))
-					if diff := cmp.Diff(tt.want, got, protocmp.Transform()); diff != "" {
-						t.Errorf("Check (-want +got):\n%s", diff)
-					}
-				})
-			}
-		})
-	}
+	runCheckCases(t, tests)
 }
 
 const trustedSettings = `
