@@ -3,6 +3,7 @@ package upstream
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -46,7 +47,12 @@ type Config struct {
 	// the first (which carries one token, at the time to first token).
 	// Default 8: fewer timers and writes than a chunk a token.
 	ChunkTokens int
-	// Seed seeds the completion lengths: uniform in [1, max_tokens].
+	// MinCompletion is the shortest completion, as a share of max_tokens
+	// in [0, 1]: completions are uniform in [max(1,
+	// ceil(MinCompletion*max_tokens)), max_tokens]. Default 0; 1 makes
+	// every completion max_tokens long.
+	MinCompletion float64
+	// Seed seeds the completion lengths. Default 13.
 	Seed uint64
 
 	// MaxBodyBytes bounds a request body (413 above it). Default 1 MiB.
@@ -100,6 +106,7 @@ func (c Config) Validate() error {
 	check(c.MaxTokensLimit >= 1, "max tokens limit: want at least 1, got %d", c.MaxTokensLimit)
 	check(c.DefaultMaxTokens >= 1 && c.DefaultMaxTokens <= c.MaxTokensLimit,
 		"default max tokens: want 1 to %d, got %d", c.MaxTokensLimit, c.DefaultMaxTokens)
+	check(c.MinCompletion >= 0 && c.MinCompletion <= 1, "min completion: want 0 to 1, got %v", c.MinCompletion)
 	check(c.ChunkTokens >= 1, "chunk tokens: want at least 1, got %d", c.ChunkTokens)
 	check(c.MaxBodyBytes >= 1, "max body bytes: want at least 1, got %d", c.MaxBodyBytes)
 	check(c.History >= 1 && c.History <= 86400, "history: want 1 to 86400 seconds, got %d", c.History)
@@ -120,7 +127,7 @@ const (
 // max_tokens maxTokens that got its slot when busy slots (its own
 // included) were taken.
 func (c Config) MeanService(promptTokens, maxTokens, busy int) time.Duration {
-	meanCompletion := float64(maxTokens+1) / 2
+	meanCompletion := float64(c.minCompletion(maxTokens)+maxTokens) / 2
 	base := float64(c.TTFT) + float64(c.PerPromptToken)*float64(promptTokens) + float64(c.PerToken)*meanCompletion
 	return time.Duration(base * c.batch(busy))
 }
@@ -136,4 +143,10 @@ func (c Config) Capacity(promptTokens, maxTokens int) float64 {
 
 func (c Config) batch(busy int) float64 {
 	return 1 + c.BatchK*float64(busy)/float64(c.Slots)
+}
+
+// minCompletion is the fewest completion tokens of a request of
+// maxTokens.
+func (c Config) minCompletion(maxTokens int) int {
+	return min(max(1, int(math.Ceil(c.MinCompletion*float64(maxTokens)))), maxTokens)
 }

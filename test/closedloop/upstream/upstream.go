@@ -285,7 +285,8 @@ func (u *Upstream) startLocked(now time.Time, t *ticket) {
 	t.state = stateServing
 	t.start = now
 	t.batch = u.cfg.batch(u.busy)
-	t.c = completion{id: u.seq, created: now.Unix(), req: t.req, tokens: 1 + u.rng.IntN(t.req.maxTokens)}
+	lo := u.cfg.minCompletion(t.req.maxTokens)
+	t.c = completion{id: u.seq, created: now.Unix(), req: t.req, tokens: lo + u.rng.IntN(t.req.maxTokens-lo+1)}
 }
 
 // grantLocked hands free slots to the queue's oldest tickets; one that
@@ -322,8 +323,9 @@ func (u *Upstream) await(ctx context.Context, t *ticket) bool {
 			u.count(now, t.kind, false, outQueueTimeout)
 			u.observe(now)
 		}
+		// Out of the queue either way: by itself now, or by grantLocked,
+		// which decided it (a slot or a timeout) under the same lock.
 		u.mu.Unlock()
-		<-t.ready // closed already when the queue had taken it out
 		return true
 	case <-ctx.Done():
 		now := time.Now()
