@@ -131,6 +131,9 @@ type history struct {
 	// first is the Unix second New was called in: seconds before it are
 	// not reported.
 	first int64
+	// inFlight and queued are the gauges last observed, which a new
+	// second starts from.
+	inFlight, queued int
 }
 
 func newHistory(n int, now time.Time) history {
@@ -143,9 +146,18 @@ func (h *history) at(now time.Time) *Second {
 	u := now.Unix()
 	s := &h.ring[int(u%int64(len(h.ring)))]
 	if s.Unix != u {
-		*s = Second{Unix: u}
+		*s = Second{Unix: u, InFlight: h.inFlight, Queued: h.queued, MaxInFlight: h.inFlight, MaxQueued: h.queued}
 	}
 	return s
+}
+
+// observe records the gauges now.
+func (h *history) observe(now time.Time, inFlight, queued int) {
+	s := h.at(now) // a new second starts from the gauges before this change
+	h.inFlight, h.queued = inFlight, queued
+	s.InFlight, s.Queued = inFlight, queued
+	s.MaxInFlight = max(s.MaxInFlight, inFlight)
+	s.MaxQueued = max(s.MaxQueued, queued)
 }
 
 // snapshot lists the seconds from the oldest kept to now's. A second

@@ -470,11 +470,8 @@ func (u *Upstream) tenant(key string) *Usage {
 
 // observe records the load gauges in now's second.
 func (u *Upstream) observe(now time.Time) {
-	s := u.hist.at(now)
 	q := u.queue.Len()
-	s.InFlight, s.Queued = u.busy+q, q
-	s.MaxInFlight = max(s.MaxInFlight, s.InFlight)
-	s.MaxQueued = max(s.MaxQueued, q)
+	u.hist.observe(now, u.busy+q, q)
 }
 
 func (u *Upstream) serveStats(w http.ResponseWriter, r *http.Request) {
