@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"strings"
 	"sync"
@@ -397,6 +398,63 @@ func TestCancel(t *testing.T) {
 				}
 				if got := st.Tenants["c0"]; got != tt.wantTenant {
 					t.Errorf("tenant c0 %+v, want %+v", got, tt.wantTenant)
+				}
+			})
+		})
+	}
+}
+
+// TestOpenLoad sends Poisson arrivals of the default mix at issue 13's
+// rates, on the bubble's clock: the steady 94/s (70% of capacity) is
+// served without an overload answer; a spike of free x10 (436/s) keeps
+// every slot busy, so the upstream still serves its capacity, and turns
+// the rest away with 503 and 504.
+func TestOpenLoad(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name          string
+		rate          float64 // arrivals a second
+		wantOverloads bool
+	}{
+		{name: "steady 94/s", rate: 94},
+		{name: "spike 436/s", rate: 28 + 28 + 380, wantOverloads: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				u := newUpstream(t, nil)
+				const warm, measure = 5, 30 // seconds
+				start := time.Now()
+				end := start.Add((warm + measure) * time.Second)
+				rng := rand.New(rand.NewPCG(1, 2))
+				body := ChatBody("m", MixPromptChars, MixMaxTokens, false)
+				var wg sync.WaitGroup
+				for time.Now().Before(end) {
+					wg.Go(func() { send(t.Context(), u, body, "") })
+					time.Sleep(time.Duration(rng.ExpFloat64() / tt.rate * float64(time.Second)))
+				}
+				wg.Wait()
+				var c Counts
+				inFlight, maxInFlight := 0, 0
+				for _, s := range u.Stats().Seconds {
+					if s.Unix >= start.Unix()+warm && s.Unix < start.Unix()+warm+measure {
+						c.Received += s.Received
+						c.Served += s.Served
+						c.QueueFull += s.QueueFull
+						c.QueueTimeout += s.QueueTimeout
+						inFlight += s.InFlight
+						maxInFlight = max(maxInFlight, s.MaxInFlight)
+					}
+				}
+				served := float64(c.Served) / measure
+				t.Logf("offered %.1f/s, served %.1f/s, 503 %d, 504 %d, in flight %.1f on average at the seconds' ends, %d at most",
+					float64(c.Received)/measure, served, c.QueueFull, c.QueueTimeout, float64(inFlight)/measure, maxInFlight)
+				if got := c.Overloads() > 0; got != tt.wantOverloads {
+					t.Errorf("overload answers %d, want some: %v", c.Overloads(), tt.wantOverloads)
+				}
+				if want := min(tt.rate, u.Config().Capacity(100, MixMaxTokens)); math.Abs(served-want)/want > 0.05 {
+					t.Errorf("served %.1f/s, want %.1f/s within 5%%", served, want)
 				}
 			})
 		})
