@@ -2,6 +2,9 @@ package redisstore
 
 import (
 	"context"
+	"io"
+	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -152,5 +155,70 @@ func TestSharedCorrupt(t *testing.T) {
 	}
 	if _, err := m.Sum(ctx, now, "bad", time.Second, 0, true); err == nil {
 		t.Error("Sum over a bad count = nil error")
+	}
+}
+
+// TestSharedHungRedis: a Redis that accepts and never answers holds no
+// call past its caller's deadline (the client bounds every call by its
+// context, not only by its read timeout, which is set far out here).
+func TestSharedHungRedis(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns sync.WaitGroup
+	t.Cleanup(func() { _ = l.Close(); conns.Wait() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			conns.Go(func() {
+				_, _ = io.Copy(io.Discard, c) // until the client closes it
+				_ = c.Close()
+			})
+		}
+	}()
+	c, err := NewClient("redis://" + l.Addr().String() + "?read_timeout=1m&write_timeout=1m&dial_timeout=1m&min_idle_conns=0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	f, m, cells := NewFlights(c), NewMeters(c), NewCells(c)
+	now := time.UnixMilli(1_700_000_000_000)
+	tests := []struct {
+		name string
+		give func(ctx context.Context) error
+	}{
+		{name: "Begin", give: func(ctx context.Context) error {
+			_, err := f.Begin(ctx, now, "m", []string{"a"}, time.Second)
+			return err
+		}},
+		{name: "End", give: func(ctx context.Context) error { _, err := f.End(ctx, now, "m", []string{"a"}); return err }},
+		{name: "Count", give: func(ctx context.Context) error { _, err := f.Count(ctx, now, []string{"m", "n"}); return err }},
+		{name: "Add", give: func(ctx context.Context) error {
+			return m.Add(ctx, now, "m", time.Second, time.Second, map[string]int64{"a": 1})
+		}},
+		{name: "Sum", give: func(ctx context.Context) error { _, err := m.Sum(ctx, now, "m", time.Second, 5, true); return err }},
+		{name: "Load", give: func(ctx context.Context) error { _, _, err := cells.Load(ctx, now, "k"); return err }},
+		{name: "Swap", give: func(ctx context.Context) error {
+			_, _, err := cells.Swap(ctx, now, "k", 0, []byte("v"), time.Second)
+			return err
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			err := tt.give(ctx)
+			// Generous: the point is 50ms against a minute, on a busy machine.
+			if took := time.Since(start); err == nil || took > 10*time.Second {
+				t.Errorf("%s on a hung Redis = %v after %v; want an error near 50ms", tt.name, err, took)
+			}
+		})
 	}
 }
