@@ -145,9 +145,21 @@ type shedder struct {
 	stopped bool
 	cur     atomic.Pointer[shedState]
 
-	retiredMu sync.Mutex
-	retired   map[[2]breaker.State]uint64 // transitions of Breakers a reload dropped
-	untracked uint64
+	// busy says whether an upstream is at its capacity, for the outcome
+	// classes (breaker.BusyFunc); nil: never. The overload controller
+	// sets it before the first apply.
+	busy breaker.BusyFunc
+
+	retiredMu      sync.Mutex
+	retired        map[[2]breaker.State]uint64 // transitions of Breakers a reload dropped
+	retiredClasses map[breakerClass]uint64     // outcome classes of Breakers a reload dropped
+	untracked      uint64
+}
+
+// breakerClass keys tollgate_breaker_outcomes_total.
+type breakerClass struct {
+	key   string
+	class breaker.Class
 }
 
 // shedState is what one rule set made.
@@ -175,7 +187,7 @@ func newShedder(ctx context.Context, f pressureFlags, board limit.Board, brStore
 	s := &shedder{
 		f: f, name: f.replica(), combine: combine, board: board, brStore: brStore, clock: limit.SystemClock{},
 		log: log, gate: pressure.NewGate(), breakers: breaker.NewSet(),
-		retired: map[[2]breaker.State]uint64{},
+		retired: map[[2]breaker.State]uint64{}, retiredClasses: map[breakerClass]uint64{},
 	}
 	if f.capacity > 0 {
 		s.inflight = pressure.NewInFlight(f.capacity)
@@ -316,6 +328,9 @@ func (s *shedder) retire(old, next []breaker.SetEntry) {
 		for _, t := range e.Breaker.Transitions() {
 			s.retired[[2]breaker.State{t.From, t.To}] += t.N
 		}
+		for _, c := range e.Breaker.Outcomes() {
+			s.retiredClasses[breakerClass{e.Breaker.Config().Key, c.Class}] += c.N
+		}
 		s.untracked += e.Breaker.Untracked()
 	}
 }
@@ -430,7 +445,7 @@ func modelsOf(rules []*limit.Rule) []string {
 func (s *shedder) observer(st *shedState) accesslog.Observer {
 	var obs fanOut
 	if len(st.breakers) > 0 {
-		obs = append(obs, accesslog.NewBreakerObserver(s.clock, s.log.Named("breaker"), 0, st.breakers...))
+		obs = append(obs, accesslog.NewBreakerObserver(s.clock, s.log.Named("breaker"), 0, st.breakers...).WithBusy(s.busy))
 	}
 	if s.outcomes != nil {
 		obs = append(obs, outcomeObserver{o: s.outcomes, clock: s.clock})
@@ -621,6 +636,7 @@ type pressureCollector struct {
 	s                                         *shedder
 	score, local, level, factor, stale, state *prometheus.Desc
 	transitions, untracked, promErrors        *prometheus.Desc
+	classes                                   *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*pressureCollector)(nil)
@@ -638,11 +654,12 @@ func newPressureCollector(s *shedder) *pressureCollector {
 		transitions: prometheus.NewDesc("tollgate_breaker_transitions_total", "Breaker state changes made by this replica's store calls.", []string{"from", "to"}, nil),
 		untracked:   prometheus.NewDesc("tollgate_breaker_untracked_total", "Breaker names left out of tollgate_breaker_state because the tracked set was full.", nil, nil),
 		promErrors:  prometheus.NewDesc("tollgate_pressure_prom_errors_total", "Failed queries of --pressure-prom-query.", nil, nil),
+		classes:     prometheus.NewDesc("tollgate_breaker_outcomes_total", "Outcomes this replica's breakers classified (docs/outcome-classes.md), by breaker key and class: success, failure, overload (never opens a breaker) or neutral.", []string{"key", "class"}, nil),
 	}
 }
 
 func (c *pressureCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.score, c.local, c.level, c.factor, c.stale, c.state, c.transitions, c.untracked, c.promErrors} {
+	for _, d := range []*prometheus.Desc{c.score, c.local, c.level, c.factor, c.stale, c.state, c.transitions, c.untracked, c.promErrors, c.classes} {
 		ch <- d
 	}
 }
@@ -656,6 +673,10 @@ func (c *pressureCollector) Collect(ch chan<- prometheus.Metric) {
 	trans := make(map[[2]breaker.State]uint64, len(c.s.retired))
 	for k, n := range c.s.retired {
 		trans[k] = n
+	}
+	classes := make(map[breakerClass]uint64, len(c.s.retiredClasses))
+	for k, n := range c.s.retiredClasses {
+		classes[k] = n
 	}
 	untracked := c.s.untracked
 	c.s.retiredMu.Unlock()
@@ -682,11 +703,17 @@ func (c *pressureCollector) Collect(ch chan<- prometheus.Metric) {
 			for _, t := range e.Breaker.Transitions() {
 				trans[[2]breaker.State{t.From, t.To}] += t.N
 			}
+			for _, cl := range e.Breaker.Outcomes() {
+				classes[breakerClass{key, cl.Class}] += cl.N
+			}
 			untracked += e.Breaker.Untracked()
 		}
 	}
 	for k, n := range trans {
 		ch <- prometheus.MustNewConstMetric(c.transitions, prometheus.CounterValue, float64(n), k[0].String(), k[1].String())
+	}
+	for k, n := range classes {
+		ch <- prometheus.MustNewConstMetric(c.classes, prometheus.CounterValue, float64(n), k.key, k.class.String())
 	}
 	ch <- prometheus.MustNewConstMetric(c.untracked, prometheus.CounterValue, float64(untracked))
 	var promErrs uint64

@@ -369,6 +369,11 @@ func TestBreakerAcrossReplicas(t *testing.T) {
 		!strings.Contains(metrics, `tollgate_breaker_transitions_total{from="closed",to="open"} 1`) {
 		t.Errorf("/metrics of A lacks the open breaker m:\n%s", grepLines(metrics, "tollgate_breaker"))
 	}
+	// Five deliveries classified (the replays too), no overload among them.
+	if !strings.Contains(metrics, `tollgate_breaker_outcomes_total{class="failure",key="model"} 5`) ||
+		!strings.Contains(metrics, `tollgate_breaker_outcomes_total{class="overload",key="model"} 0`) {
+		t.Errorf("/metrics of A lacks the outcome classes:\n%s", grepLines(metrics, "tollgate_breaker"))
+	}
 	if _, body := b.get("/debug/pressure"); !strings.Contains(body, `"name": "m"`) || !strings.Contains(body, `"state": "open"`) {
 		t.Errorf("/debug/pressure of B = %s, want breaker m open", body)
 	}

@@ -32,6 +32,7 @@ func TestClassify(t *testing.T) {
 		return breaker.Facts{Details: "downstream_remote_disconnect", Flags: breaker.FlagDownstreamConnectionTermination,
 			Duration: d, Upstream: "gpu", Received: true, Sent: true, SentAt: time.Second}
 	}
+	busy := func(f breaker.Facts) breaker.Facts { f.Upstream = "busy"; return f }
 	tests := []struct {
 		name string
 		give breaker.Facts
@@ -40,7 +41,15 @@ func TestClassify(t *testing.T) {
 		{name: "200", give: up(200), want: breaker.Success},
 		{name: "399", give: up(399), want: breaker.Success},
 		{name: "101", give: up(101), want: breaker.Neutral},
-		{name: "429 from the upstream", give: up(429), want: breaker.Failure},
+		{name: "429 from the upstream", give: up(429), want: breaker.Overload},
+		{name: "503 from a busy upstream", give: busy(up(503)), want: breaker.Overload},
+		{name: "504 from a busy upstream", give: busy(up(504)), want: breaker.Overload},
+		{name: "500 from a busy upstream", give: busy(up(500)), want: breaker.Failure},
+		{name: "503", give: up(503), want: breaker.Failure},
+		{name: "504", give: up(504), want: breaker.Failure},
+		{name: "timeout on a busy upstream", give: busy(with(up(0), breaker.FlagUpstreamRequestTimeout)), want: breaker.Overload},
+		{name: "reset on a busy upstream", give: busy(with(up(503), breaker.FlagUpstreamRemoteReset)), want: breaker.Failure},
+		{name: "envoy overflow", give: with(breaker.Facts{Status: 503}, breaker.FlagUpstreamOverflow), want: breaker.Overload},
 		{name: "404", give: up(404), want: breaker.Neutral},
 		{name: "408", give: up(408), want: breaker.Neutral},
 		{name: "500", give: up(500), want: breaker.Failure},
@@ -63,7 +72,9 @@ func TestClassify(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			if got := breaker.Classify(cfg(), breaker.Outcome{Facts: tt.give, Name: "m"}); got != tt.want {
+			// The upstream named "busy" stands for one at its capacity.
+			o := breaker.Outcome{Facts: tt.give, Name: "m", Busy: tt.give.Upstream == "busy"}
+			if got := breaker.Classify(cfg(), o); got != tt.want {
 				t.Errorf("Classify = %v, want %v", got, tt.want)
 			}
 		})

@@ -24,6 +24,7 @@ type Breaker struct {
 	n         atomic.Int64 // entries in tracked; written under mu
 	untracked atomic.Uint64
 	trans     [3][3]atomic.Uint64
+	classes   [numClasses]atomic.Uint64
 }
 
 // seen is the last state a Breaker saw of one name.
@@ -164,11 +165,16 @@ func (b *Breaker) State(ctx context.Context, now time.Time, name string) (Status
 }
 
 // Observe takes o's outcome as Classify names it: a failure or a success
-// is recorded; a neutral outcome counts nothing, and frees the slot of a
-// probe, which then told nothing about the upstream (it never closes the
-// breaker: only a success does).
+// is recorded; a neutral or overload outcome counts nothing, and frees
+// the slot of a probe, which then told nothing about whether the upstream
+// is broken (it never closes the breaker: only a success does). Every
+// class is counted for Outcomes.
 func (b *Breaker) Observe(ctx context.Context, now time.Time, o Outcome) error {
-	switch Classify(b.cfg, o) {
+	c := Classify(b.cfg, o)
+	if o.Name != "" {
+		b.classes[c].Add(1)
+	}
+	switch c {
 	case Failure:
 		return b.Record(ctx, now, o.Name, Report{ProbeID: o.ProbeID, Once: o.Once})
 	case Success:
@@ -292,3 +298,21 @@ func (b *Breaker) Transitions() []TransitionCount {
 // Untracked counts the times a name was left out of the tracked set
 // because it was full.
 func (b *Breaker) Untracked() uint64 { return b.untracked.Load() }
+
+// ClassCount is how many outcomes this replica's Observe classified as
+// Class.
+type ClassCount struct {
+	Class Class
+	N     uint64
+}
+
+// Outcomes lists the classes with their counts, zeros included, so a
+// counter exists from the start. Outcomes without a name (the request
+// did not carry the breaker's key) are not counted.
+func (b *Breaker) Outcomes() []ClassCount {
+	out := make([]ClassCount, numClasses)
+	for c := range Class(numClasses) {
+		out[c] = ClassCount{Class: c, N: b.classes[c].Load()}
+	}
+	return out
+}
