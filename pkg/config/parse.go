@@ -42,13 +42,14 @@
 //	      shed: [free]                 #     (Optional) tiers refused
 //	      admit_only: [premium]        #     (Optional) the only tiers admitted
 //	      limit_factor: 0.7            #     (Optional) scales every limit, in (0,1]; default 1
-//	      burst: false                 #     (Optional) false: token buckets get a burst of 1; default true
+//	      burst: false                 #     (Optional) false: token buckets' bursts shrink to burst_floor; default true
 //	      continuous: false            #     (Optional) limit x limit_factor x (1 - pressure); default false
 //	  hysteresis: 0.05                 #   (Optional) a step is left below above - hysteresis, in [0,1); default 0
 //	  hold: 30s                        #   (Optional) a step is left no sooner than this; also Retry-After; default 0 (1s)
 //	  shadow: false                    #   (Optional) count what would be shed, shed nothing; default false
 //	  min_factor: 0.1                  #   (Required with a continuous step) floor of the continuous factor, in (0,1]
 //	  scope: global                    #   (Optional) global|model: the pressure a request reads; default global
+//	  burst_floor: 1s                  #   (Optional) burst: false leaves a token bucket what it refills in this, at least 1; default 1s
 //	breakers:                          # (Optional) circuit breakers shared by all replicas; default none
 //	  - key: model                     #   (Required) one breaker per value of this descriptor entry; one per key
 //	    failure_threshold: 5           #   (Required) upstream failures (docs/outcome-classes.md) within window that open it
@@ -105,7 +106,7 @@ const (
 var (
 	fileKeys       = []string{"domain", "algorithm", "descriptors", "tiers", "shedding", "breakers", "store_failure"}
 	tiersKeys      = []string{"key", "default", "plans"}
-	sheddingKeys   = []string{"steps", "hysteresis", "hold", "shadow", "min_factor", "scope"}
+	sheddingKeys   = []string{"steps", "hysteresis", "hold", "shadow", "min_factor", "scope", "burst_floor"}
 	stepKeys       = []string{"above", "shed", "admit_only", "limit_factor", "burst", "continuous"}
 	breakerKeys    = []string{"key", "failure_threshold", "window", "open_for", "half_open_probes", "close_after", "probe_lease", "timeout", "cache"}
 	descriptorKeys = []string{
@@ -964,6 +965,10 @@ func (w *walker) shedding(n *yaml.Node) *limit.Shedding {
 	if v, has := f["scope"]; has {
 		at["scope"] = v
 		s.Scope, _ = w.str(v, path+".scope")
+	}
+	if v, has := f["burst_floor"]; has {
+		at["burst_floor"] = v
+		s.BurstFloor, _ = w.duration(v, path+".burst_floor")
 	}
 	s.Shadow = w.flag(f, "shadow", path)
 	if len(w.problems) != before {

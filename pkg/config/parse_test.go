@@ -259,6 +259,11 @@ testdata/bad/tiers_rule_uses_key.yaml:11: descriptors[2].key: tier is the tiers.
 			want: `testdata/bad/shedding_bad_hold.yaml:3: shedding.hold: "soon" is not a duration such as 30s or 10m`,
 		},
 		{
+			name: "shedding bad burst floor",
+			give: "shedding_bad_burst_floor.yaml",
+			want: `testdata/bad/shedding_bad_burst_floor.yaml:3: shedding.burst_floor: 10µs is not at least 1ms`,
+		},
+		{
 			name: "shedding factor range",
 			give: "shedding_factor_range.yaml",
 			want: `testdata/bad/shedding_factor_range.yaml:5: shedding.steps[0].limit_factor: 1.5 is not in (0,1] (0: unchanged)`,
@@ -589,6 +594,43 @@ func TestParseTiers(t *testing.T) {
 			}
 			if !reflect.DeepEqual(d.Tiers, tt.want) {
 				t.Errorf("Tiers = %+v, want %+v", d.Tiers, tt.want)
+			}
+			if _, err := limit.NewRuleSet(d); err != nil {
+				t.Errorf("NewRuleSet: %v", err)
+			}
+		})
+	}
+}
+
+// TestParseOverload: the fields of issue 13's overload control, read
+// where a rules file puts them.
+func TestParseOverload(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name         string
+		give         string
+		wantShedding *limit.Shedding
+	}{
+		{
+			name:         "burst floor",
+			give:         "shedding: {burst_floor: 500ms, steps: [{above: 0.8, burst: false}]}\n",
+			wantShedding: &limit.Shedding{BurstFloor: 500 * time.Millisecond, Steps: []limit.ShedStep{{Above: 0.8, NoBurst: true}}},
+		},
+		{
+			name:         "no burst floor",
+			give:         "shedding: {steps: [{above: 0.8, burst: false}]}\n",
+			wantShedding: &limit.Shedding{Steps: []limit.ShedStep{{Above: 0.8, NoBurst: true}}},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			d, err := Parse("t.yaml", []byte("domain: d\n"+tt.give+"descriptors:\n  - {key: model, rate_limit: {unit: minute, requests_per_unit: 1}}\n"))
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			if !reflect.DeepEqual(d.Shedding, tt.wantShedding) {
+				t.Errorf("Shedding = %+v, want %+v", d.Shedding, tt.wantShedding)
 			}
 			if _, err := limit.NewRuleSet(d); err != nil {
 				t.Errorf("NewRuleSet: %v", err)
