@@ -172,7 +172,7 @@ func TestOutcomeScoreSamplesCollapse(t *testing.T) {
 			signal: (*OutcomeWindow).OverloadRate,
 		},
 		{
-			name:   "latency",
+			name: "latency",
 			// p95 1.5 x SLA (0.5), then 2 slow requests of 5 at 2 x SLA,
 			// which undamped would score 1.
 			before: []outcomeObs{{dur: testSLA / 2, n: 188}, {dur: 3 * testSLA / 2, n: 12}},
