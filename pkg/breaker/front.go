@@ -25,6 +25,17 @@ type Breaker struct {
 	untracked atomic.Uint64
 	trans     [3][3]atomic.Uint64
 	classes   [numClasses]atomic.Uint64
+
+	// batches are the successes of a rated breaker not yet sent, by name
+	// (at most MaxTracked names; past that a success goes alone).
+	bmu     sync.Mutex
+	batches map[string]*batch
+}
+
+// batch is one name's successes waiting to be sent.
+type batch struct {
+	n     uint64
+	since int64 // Unix ms of the first
 }
 
 // seen is the last state a Breaker saw of one name.
@@ -45,7 +56,7 @@ func New(cfg Config, store Store) (*Breaker, error) {
 	if store == nil {
 		return nil, fmt.Errorf("breaker %q: a Store is required", cfg.Key)
 	}
-	return &Breaker{cfg: cfg, p: params(cfg), store: store}, nil
+	return &Breaker{cfg: cfg, p: params(cfg), store: store, batches: map[string]*batch{}}, nil
 }
 
 // Config returns the configuration, defaults filled.
@@ -176,11 +187,80 @@ func (b *Breaker) Observe(ctx context.Context, now time.Time, o Outcome) error {
 	}
 	switch c {
 	case Failure:
+		// A rated breaker weighs the failure against the successes: send
+		// the ones waiting first, so the store sees them all.
+		if err := b.flush(ctx, now, o.Name); err != nil {
+			return err
+		}
 		return b.Record(ctx, now, o.Name, Report{ProbeID: o.ProbeID, Once: o.Once})
 	case Success:
+		if b.p.Rated() && o.ProbeID == "" {
+			return b.succeed(ctx, now, o.Name)
+		}
 		return b.Record(ctx, now, o.Name, Report{Success: true, ProbeID: o.ProbeID, Once: o.Once})
 	}
 	return b.Release(ctx, now, o.Name, o.ProbeID)
+}
+
+// succeed counts a success of a rated breaker's name toward its batch,
+// and sends the batch once it is Config.Cache old: one store call per
+// name per Cache, not one per request, and a breaker opened elsewhere is
+// seen within Cache anyway. A batch still waiting when the name's next
+// failure comes goes first (flush).
+func (b *Breaker) succeed(ctx context.Context, now time.Time, name string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	ms := now.UnixMilli()
+	b.bmu.Lock()
+	e := b.batches[name]
+	if e == nil {
+		if len(b.batches) >= MaxTracked {
+			b.bmu.Unlock()
+			return b.Record(ctx, now, name, Report{Successes: 1})
+		}
+		e = &batch{since: ms}
+		b.batches[name] = e
+	}
+	e.n++
+	if ms-e.since < b.cfg.Cache.Milliseconds() {
+		b.bmu.Unlock()
+		return nil
+	}
+	n := e.n
+	delete(b.batches, name)
+	b.bmu.Unlock()
+	return b.Record(ctx, now, name, Report{Successes: n})
+}
+
+// flush sends name's waiting successes, if any.
+func (b *Breaker) flush(ctx context.Context, now time.Time, name string) error {
+	b.bmu.Lock()
+	e := b.batches[name]
+	delete(b.batches, name)
+	b.bmu.Unlock()
+	if e == nil {
+		return nil
+	}
+	return b.Record(ctx, now, name, Report{Successes: e.n})
+}
+
+// Flush sends every name's waiting successes (a rated breaker's; see
+// Observe), and returns the first error.
+func (b *Breaker) Flush(ctx context.Context, now time.Time) error {
+	b.bmu.Lock()
+	names := make([]string, 0, len(b.batches))
+	for name := range b.batches {
+		names = append(names, name)
+	}
+	b.bmu.Unlock()
+	var first error
+	for _, name := range names {
+		if err := b.flush(ctx, now, name); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 func (b *Breaker) count(tr Transition) {

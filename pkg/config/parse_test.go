@@ -301,6 +301,21 @@ testdata/bad/store_failure_bad.yaml:9: descriptors[0].descriptors[0].store_failu
 			want: `testdata/bad/breaker_bad_window.yaml:5: breakers[0].window: window must be at least 1ms, not 0s`,
 		},
 		{
+			name: "breaker bad failure rate",
+			give: "breaker_bad_failure_rate.yaml",
+			want: `testdata/bad/breaker_bad_failure_rate.yaml:5: breakers[0].failure_rate: failure_rate must be in (0,1], not 1.5`,
+		},
+		{
+			name: "breaker zero failure rate",
+			give: "breaker_zero_failure_rate.yaml",
+			want: `testdata/bad/breaker_zero_failure_rate.yaml:5: breakers[0].failure_rate: failure_rate must be in (0,1], not 0`,
+		},
+		{
+			name: "breaker zero min requests",
+			give: "breaker_zero_min_requests.yaml",
+			want: `testdata/bad/breaker_zero_min_requests.yaml:5: breakers[0].min_requests: 0 is less than 1`,
+		},
+		{
 			name: "breaker bad cache",
 			give: "breaker_bad_cache.yaml",
 			want: `testdata/bad/breaker_bad_cache.yaml:7: breakers[0].cache: cache must be between 1ms and 10s, not 20s`,
@@ -610,7 +625,14 @@ func TestParseOverload(t *testing.T) {
 		name         string
 		give         string
 		wantShedding *limit.Shedding
+		wantBreakers []limit.BreakerConfig
 	}{
+		{
+			name: "failure rate and min requests",
+			give: "breakers: [{key: model, failure_threshold: 5, failure_rate: 0.5, min_requests: 10, window: 10s, open_for: 1s, half_open_probes: 1}]\n",
+			wantBreakers: []limit.BreakerConfig{{Key: "model", FailureThreshold: 5, FailureRate: 0.5, MinRequests: 10,
+				Window: 10 * time.Second, OpenFor: time.Second, HalfOpenProbes: 1}},
+		},
 		{
 			name:         "burst floor",
 			give:         "shedding: {burst_floor: 500ms, steps: [{above: 0.8, burst: false}]}\n",
@@ -631,6 +653,9 @@ func TestParseOverload(t *testing.T) {
 			}
 			if !reflect.DeepEqual(d.Shedding, tt.wantShedding) {
 				t.Errorf("Shedding = %+v, want %+v", d.Shedding, tt.wantShedding)
+			}
+			if !reflect.DeepEqual(d.Breakers, tt.wantBreakers) {
+				t.Errorf("Breakers = %+v, want %+v", d.Breakers, tt.wantBreakers)
 			}
 			if _, err := limit.NewRuleSet(d); err != nil {
 				t.Errorf("NewRuleSet: %v", err)

@@ -249,8 +249,18 @@ type BreakerConfig struct {
 	// "model" (Required).
 	Key string
 	// FailureThreshold is how many failures within Window open the
-	// breaker (Required, >= 1).
+	// breaker (Required, >= 1); with FailureRate or MinRequests, the
+	// fewest failures that may open it.
 	FailureThreshold uint64
+	// FailureRate, when set, also requires failures / (failures +
+	// successes) within Window to reach it (Optional, in (0,1]; 0: off).
+	FailureRate float64
+	// MinRequests, when set, also requires failures + successes within
+	// Window to reach it (Optional, >= 1; 0: off). With either of
+	// FailureRate and MinRequests the store counts successes too, in
+	// buckets of Window/10 (a failure counts for between 0.9 and 1
+	// Window), and replicas send them in batches. docs/breaker.md.
+	MinRequests uint64
 	// Window is how long a failure counts (Required, >= 1ms).
 	Window time.Duration
 	// OpenFor is how long the breaker stays open before it goes half-open
@@ -313,6 +323,9 @@ func (c BreakerConfig) Check() []FieldError {
 	}
 	if c.FailureThreshold == 0 {
 		out = append(out, FieldError{"failure_threshold", "failure_threshold must be at least 1"})
+	}
+	if math.IsNaN(c.FailureRate) || c.FailureRate < 0 || c.FailureRate > 1 {
+		out = append(out, FieldError{"failure_rate", fmt.Sprintf("failure_rate must be in (0,1], not %v", c.FailureRate)})
 	}
 	for _, d := range []struct {
 		name     string
