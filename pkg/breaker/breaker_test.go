@@ -588,3 +588,29 @@ func TestBreakerRatedOutage(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkBreakerObserveSuccess measures a success outcome through a
+// Breaker on memstore: unrated, it is one store call; rated, it joins a
+// batch (one store call per Cache).
+func BenchmarkBreakerObserveSuccess(b *testing.B) {
+	for _, bb := range []struct {
+		name string
+		rate float64
+	}{{"Unrated", 0}, {"Rated", 0.5}} {
+		b.Run(bb.name, func(b *testing.B) {
+			br, err := breaker.New(breaker.Config{Key: "model", FailureThreshold: 5, FailureRate: bb.rate,
+				Window: 10 * time.Second, OpenFor: time.Second}, memstore.NewBreakers())
+			if err != nil {
+				b.Fatal(err)
+			}
+			o := breaker.Outcome{Facts: breaker.Facts{Status: 200, Details: breaker.DetailsViaUpstream}, Name: "gpt-4o"}
+			ctx := context.Background()
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				if err := br.Observe(ctx, t0.Add(time.Duration(i)*time.Microsecond), o); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
