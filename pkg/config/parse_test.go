@@ -664,6 +664,27 @@ func TestParseOverload(t *testing.T) {
 	}
 }
 
+// TestLoadOverload: the sized example of docs/breaker.md loads whole.
+func TestLoadOverload(t *testing.T) {
+	t.Parallel()
+	rs, err := Load(filepath.Join("testdata", "good", "overload.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := rs.Domain("inference")
+	if d == nil || d.Shedding == nil || len(d.Breakers) != 1 {
+		t.Fatalf("domain = %+v", d)
+	}
+	want := limit.BreakerConfig{Key: "model", FailureThreshold: 5, FailureRate: 0.5, MinRequests: 10, Window: 10 * time.Second,
+		OpenFor: time.Second, HalfOpenProbes: 1, CloseAfter: 1, ProbeLease: 5 * time.Second, Cache: 100 * time.Millisecond}
+	if d.Breakers[0] != want {
+		t.Errorf("breaker = %+v, want %+v", d.Breakers[0], want)
+	}
+	if d.Shedding.BurstFloor != time.Second {
+		t.Errorf("burst_floor = %v, want 1s", d.Shedding.BurstFloor)
+	}
+}
+
 func TestParseAliases(t *testing.T) {
 	t.Parallel()
 	give := `domain: d
