@@ -170,3 +170,65 @@ func TestBreakerObserverOnce(t *testing.T) {
 		t.Fatalf("a second ticket's failure: %+v; want open", st)
 	}
 }
+
+// TestBreakerObserverBusy: the issue-13 spike. A full upstream's 503s and
+// 504s, with its BusyFunc saying it is at capacity, and the vendor's 429s
+// at any load, are overload: however many arrive they never open the
+// breaker, and they are counted as such. The same 503 while the upstream
+// is not busy is a failure and opens it. The BusyFunc is asked only for
+// outcomes whose class depends on it, with the outcome's domain and
+// breaker name.
+func TestBreakerObserverBusy(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name      string
+		give      breaker.Facts
+		busy      bool
+		want      breaker.State
+		wantAsked bool
+		wantClass breaker.Class
+	}{
+		{name: "503 busy", give: upstream(503), busy: true, want: breaker.Closed, wantAsked: true, wantClass: breaker.Overload},
+		{name: "504 busy", give: upstream(504), busy: true, want: breaker.Closed, wantAsked: true, wantClass: breaker.Overload},
+		{name: "UT busy", give: Facts(noAnswer(envoyEntry(504, "response_timeout", &datav3.ResponseFlags{UpstreamRequestTimeout: true}))),
+			busy: true, want: breaker.Closed, wantAsked: true, wantClass: breaker.Overload},
+		{name: "429 not busy", give: upstream(429), want: breaker.Closed, wantClass: breaker.Overload},
+		{name: "503 not busy", give: upstream(503), want: breaker.Open, wantAsked: true, wantClass: breaker.Failure},
+		{name: "500 busy", give: upstream(500), busy: true, want: breaker.Open, wantClass: breaker.Failure},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			clock := storetest.NewFakeClock(time.UnixMilli(1_700_000_000_000))
+			br, err := breaker.New(breaker.Config{Key: "model", FailureThreshold: 5, Window: time.Minute, OpenFor: 30 * time.Second}, memstore.NewBreakers())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var asked []string
+			obs := NewBreakerObserver(clock, nil, 0, breaker.SetEntry{Domain: "ai", Breaker: br}).WithBusy(func(domain, name string) bool {
+				asked = append(asked, domain+"/"+name)
+				return tt.busy
+			})
+			ctx := context.Background()
+			const n = 20
+			for i := range n {
+				obs.Observe(ctx, &Outcome{Facts: tt.give, Domain: "ai", Breakers: []outcome.Breaker{{Key: "model", Name: "m"}}, ID: fmt.Sprintf("t%d", i)})
+				clock.Advance(10 * time.Millisecond)
+			}
+			if st, _ := br.State(ctx, clock.Now(), "m"); st.State != tt.want {
+				t.Errorf("after %d outcomes: %v, want %v", n, st.State, tt.want)
+			}
+			if got := len(asked) > 0; got != tt.wantAsked {
+				t.Errorf("BusyFunc asked %d times, want asked: %v", len(asked), tt.wantAsked)
+			}
+			for _, a := range asked {
+				if a != "ai/m" {
+					t.Fatalf("BusyFunc asked for %q, want ai/m", a)
+				}
+			}
+			if got := br.Outcomes()[tt.wantClass].N; got == 0 {
+				t.Errorf("Outcomes()[%v] = 0, want the outcomes counted there (%+v)", tt.wantClass, br.Outcomes())
+			}
+		})
+	}
+}

@@ -42,6 +42,7 @@ var flagBits = map[protoreflect.Name]breaker.Flags{
 	"upstream_protocol_error":           breaker.FlagUpstreamProtocolError,
 	"dns_resolution_failure":            breaker.FlagDNSResolutionFailure,
 	"stream_idle_timeout":               breaker.FlagStreamIdleTimeout,
+	"upstream_overflow":                 breaker.FlagUpstreamOverflow,
 	"downstream_connection_termination": breaker.FlagDownstreamConnectionTermination,
 	"downstream_remote_reset":           breaker.FlagDownstreamRemoteReset,
 	"delay_injected":                    0,

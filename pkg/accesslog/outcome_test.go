@@ -112,12 +112,19 @@ var outcomeRows = []struct {
 	give    *datav3.HTTPAccessLogEntry
 	timeout time.Duration // the breaker's timeout:, 0 for none
 	noName  bool          // the request carries no value for the breaker
+	busy    bool          // the upstream was at its capacity (breaker.Outcome.Busy)
 	want    breaker.Class
 }{
 	{name: "upstream 5xx", give: envoyEntry(503, "via_upstream", nil), want: breaker.Failure},
 	{name: "upstream 5xx after retries (URX)", give: envoyEntry(500, "via_upstream",
 		&datav3.ResponseFlags{UpstreamRetryLimitExceeded: true}), want: breaker.Failure},
-	{name: "vendor 429", give: envoyEntry(429, "via_upstream", nil), want: breaker.Failure},
+	{name: "upstream 5xx, busy", give: envoyEntry(500, "via_upstream", nil), busy: true, want: breaker.Failure},
+	{name: "upstream 503, busy", give: envoyEntry(503, "via_upstream", nil), busy: true, want: breaker.Overload},
+	{name: "upstream 504, busy", give: envoyEntry(504, "via_upstream", nil), busy: true, want: breaker.Overload},
+	{name: "upstream 504, not busy", give: envoyEntry(504, "via_upstream", nil), want: breaker.Failure},
+	{name: "upstream 503 after retries, busy", give: envoyEntry(503, "via_upstream",
+		&datav3.ResponseFlags{UpstreamRetryLimitExceeded: true}), busy: true, want: breaker.Overload},
+	{name: "vendor 429", give: envoyEntry(429, "via_upstream", nil), want: breaker.Overload},
 	{name: "connect failure (UF)", give: noAnswer(envoyEntry(503, "upstream_reset_before_response_started{remote_connection_failure}",
 		&datav3.ResponseFlags{UpstreamConnectionFailure: true})), want: breaker.Failure},
 	{name: "connection terminated (UC)", give: noAnswer(envoyEntry(503, "upstream_reset_before_response_started{connection_termination}",
@@ -134,6 +141,10 @@ var outcomeRows = []struct {
 		&datav3.ResponseFlags{UpstreamRequestTimeout: true})), want: breaker.Failure},
 	{name: "per-try timeout (UT)", give: noAnswer(envoyEntry(504, "upstream_per_try_timeout",
 		&datav3.ResponseFlags{UpstreamRequestTimeout: true})), want: breaker.Failure},
+	{name: "route timeout (UT), busy", give: noAnswer(envoyEntry(504, "response_timeout",
+		&datav3.ResponseFlags{UpstreamRequestTimeout: true})), busy: true, want: breaker.Overload},
+	{name: "upstream reset (UR), busy", give: noAnswer(envoyEntry(503, "upstream_reset_before_response_started{remote_reset}",
+		&datav3.ResponseFlags{UpstreamRemoteReset: true})), busy: true, want: breaker.Failure},
 	{name: "no healthy upstream (UH)", give: notSent(envoyEntry(503, "no_healthy_upstream",
 		&datav3.ResponseFlags{NoHealthyUpstream: true})), want: breaker.Failure},
 	{name: "stream idle, upstream silent (SI)", give: noAnswer(envoyEntry(504, "stream_idle_timeout",
@@ -171,7 +182,7 @@ var outcomeRows = []struct {
 	{name: "rate limit service error (RLSE)", give: notSent(envoyEntry(500, "rate_limiter_error",
 		&datav3.ResponseFlags{RateLimitServiceError: true})), want: breaker.Neutral},
 	{name: "envoy overflow (UO)", give: noAnswer(envoyEntry(503, "upstream_reset_before_response_started{overflow}",
-		&datav3.ResponseFlags{UpstreamOverflow: true})), want: breaker.Neutral},
+		&datav3.ResponseFlags{UpstreamOverflow: true})), want: breaker.Overload},
 	{name: "envoy overload (OM)", give: notSent(envoyEntry(503, "overload",
 		&datav3.ResponseFlags{OverloadManager: true})), want: breaker.Neutral},
 	{name: "local reset (LR)", give: noAnswer(envoyEntry(503, "upstream_reset_before_response_started{local_reset}",
@@ -185,6 +196,7 @@ var outcomeRows = []struct {
 	{name: "old envoy 2xx", give: envoyEntry(200, "", nil), want: breaker.Success},
 	{name: "old envoy local reply", give: notSent(envoyEntry(503, "", nil)), want: breaker.Neutral},
 	{name: "no breaker name", give: envoyEntry(503, "via_upstream", nil), noName: true, want: breaker.Neutral},
+	{name: "no breaker name, busy", give: envoyEntry(429, "via_upstream", nil), noName: true, busy: true, want: breaker.Neutral},
 }
 
 // TestOutcomeClasses: each row of the outcome table, from an entry built
@@ -194,13 +206,20 @@ func TestOutcomeClasses(t *testing.T) {
 	for _, tt := range outcomeRows {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			o := breaker.Outcome{Facts: Facts(tt.give), Name: "gpt-4o"}
+			o := breaker.Outcome{Facts: Facts(tt.give), Name: "gpt-4o", Busy: tt.busy}
 			if tt.noName {
 				o.Name = ""
 			}
 			c := breaker.Config{Key: "model", FailureThreshold: 1, Window: time.Minute, OpenFor: time.Minute, Timeout: tt.timeout}
 			if got := breaker.Classify(c, o); got != tt.want {
 				t.Errorf("Classify = %v, want %v (facts %+v)", got, tt.want, o.Facts)
+			}
+			// Busy matters exactly where MayBeOverload says it may, so
+			// that the observer may skip the lookup elsewhere.
+			flip := o
+			flip.Busy = !o.Busy
+			if differs := breaker.Classify(c, o) != breaker.Classify(c, flip); differs && !breaker.MayBeOverload(o.Facts) {
+				t.Errorf("busy changes the class but MayBeOverload is false (facts %+v)", o.Facts)
 			}
 		})
 	}

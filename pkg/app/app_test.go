@@ -134,7 +134,8 @@ func indexOf(lines []string, want string) int {
 }
 
 // defaultPressure are the pressure flags' defaults.
-var defaultPressure = pressureFlags{interval: time.Second, ttl: 5 * time.Second, combine: "max", maxErrorRate: 0.2, promInterval: 15 * time.Second}
+var defaultPressure = pressureFlags{interval: time.Second, ttl: 5 * time.Second, combine: "max", maxErrorRate: 0.2, promInterval: 15 * time.Second,
+	window: 10 * time.Second, maxOverload: 0.1}
 
 // defaultLease are the lease flags' defaults.
 var defaultLease = leaseFlags{minLimit: 1000, fraction: 0.1, maxLife: time.Second}
@@ -172,11 +173,13 @@ func TestServeFlagsFromEnv(t *testing.T) {
 				"TOLLGATE_REPLICA_ID": "pod-1", "TOLLGATE_PRESSURE_INTERVAL": "2s", "TOLLGATE_PRESSURE_TTL": "10s",
 				"TOLLGATE_PRESSURE_COMBINE": "mean", "TOLLGATE_PRESSURE_CAPACITY": "64", "TOLLGATE_PRESSURE_LATENCY_SLA": "3s",
 				"TOLLGATE_PRESSURE_MAX_ERROR_RATE": "0.5", "TOLLGATE_PRESSURE_ERRORS": "true",
+				"TOLLGATE_PRESSURE_WINDOW": "5s", "TOLLGATE_PRESSURE_MAX_OVERLOAD_RATE": "0.3",
 				"TOLLGATE_PRESSURE_PROM_URL": "http://p:9090", "TOLLGATE_PRESSURE_PROM_QUERY": "vector(0)", "TOLLGATE_PRESSURE_PROM_INTERVAL": "30s",
 			},
 			want: serveFlags{config: "config", grpcAddr: ":8081", adminAddr: ":8080", logLevel: "info", logFormat: "json", pressure: pressureFlags{
 				replicaID: "pod-1", interval: 2 * time.Second, ttl: 10 * time.Second, combine: "mean", capacity: 64, latencySLA: 3 * time.Second,
 				maxErrorRate: 0.5, errors: true, promURL: "http://p:9090", promQuery: "vector(0)", promInterval: 30 * time.Second,
+				window: 5 * time.Second, maxOverload: 0.3,
 			}, lease: defaultLease, failure: defaultFailure},
 		},
 		{
@@ -255,6 +258,18 @@ func TestServeEnvErrors(t *testing.T) {
 			env:        map[string]string{"TOLLGATE_CONFIG": good, "TOLLGATE_PRESSURE_TTL": "500ms"},
 			wantCode:   ExitUsage,
 			wantStderr: []string{"--pressure-ttl 500ms is under --pressure-interval 1s"},
+		},
+		{
+			name:       "pressure window too short",
+			env:        map[string]string{"TOLLGATE_CONFIG": good, "TOLLGATE_PRESSURE_WINDOW": "5ms"},
+			wantCode:   ExitUsage,
+			wantStderr: []string{"--pressure-window: 5ms is under 10ms"},
+		},
+		{
+			name:       "overload rate out of range",
+			env:        map[string]string{"TOLLGATE_CONFIG": good, "TOLLGATE_PRESSURE_MAX_OVERLOAD_RATE": "0"},
+			wantCode:   ExitUsage,
+			wantStderr: []string{"--pressure-max-overload-rate: 0 is not in (0,1]"},
 		},
 		{
 			name:       "prom url without a query",

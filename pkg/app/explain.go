@@ -540,7 +540,7 @@ func (o *explainOutput) writeText(w io.Writer) {
 				fmt.Fprintf(w, ", limits x%v", p.Factor)
 			}
 			if p.NoBurst {
-				fmt.Fprint(w, ", bursts off")
+				fmt.Fprint(w, ", bursts down to their floor")
 			}
 			if p.Shadow {
 				fmt.Fprint(w, " (shadow: applies nothing)")

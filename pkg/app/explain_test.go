@@ -430,7 +430,7 @@ func TestExplainText(t *testing.T) {
 	k3 := key(limit.Requests, limit.TokenBucket, time.Minute, "model", "gpt-4o")
 	want := `domain inference (../../config/inference.yaml)
 tier: premium (x3), named by the request
-pressure: 0.85 on scope global: shedding level 1 (step above 0.8) active, sheds free, limits x0.7, bursts off
+pressure: 0.85 on scope global: shedding level 1 (step above 0.8) active, sheds free, limits x0.7, bursts down to their floor
   the request reads scope global
 descriptor 1: tenant=acme,model=gpt-4o,tier=premium
   matched as: tenant=acme,model=gpt-4o (tier entries removed)
@@ -444,10 +444,10 @@ descriptor 1: tenant=acme,model=gpt-4o,tier=premium
 descriptor 2: model=gpt-4o
   model=gpt-4o -> model_gpt-4o (exact value)
   rule model_gpt-4o: matched: its last entry model=gpt-4o lands on it (exact value)
-  rate_limit gpt4o_global: 21000/minute token_bucket burst 1 (rule 10000, x3 plan = 30000, x0.7 pressure = 21000)
+  rate_limit gpt4o_global: 21000/minute token_bucket burst 350 (rule 10000, x3 plan = 30000, x0.7 pressure = 21000)
     charges +1 to ` + k3 + `
 breaker model=gpt-4o: consulted after shedding, before the limits
-verdict: admitted if the store has room: charges +1 to ` + k1 + ` (tenant_gpt4o_requests: 210/minute sliding_window), +0 to ` + k2 + ` (tenant_gpt4o_tokens: 1050000/hour sliding_window), +1 to ` + k3 + ` (gpt4o_global: 21000/minute token_bucket burst 1); all or nothing; refused first if the breaker model=gpt-4o is open
+verdict: admitted if the store has room: charges +1 to ` + k1 + ` (tenant_gpt4o_requests: 210/minute sliding_window), +0 to ` + k2 + ` (tenant_gpt4o_tokens: 1050000/hour sliding_window), +1 to ` + k3 + ` (gpt4o_global: 21000/minute token_bucket burst 350); all or nothing; refused first if the breaker model=gpt-4o is open
 `
 	if diff := cmp.Diff(want, out); diff != "" {
 		t.Errorf("text (-want +got):\n%s", diff)

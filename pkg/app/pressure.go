@@ -41,6 +41,8 @@ type pressureFlags struct {
 	tokenFile    string
 	latencySLA   time.Duration
 	maxErrorRate float64
+	window       time.Duration
+	maxOverload  float64
 	errors       bool
 	promURL      string
 	promQuery    string
@@ -55,7 +57,9 @@ func (p *pressureFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&p.capacity, "pressure-capacity", 0, "in-flight ShouldRateLimit and Check calls this replica handles comfortably (in-flight/capacity is a pressure signal); 0: no in-flight signal")
 	fs.StringVar(&p.tokenFile, "pressure-token-file", "", "file holding the bearer token of PUT/GET /v1/pressure on the admin port; empty: the endpoint is not served")
 	fs.DurationVar(&p.latencySLA, "pressure-latency-sla", 0, "upstream p95 latency promised (from the access log): a p95 above it is a pressure signal, full at 2x; also turns on the error-rate signal; 0: off")
-	fs.Float64Var(&p.maxErrorRate, "pressure-max-error-rate", pressure.DefaultMaxErrorRate, "upstream error rate (5xx, resets, from the access log) that is full pressure, in (0,1]")
+	fs.Float64Var(&p.maxErrorRate, "pressure-max-error-rate", pressure.DefaultMaxErrorRate, "upstream failure rate (5xx, resets, timeouts of an upstream not at capacity; docs/outcome-classes.md) that is full pressure, in (0,1]")
+	fs.DurationVar(&p.window, "pressure-window", pressure.DefaultOutcomeInterval, "the sliding window of the access log's latency, failure and overload signals (moves in tenths); at least 10ms")
+	fs.Float64Var(&p.maxOverload, "pressure-max-overload-rate", pressure.DefaultMaxOverloadRate, "rate of overload answers (the vendor's 429, a busy upstream's 503/504/timeout, Envoy's overflow) that is full pressure, in (0,1]")
 	fs.BoolVar(&p.errors, "pressure-errors", false, "use the error-rate signal without --pressure-latency-sla")
 	fs.StringVar(&p.promURL, "pressure-prom-url", "", "Prometheus base URL polled for a global pressure signal (with --pressure-prom-query); empty: off")
 	fs.StringVar(&p.promQuery, "pressure-prom-query", "", "PromQL instant query whose largest sample, clamped to [0,1], is a global pressure signal")
@@ -78,6 +82,10 @@ func (p *pressureFlags) check() error {
 		return fmt.Errorf("--pressure-latency-sla: %v is not 0 or at least 1ms", p.latencySLA)
 	case !(p.maxErrorRate > 0 && p.maxErrorRate <= 1):
 		return fmt.Errorf("--pressure-max-error-rate: %v is not in (0,1]", p.maxErrorRate)
+	case !(p.maxOverload > 0 && p.maxOverload <= 1):
+		return fmt.Errorf("--pressure-max-overload-rate: %v is not in (0,1]", p.maxOverload)
+	case p.window < 10*time.Millisecond:
+		return fmt.Errorf("--pressure-window: %v is under 10ms", p.window)
 	case (p.promURL == "") != (p.promQuery == ""):
 		return errors.New("--pressure-prom-url and --pressure-prom-query must be given together")
 	case p.promInterval <= 0:
@@ -145,9 +153,21 @@ type shedder struct {
 	stopped bool
 	cur     atomic.Pointer[shedState]
 
-	retiredMu sync.Mutex
-	retired   map[[2]breaker.State]uint64 // transitions of Breakers a reload dropped
-	untracked uint64
+	// busy says whether an upstream is at its capacity, for the outcome
+	// classes (breaker.BusyFunc); nil: never. The overload controller
+	// sets it before the first apply.
+	busy breaker.BusyFunc
+
+	retiredMu      sync.Mutex
+	retired        map[[2]breaker.State]uint64 // transitions of Breakers a reload dropped
+	retiredClasses map[breakerClass]uint64     // outcome classes of Breakers a reload dropped
+	untracked      uint64
+}
+
+// breakerClass keys tollgate_breaker_outcomes_total.
+type breakerClass struct {
+	key   string
+	class breaker.Class
 }
 
 // shedState is what one rule set made.
@@ -175,7 +195,7 @@ func newShedder(ctx context.Context, f pressureFlags, board limit.Board, brStore
 	s := &shedder{
 		f: f, name: f.replica(), combine: combine, board: board, brStore: brStore, clock: limit.SystemClock{},
 		log: log, gate: pressure.NewGate(), breakers: breaker.NewSet(),
-		retired: map[[2]breaker.State]uint64{},
+		retired: map[[2]breaker.State]uint64{}, retiredClasses: map[breakerClass]uint64{},
 	}
 	if f.capacity > 0 {
 		s.inflight = pressure.NewInFlight(f.capacity)
@@ -185,7 +205,9 @@ func newShedder(ctx context.Context, f pressureFlags, board limit.Board, brStore
 		if sla == 0 {
 			sla = time.Second // unused: only the error rate is read
 		}
-		if s.outcomes, err = pressure.NewOutcomes(pressure.OutcomeConfig{SLA: sla, MaxErrorRate: f.maxErrorRate}); err != nil {
+		if s.outcomes, err = pressure.NewOutcomes(pressure.OutcomeConfig{
+			Interval: f.window, SLA: sla, MaxErrorRate: f.maxErrorRate, MaxOverloadRate: f.maxOverload,
+		}); err != nil {
 			return nil, fmt.Errorf("pressure outcomes: %w", err)
 		}
 	}
@@ -316,6 +338,9 @@ func (s *shedder) retire(old, next []breaker.SetEntry) {
 		for _, t := range e.Breaker.Transitions() {
 			s.retired[[2]breaker.State{t.From, t.To}] += t.N
 		}
+		for _, c := range e.Breaker.Outcomes() {
+			s.retiredClasses[breakerClass{e.Breaker.Config().Key, c.Class}] += c.N
+		}
 		s.untracked += e.Breaker.Untracked()
 	}
 }
@@ -402,7 +427,7 @@ func (s *shedder) local(scope string) pressure.Signal {
 		if s.f.latencySLA > 0 {
 			sig = append(sig, w.Latency())
 		}
-		sig = append(sig, w.ErrorRate())
+		sig = append(sig, w.ErrorRate(), w.OverloadRate())
 	}
 	return sig
 }
@@ -430,10 +455,10 @@ func modelsOf(rules []*limit.Rule) []string {
 func (s *shedder) observer(st *shedState) accesslog.Observer {
 	var obs fanOut
 	if len(st.breakers) > 0 {
-		obs = append(obs, accesslog.NewBreakerObserver(s.clock, s.log.Named("breaker"), 0, st.breakers...))
+		obs = append(obs, accesslog.NewBreakerObserver(s.clock, s.log.Named("breaker"), 0, st.breakers...).WithBusy(s.busy))
 	}
 	if s.outcomes != nil {
-		obs = append(obs, outcomeObserver{o: s.outcomes, clock: s.clock})
+		obs = append(obs, outcomeObserver{o: s.outcomes, clock: s.clock, busy: s.busy})
 	}
 	if len(obs) == 0 {
 		return nil
@@ -466,20 +491,31 @@ func (f fanOut) Observe(ctx context.Context, o *accesslog.Outcome) {
 	}
 }
 
-// outcomeObserver feeds the latency and error-rate signals.
+// outcomeObserver feeds the latency, failure and overload signals, each
+// outcome classified as the breakers classify it (docs/outcome-classes.md)
+// with busy as their BusyFunc.
 type outcomeObserver struct {
 	o     *pressure.Outcomes
 	clock limit.Clock
+	busy  breaker.BusyFunc
 }
 
 func (x outcomeObserver) Observe(_ context.Context, o *accesslog.Outcome) {
+	busy := x.busy != nil && o.Model != "" && breaker.MayBeOverload(o.Facts) && x.busy(o.Domain, o.Model)
+	kind := pressure.Served
+	switch breaker.ClassifyFacts(o.Facts, busy, 0) {
+	case breaker.Failure:
+		kind = pressure.Failed
+	case breaker.Overload:
+		kind = pressure.Overloaded
+	}
 	// A request that reached no upstream was refused by Tollgate or
-	// another filter: counting its 503 as an upstream error would make
-	// shedding feed on itself.
-	if o.UpstreamCluster == "" {
+	// another filter: counting its 503 would make shedding feed on
+	// itself. Envoy's own overflow (UO) is the exception: it is load.
+	if o.UpstreamCluster == "" && kind != pressure.Overloaded {
 		return
 	}
-	x.o.Observe(x.clock.Now(), int(o.Status), o.Duration, o.Model)
+	x.o.Observe(x.clock.Now(), kind, o.Duration, o.Model)
 }
 
 // handler serves /v1/pressure over the domains' pressure handlers. A
@@ -621,6 +657,7 @@ type pressureCollector struct {
 	s                                         *shedder
 	score, local, level, factor, stale, state *prometheus.Desc
 	transitions, untracked, promErrors        *prometheus.Desc
+	classes                                   *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*pressureCollector)(nil)
@@ -638,11 +675,12 @@ func newPressureCollector(s *shedder) *pressureCollector {
 		transitions: prometheus.NewDesc("tollgate_breaker_transitions_total", "Breaker state changes made by this replica's store calls.", []string{"from", "to"}, nil),
 		untracked:   prometheus.NewDesc("tollgate_breaker_untracked_total", "Breaker names left out of tollgate_breaker_state because the tracked set was full.", nil, nil),
 		promErrors:  prometheus.NewDesc("tollgate_pressure_prom_errors_total", "Failed queries of --pressure-prom-query.", nil, nil),
+		classes:     prometheus.NewDesc("tollgate_breaker_outcomes_total", "Outcomes this replica's breakers classified (docs/outcome-classes.md), by breaker key and class: success, failure, overload (never opens a breaker) or neutral.", []string{"key", "class"}, nil),
 	}
 }
 
 func (c *pressureCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.score, c.local, c.level, c.factor, c.stale, c.state, c.transitions, c.untracked, c.promErrors} {
+	for _, d := range []*prometheus.Desc{c.score, c.local, c.level, c.factor, c.stale, c.state, c.transitions, c.untracked, c.promErrors, c.classes} {
 		ch <- d
 	}
 }
@@ -656,6 +694,10 @@ func (c *pressureCollector) Collect(ch chan<- prometheus.Metric) {
 	trans := make(map[[2]breaker.State]uint64, len(c.s.retired))
 	for k, n := range c.s.retired {
 		trans[k] = n
+	}
+	classes := make(map[breakerClass]uint64, len(c.s.retiredClasses))
+	for k, n := range c.s.retiredClasses {
+		classes[k] = n
 	}
 	untracked := c.s.untracked
 	c.s.retiredMu.Unlock()
@@ -682,11 +724,17 @@ func (c *pressureCollector) Collect(ch chan<- prometheus.Metric) {
 			for _, t := range e.Breaker.Transitions() {
 				trans[[2]breaker.State{t.From, t.To}] += t.N
 			}
+			for _, cl := range e.Breaker.Outcomes() {
+				classes[breakerClass{key, cl.Class}] += cl.N
+			}
 			untracked += e.Breaker.Untracked()
 		}
 	}
 	for k, n := range trans {
 		ch <- prometheus.MustNewConstMetric(c.transitions, prometheus.CounterValue, float64(n), k[0].String(), k[1].String())
+	}
+	for k, n := range classes {
+		ch <- prometheus.MustNewConstMetric(c.classes, prometheus.CounterValue, float64(n), k.key, k.class.String())
 	}
 	ch <- prometheus.MustNewConstMetric(c.untracked, prometheus.CounterValue, float64(untracked))
 	var promErrs uint64

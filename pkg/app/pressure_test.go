@@ -23,6 +23,9 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/tollgate-dev/tollgate/pkg/accesslog"
+	"github.com/tollgate-dev/tollgate/pkg/breaker"
+	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
 	"github.com/tollgate-dev/tollgate/pkg/ticket"
 	"github.com/tollgate-dev/tollgate/test/redistest"
 )
@@ -369,6 +372,11 @@ func TestBreakerAcrossReplicas(t *testing.T) {
 		!strings.Contains(metrics, `tollgate_breaker_transitions_total{from="closed",to="open"} 1`) {
 		t.Errorf("/metrics of A lacks the open breaker m:\n%s", grepLines(metrics, "tollgate_breaker"))
 	}
+	// Five deliveries classified (the replays too), no overload among them.
+	if !strings.Contains(metrics, `tollgate_breaker_outcomes_total{class="failure",key="model"} 5`) ||
+		!strings.Contains(metrics, `tollgate_breaker_outcomes_total{class="overload",key="model"} 0`) {
+		t.Errorf("/metrics of A lacks the outcome classes:\n%s", grepLines(metrics, "tollgate_breaker"))
+	}
 	if _, body := b.get("/debug/pressure"); !strings.Contains(body, `"name": "m"`) || !strings.Contains(body, `"state": "open"`) {
 		t.Errorf("/debug/pressure of B = %s, want breaker m open", body)
 	}
@@ -438,4 +446,56 @@ func grepLines(s, substr string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestOutcomeObserverClasses: the pressure signals count each access log
+// outcome as the breakers classify it: a busy upstream's 503 and the
+// vendor's 429 are overloads, not errors; the same 503 with the upstream
+// under capacity is an error; Envoy's overflow counts though no upstream
+// was reached; Tollgate's own denial counts nothing.
+func TestOutcomeObserverClasses(t *testing.T) {
+	t.Parallel()
+	via := func(status uint32) breaker.Facts {
+		return breaker.Facts{Status: status, Details: breaker.DetailsViaUpstream, Upstream: "llm", Received: true, Sent: true, Answered: true}
+	}
+	tests := []struct {
+		name string
+		give accesslog.Outcome
+		busy bool
+		want pressure.OutcomeStats
+	}{
+		{name: "success", give: accesslog.Outcome{Facts: via(200), UpstreamCluster: "llm", Model: "m"}, want: pressure.OutcomeStats{Count: 1}},
+		{name: "503 busy", give: accesslog.Outcome{Facts: via(503), UpstreamCluster: "llm", Model: "m"}, busy: true, want: pressure.OutcomeStats{Count: 1, Overloads: 1}},
+		{name: "503 not busy", give: accesslog.Outcome{Facts: via(503), UpstreamCluster: "llm", Model: "m"}, want: pressure.OutcomeStats{Count: 1, Errors: 1}},
+		{name: "503 busy without a model", give: accesslog.Outcome{Facts: via(503), UpstreamCluster: "llm"}, busy: true, want: pressure.OutcomeStats{Count: 1, Errors: 1}},
+		{name: "vendor 429", give: accesslog.Outcome{Facts: via(429), UpstreamCluster: "llm", Model: "m"}, want: pressure.OutcomeStats{Count: 1, Overloads: 1}},
+		{name: "client 400", give: accesslog.Outcome{Facts: via(400), UpstreamCluster: "llm", Model: "m"}, want: pressure.OutcomeStats{Count: 1}},
+		{name: "envoy overflow", give: accesslog.Outcome{Facts: breaker.Facts{Status: 503, Flags: breaker.FlagUpstreamOverflow}, Model: "m"}, want: pressure.OutcomeStats{Count: 1, Overloads: 1}},
+		{name: "tollgate denial", give: accesslog.Outcome{Facts: breaker.Facts{Status: 503, Details: "ext_authz_denied", Flags: breaker.FlagOther}, Model: "m"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			o, err := pressure.NewOutcomes(pressure.OutcomeConfig{SLA: time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			now := time.UnixMilli(1_700_000_000_000)
+			var asked []string
+			obs := outcomeObserver{o: o, clock: storetest.NewFakeClock(now), busy: func(domain, name string) bool {
+				asked = append(asked, domain+"/"+name)
+				return tt.busy
+			}}
+			tt.give.Domain = "d"
+			obs.Observe(context.Background(), &tt.give)
+			if got := o.Global().Stats(now); got.Count != tt.want.Count || got.Errors != tt.want.Errors || got.Overloads != tt.want.Overloads {
+				t.Errorf("Stats = %+v, want %+v", got, tt.want)
+			}
+			for _, a := range asked {
+				if a != "d/m" {
+					t.Errorf("busy asked for %q, want d/m", a)
+				}
+			}
+		})
+	}
 }

@@ -38,6 +38,8 @@ type sheddingView struct {
 	Shadow     bool           `json:"shadow,omitempty"`
 	MinFactor  float64        `json:"min_factor,omitempty"`
 	Scope      string         `json:"scope"`
+	// BurstFloor is shown, in effect, when a step turns bursts down.
+	BurstFloor string `json:"burst_floor,omitempty"`
 }
 
 type shedStepView struct {
@@ -62,21 +64,26 @@ func newSheddingView(s *limit.Shedding) *sheddingView {
 	}
 	for _, st := range s.Steps {
 		v.Steps = append(v.Steps, shedStepView{Above: st.Above, Shed: st.Shed, AdmitOnly: st.AdmitOnly, LimitFactor: st.LimitFactor, NoBurst: st.NoBurst, Continuous: st.Continuous})
+		if st.NoBurst {
+			v.BurstFloor = s.EffectiveBurstFloor().String()
+		}
 	}
 	return v
 }
 
 // breakerView is a breaker's configuration with its defaults filled.
 type breakerView struct {
-	Key              string `json:"key"`
-	FailureThreshold uint64 `json:"failure_threshold"`
-	Window           string `json:"window"`
-	OpenFor          string `json:"open_for"`
-	HalfOpenProbes   uint64 `json:"half_open_probes"`
-	CloseAfter       uint64 `json:"close_after"`
-	ProbeLease       string `json:"probe_lease"`
-	Timeout          string `json:"timeout,omitempty"`
-	Cache            string `json:"cache"`
+	Key              string  `json:"key"`
+	FailureThreshold uint64  `json:"failure_threshold"`
+	FailureRate      float64 `json:"failure_rate,omitempty"`
+	MinRequests      uint64  `json:"min_requests,omitempty"`
+	Window           string  `json:"window"`
+	OpenFor          string  `json:"open_for"`
+	HalfOpenProbes   uint64  `json:"half_open_probes"`
+	CloseAfter       uint64  `json:"close_after"`
+	ProbeLease       string  `json:"probe_lease"`
+	Timeout          string  `json:"timeout,omitempty"`
+	Cache            string  `json:"cache"`
 }
 
 func newBreakerViews(bs []limit.BreakerConfig) []breakerView {
@@ -85,7 +92,8 @@ func newBreakerViews(bs []limit.BreakerConfig) []breakerView {
 		if full, err := b.WithDefaults(); err == nil {
 			b = full
 		}
-		v := breakerView{Key: b.Key, FailureThreshold: b.FailureThreshold, Window: b.Window.String(), OpenFor: b.OpenFor.String(),
+		v := breakerView{Key: b.Key, FailureThreshold: b.FailureThreshold, FailureRate: b.FailureRate, MinRequests: b.MinRequests,
+			Window: b.Window.String(), OpenFor: b.OpenFor.String(),
 			HalfOpenProbes: b.HalfOpenProbes, CloseAfter: b.CloseAfter, ProbeLease: b.ProbeLease.String(), Cache: b.Cache.String()}
 		if b.Timeout > 0 {
 			v.Timeout = b.Timeout.String()

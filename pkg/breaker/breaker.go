@@ -7,6 +7,12 @@
 //   - closed: every request is allowed. Each failure reported by any
 //     replica's access log is kept with its time; FailureThreshold failures
 //     within Window (a failure at t counts while now - t < Window) open it.
+//     Rated (Config.FailureRate or MinRequests set), failures and
+//     successes are counted in RateBuckets buckets across Window instead,
+//     and a failure opens it when the failures reach FailureThreshold,
+//     their share FailureRate and the outcomes MinRequests
+//     (docs/breaker.md). Successes reach the store in batches (Observe).
+//     Overload answers (Classify) never count.
 //   - open: every request is denied, with RetryAfter the time left, until
 //     OpenFor has passed since it opened.
 //   - half-open: at most HalfOpenProbes requests are in flight as probes,
@@ -123,7 +129,18 @@ type Params struct {
 	HalfOpenProbes   uint64
 	CloseAfter       uint64
 	ProbeLease       time.Duration
+	// FailureRate and MinRequests, when either is set (Rated), make a
+	// closed breaker count failures and successes in RateBuckets buckets
+	// and open on all three of FailureThreshold, FailureRate and
+	// MinRequests (see Cell.Record).
+	FailureRate float64
+	MinRequests uint64
 }
+
+// Rated says whether p opens on a failure rate with a minimum volume,
+// which needs the successes counted, rather than on a count of failures
+// alone.
+func (p Params) Rated() bool { return p.FailureRate > 0 || p.MinRequests > 0 }
 
 func params(c Config) Params {
 	return Params{
@@ -133,6 +150,8 @@ func params(c Config) Params {
 		HalfOpenProbes:   c.HalfOpenProbes,
 		CloseAfter:       c.CloseAfter,
 		ProbeLease:       c.ProbeLease,
+		FailureRate:      c.FailureRate,
+		MinRequests:      c.MinRequests,
 	}
 }
 
@@ -155,6 +174,9 @@ type Status struct {
 	State State
 	// Failures counted in the window (closed).
 	Failures uint64
+	// Volume is the failures and successes counted in the window (closed
+	// and rated; 0 otherwise).
+	Volume uint64
 	// OpenUntil is when an open breaker goes half-open (zero otherwise).
 	OpenUntil time.Time
 	// Probes in flight and probe successes so far (half-open).
@@ -189,9 +211,16 @@ type Store interface {
 	State(ctx context.Context, now time.Time, key string, p Params) (Status, error)
 }
 
-// Report is one request's outcome for Store.Record.
+// Report is one request's outcome for Store.Record, or a batch of
+// successes.
 type Report struct {
-	Success bool
+	// Successes, when set, makes the Report a batch of that many
+	// successes seen by one replica (Cell.Count): a rated breaker needs
+	// them for its rate and volume, and one store call per batch, not per
+	// request, keeps them cheap. Success, ProbeID and Once are then
+	// empty.
+	Successes uint64
+	Success   bool
 	// ProbeID is the Verdict's ProbeID when the request was a probe.
 	ProbeID string
 	// Once names the request (its ticket's ID), so that its failure
@@ -215,13 +244,23 @@ func OnceKey(key, once string) string { return key + ":once:" + once }
 func OnceTTL(p Params) time.Duration { return max(p.Window, Retain) }
 
 // CheckReport rejects a Report a Store would not key: a Once over
-// MaxOnceBytes.
+// MaxOnceBytes, or a batch of Successes with anything else set.
 func CheckReport(r Report) error {
 	if len(r.Once) > MaxOnceBytes {
 		return fmt.Errorf("%w: once ID is %d bytes, at most %d", limit.ErrInvalid, len(r.Once), MaxOnceBytes)
 	}
+	if r.Successes > 0 && (r.Success || r.ProbeID != "" || r.Once != "") {
+		return fmt.Errorf("%w: a batch of successes carries no outcome, probe or once ID", limit.ErrInvalid)
+	}
+	if r.Successes > MaxBatch {
+		return fmt.Errorf("%w: a batch of %d successes, at most %d", limit.ErrInvalid, r.Successes, MaxBatch)
+	}
 	return nil
 }
+
+// MaxBatch bounds Report.Successes, so that a count stays exact in the
+// doubles of Redis' Lua.
+const MaxBatch = 1 << 40
 
 // MaxProbeIDBytes bounds a probe ID a Store accepts.
 const MaxProbeIDBytes = 64

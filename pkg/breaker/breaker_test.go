@@ -32,6 +32,7 @@ func TestClassify(t *testing.T) {
 		return breaker.Facts{Details: "downstream_remote_disconnect", Flags: breaker.FlagDownstreamConnectionTermination,
 			Duration: d, Upstream: "gpu", Received: true, Sent: true, SentAt: time.Second}
 	}
+	busy := func(f breaker.Facts) breaker.Facts { f.Upstream = "busy"; return f }
 	tests := []struct {
 		name string
 		give breaker.Facts
@@ -40,7 +41,15 @@ func TestClassify(t *testing.T) {
 		{name: "200", give: up(200), want: breaker.Success},
 		{name: "399", give: up(399), want: breaker.Success},
 		{name: "101", give: up(101), want: breaker.Neutral},
-		{name: "429 from the upstream", give: up(429), want: breaker.Failure},
+		{name: "429 from the upstream", give: up(429), want: breaker.Overload},
+		{name: "503 from a busy upstream", give: busy(up(503)), want: breaker.Overload},
+		{name: "504 from a busy upstream", give: busy(up(504)), want: breaker.Overload},
+		{name: "500 from a busy upstream", give: busy(up(500)), want: breaker.Failure},
+		{name: "503", give: up(503), want: breaker.Failure},
+		{name: "504", give: up(504), want: breaker.Failure},
+		{name: "timeout on a busy upstream", give: busy(with(up(0), breaker.FlagUpstreamRequestTimeout)), want: breaker.Overload},
+		{name: "reset on a busy upstream", give: busy(with(up(503), breaker.FlagUpstreamRemoteReset)), want: breaker.Failure},
+		{name: "envoy overflow", give: with(breaker.Facts{Status: 503}, breaker.FlagUpstreamOverflow), want: breaker.Overload},
 		{name: "404", give: up(404), want: breaker.Neutral},
 		{name: "408", give: up(408), want: breaker.Neutral},
 		{name: "500", give: up(500), want: breaker.Failure},
@@ -63,7 +72,9 @@ func TestClassify(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			if got := breaker.Classify(cfg(), breaker.Outcome{Facts: tt.give, Name: "m"}); got != tt.want {
+			// The upstream named "busy" stands for one at its capacity.
+			o := breaker.Outcome{Facts: tt.give, Name: "m", Busy: tt.give.Upstream == "busy"}
+			if got := breaker.Classify(cfg(), o); got != tt.want {
 				t.Errorf("Classify = %v, want %v", got, tt.want)
 			}
 		})
@@ -452,5 +463,154 @@ func TestSettlingIgnoresBreakers(t *testing.T) {
 	// 1000 - 400 + 100 twice: both settlements, open and half-open.
 	if got := remaining(); got != 400 {
 		t.Fatalf("budget %d after two reports of 400 and two refunds of 100, want 400", got)
+	}
+}
+
+// recordingBreakers keeps the Reports that reach the store.
+type recordingBreakers struct {
+	breaker.Store
+	reports []breaker.Report
+}
+
+func (r *recordingBreakers) Record(ctx context.Context, now time.Time, key string, p breaker.Params, rep breaker.Report) (breaker.Transition, error) {
+	r.reports = append(r.reports, rep)
+	return r.Store.Record(ctx, now, key, p, rep)
+}
+
+// TestBreakerRatedBatches: a rated breaker's successes reach the store in
+// batches, about one per Cache, not one per request; a failure sends the
+// waiting batch first, so the store weighs it against every success; an
+// unrated breaker sends each success as before.
+func TestBreakerRatedBatches(t *testing.T) {
+	t.Parallel()
+	ok := breaker.Outcome{Facts: breaker.Facts{Status: 200, Details: breaker.DetailsViaUpstream}, Name: "m"}
+	fail := breaker.Outcome{Facts: breaker.Facts{Status: 500, Details: breaker.DetailsViaUpstream}, Name: "m"}
+	tests := []struct {
+		name        string
+		rate        float64
+		min         uint64
+		wantRecords int // for 1000 successes over 1s
+		wantState   breaker.State
+	}{
+		{name: "rated", rate: 0.5, min: 10, wantRecords: 9, wantState: breaker.Closed},
+		// 1 failure >= failure_threshold 1, in 1001 >= min_requests 10.
+		{name: "min requests alone", min: 10, wantRecords: 9, wantState: breaker.Open},
+		{name: "unrated", wantRecords: 1000, wantState: breaker.Open},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			store := &recordingBreakers{Store: memstore.NewBreakers()}
+			c := breaker.Config{Key: "model", FailureThreshold: 1, FailureRate: tt.rate, MinRequests: tt.min,
+				Window: 10 * time.Second, OpenFor: time.Second, Cache: 100 * time.Millisecond}
+			b, err := breaker.New(c, store)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			for i := range 1000 {
+				if err := b.Observe(ctx, t0.Add(time.Duration(i)*time.Millisecond), ok); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := len(store.reports); got != tt.wantRecords {
+				t.Errorf("%d store calls for 1000 successes, want %d", got, tt.wantRecords)
+			}
+			now := t0.Add(time.Second)
+			if err := b.Observe(ctx, now, fail); err != nil {
+				t.Fatal(err)
+			}
+			st, err := b.State(ctx, now, "m")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.State != tt.wantState {
+				t.Errorf("after the failure: %v, want %v", st.State, tt.wantState)
+			}
+			if tt.wantState == breaker.Closed && (st.Volume != 1001 || st.Failures != 1) {
+				t.Errorf("status %+v, want 1 failure in 1001: the batch waiting went first", st)
+			}
+			if c.FailureRate > 0 || c.MinRequests > 0 {
+				var sent uint64
+				for _, r := range store.reports {
+					sent += r.Successes
+				}
+				if sent != 1000 {
+					t.Errorf("%d successes sent, want 1000", sent)
+				}
+			}
+		})
+	}
+}
+
+// TestBreakerRatedOutage: a vendor outage at low load (10 requests a
+// second, all failing) opens a breaker sized as docs/breaker.md says
+// (failure_rate 0.5, min_requests 10, window 10s) at the tenth failure,
+// about a second in; the same load with one failure in ten never does.
+func TestBreakerRatedOutage(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name      string
+		failEvery int
+		wantOpen  time.Duration // -1: never
+	}{
+		{name: "every request fails", failEvery: 1, wantOpen: 900 * time.Millisecond},
+		{name: "one in ten fails", failEvery: 10, wantOpen: -1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := breaker.Config{Key: "model", FailureThreshold: 5, FailureRate: 0.5, MinRequests: 10,
+				Window: 10 * time.Second, OpenFor: time.Second}
+			b, err := breaker.New(c, memstore.NewBreakers())
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			opened := time.Duration(-1)
+			for i := range 300 { // 30s
+				at := time.Duration(i) * 100 * time.Millisecond
+				o := breaker.Outcome{Facts: breaker.Facts{Status: 200, Details: breaker.DetailsViaUpstream}, Name: "m"}
+				if i%tt.failEvery == 0 {
+					o.Status = 500
+				}
+				if err := b.Observe(ctx, t0.Add(at), o); err != nil {
+					t.Fatal(err)
+				}
+				if st, _ := b.State(ctx, t0.Add(at), "m"); st.State == breaker.Open {
+					opened = at
+					break
+				}
+			}
+			if opened != tt.wantOpen {
+				t.Errorf("opened at %v, want %v (-1: never)", opened, tt.wantOpen)
+			}
+		})
+	}
+}
+
+// BenchmarkBreakerObserveSuccess measures a success outcome through a
+// Breaker on memstore: unrated, it is one store call; rated, it joins a
+// batch (one store call per Cache).
+func BenchmarkBreakerObserveSuccess(b *testing.B) {
+	for _, bb := range []struct {
+		name string
+		rate float64
+	}{{"Unrated", 0}, {"Rated", 0.5}} {
+		b.Run(bb.name, func(b *testing.B) {
+			br, err := breaker.New(breaker.Config{Key: "model", FailureThreshold: 5, FailureRate: bb.rate,
+				Window: 10 * time.Second, OpenFor: time.Second}, memstore.NewBreakers())
+			if err != nil {
+				b.Fatal(err)
+			}
+			o := breaker.Outcome{Facts: breaker.Facts{Status: 200, Details: breaker.DetailsViaUpstream}, Name: "gpt-4o"}
+			ctx := context.Background()
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				if err := br.Observe(ctx, t0.Add(time.Duration(i)*time.Microsecond), o); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

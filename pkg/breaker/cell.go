@@ -18,11 +18,33 @@ type Cell struct {
 	// Successes counts the period's probe successes.
 	Successes uint64
 	// Failures holds the times of the failures counted while closed, at
-	// most FailureThreshold-1 of them.
+	// most FailureThreshold-1 of them; without Params.Rated only.
 	Failures []int64
+	// Counts holds, with Params.Rated, the failures and successes counted
+	// while closed, in RateBuckets buckets across the Window, oldest
+	// first: at most RateBuckets of them, whatever the traffic.
+	Counts []Bucket
 	// Probes holds the half-open slots. A slot is held until its
 	// Deadline; only the probe ID of a held slot moves a half-open cell.
 	Probes []Probe
+}
+
+// Bucket is one slice of a rated Cell's window: the outcomes counted in
+// bucket number At (Unix ms / BucketWidth).
+type Bucket struct {
+	At                  int64
+	Failures, Successes uint64
+}
+
+// RateBuckets is how many buckets a rated Cell's Window is cut into: a
+// failure or success counts while its bucket is one of the last
+// RateBuckets, so for between Window - Window/RateBuckets and Window.
+const RateBuckets = 10
+
+// BucketWidth is the width in ms of a rated Cell's buckets: Window /
+// RateBuckets rounded up, at least 1ms.
+func BucketWidth(p Params) int64 {
+	return max((ms(p.Window)+RateBuckets-1)/RateBuckets, 1)
 }
 
 // Probe is one half-open slot: the probe ID the caller of Allow chose
@@ -68,6 +90,9 @@ func (c *Cell) Allow(now int64, p Params, id string) (Verdict, Transition) {
 func (c *Cell) Record(now int64, p Params, success bool, probeID string) Transition {
 	switch c.State {
 	case Closed:
+		if p.Rated() {
+			return c.count(now, p, !success, b2u(success))
+		}
 		if success {
 			return Transition{}
 		}
@@ -94,6 +119,57 @@ func (c *Cell) Record(now int64, p Params, success bool, probeID string) Transit
 		}
 	}
 	return Transition{From: c.State, To: c.State}
+}
+
+// Count takes a batch of successes at now (Report.Successes): while
+// closed and rated they count toward the volume and lower the rate; in
+// any other state, or unrated, they change nothing. A batch never opens.
+func (c *Cell) Count(now int64, p Params, successes uint64) Transition {
+	if c.State != Closed || !p.Rated() || successes == 0 {
+		return Transition{From: c.State, To: c.State}
+	}
+	return c.count(now, p, false, successes)
+}
+
+// count adds to the current bucket of a closed rated cell and opens it
+// when, within the window, failures >= FailureThreshold, failures /
+// (failures + successes) >= FailureRate and failures + successes >=
+// MinRequests. Only a failure can open it.
+func (c *Cell) count(now int64, p Params, failed bool, successes uint64) Transition {
+	w := BucketWidth(p)
+	at := now / w
+	c.Counts = slices.DeleteFunc(c.Counts, func(b Bucket) bool { return b.At <= at-RateBuckets || b.At > at })
+	if n := len(c.Counts); n == 0 || c.Counts[n-1].At != at {
+		c.Counts = append(c.Counts, Bucket{At: at})
+	}
+	cur := &c.Counts[len(c.Counts)-1]
+	cur.Successes += successes
+	if !failed {
+		return Transition{}
+	}
+	cur.Failures++
+	f, s := c.sums()
+	if f >= p.FailureThreshold && float64(f) >= p.FailureRate*float64(f+s) && f+s >= p.MinRequests {
+		c.open(now, p)
+		return Transition{From: Closed, To: Open}
+	}
+	return Transition{}
+}
+
+// sums adds up the cell's buckets.
+func (c *Cell) sums() (failures, successes uint64) {
+	for _, b := range c.Counts {
+		failures += b.Failures
+		successes += b.Successes
+	}
+	return failures, successes
+}
+
+func b2u(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // slot is the index of probeID's slot, -1 for none; an empty ID holds
@@ -136,6 +212,17 @@ func (c *Cell) Status(now int64, p Params) Status {
 		}
 		return Status{State: HalfOpen, Probes: live, Successes: c.Successes}
 	}
+	if p.Rated() {
+		at := now / BucketWidth(p)
+		var st Status
+		for _, b := range c.Counts {
+			if b.At > at-RateBuckets && b.At <= at {
+				st.Failures += b.Failures
+				st.Volume += b.Failures + b.Successes
+			}
+		}
+		return st
+	}
 	var n uint64
 	for _, t := range c.Failures {
 		if t > now-ms(p.Window) {
@@ -149,10 +236,15 @@ func (c *Cell) Status(now int64, p Params) Status {
 // (an open or half-open one: is forgotten), 0 when it is fresh already.
 func (c *Cell) Expiry(p Params) int64 {
 	if c.State == Closed {
-		if len(c.Failures) == 0 {
-			return 0
+		var e int64
+		if len(c.Failures) > 0 {
+			e = slices.Max(c.Failures) + ms(p.Window)
 		}
-		return slices.Max(c.Failures) + ms(p.Window)
+		for _, b := range c.Counts {
+			// A bucket counts until RateBuckets buckets after it begin.
+			e = max(e, (b.At+RateBuckets)*BucketWidth(p))
+		}
+		return e
 	}
 	e := c.Until
 	for _, x := range c.Probes {

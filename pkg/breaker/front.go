@@ -24,6 +24,18 @@ type Breaker struct {
 	n         atomic.Int64 // entries in tracked; written under mu
 	untracked atomic.Uint64
 	trans     [3][3]atomic.Uint64
+	classes   [numClasses]atomic.Uint64
+
+	// batches are the successes of a rated breaker not yet sent, by name
+	// (at most MaxTracked names; past that a success goes alone).
+	bmu     sync.Mutex
+	batches map[string]*batch
+}
+
+// batch is one name's successes waiting to be sent.
+type batch struct {
+	n     uint64
+	since int64 // Unix ms of the first
 }
 
 // seen is the last state a Breaker saw of one name.
@@ -44,7 +56,7 @@ func New(cfg Config, store Store) (*Breaker, error) {
 	if store == nil {
 		return nil, fmt.Errorf("breaker %q: a Store is required", cfg.Key)
 	}
-	return &Breaker{cfg: cfg, p: params(cfg), store: store}, nil
+	return &Breaker{cfg: cfg, p: params(cfg), store: store, batches: map[string]*batch{}}, nil
 }
 
 // Config returns the configuration, defaults filled.
@@ -164,17 +176,91 @@ func (b *Breaker) State(ctx context.Context, now time.Time, name string) (Status
 }
 
 // Observe takes o's outcome as Classify names it: a failure or a success
-// is recorded; a neutral outcome counts nothing, and frees the slot of a
-// probe, which then told nothing about the upstream (it never closes the
-// breaker: only a success does).
+// is recorded; a neutral or overload outcome counts nothing, and frees
+// the slot of a probe, which then told nothing about whether the upstream
+// is broken (it never closes the breaker: only a success does). Every
+// class is counted for Outcomes.
 func (b *Breaker) Observe(ctx context.Context, now time.Time, o Outcome) error {
-	switch Classify(b.cfg, o) {
+	c := Classify(b.cfg, o)
+	if o.Name != "" {
+		b.classes[c].Add(1)
+	}
+	switch c {
 	case Failure:
+		// A rated breaker weighs the failure against the successes: send
+		// the ones waiting first, so the store sees them all.
+		if err := b.flush(ctx, now, o.Name); err != nil {
+			return err
+		}
 		return b.Record(ctx, now, o.Name, Report{ProbeID: o.ProbeID, Once: o.Once})
 	case Success:
+		if b.p.Rated() && o.ProbeID == "" {
+			return b.succeed(ctx, now, o.Name)
+		}
 		return b.Record(ctx, now, o.Name, Report{Success: true, ProbeID: o.ProbeID, Once: o.Once})
 	}
 	return b.Release(ctx, now, o.Name, o.ProbeID)
+}
+
+// succeed counts a success of a rated breaker's name toward its batch,
+// and sends the batch once it is Config.Cache old: one store call per
+// name per Cache, not one per request, and a breaker opened elsewhere is
+// seen within Cache anyway. A batch still waiting when the name's next
+// failure comes goes first (flush).
+func (b *Breaker) succeed(ctx context.Context, now time.Time, name string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	ms := now.UnixMilli()
+	b.bmu.Lock()
+	e := b.batches[name]
+	if e == nil {
+		if len(b.batches) >= MaxTracked {
+			b.bmu.Unlock()
+			return b.Record(ctx, now, name, Report{Successes: 1})
+		}
+		e = &batch{since: ms}
+		b.batches[name] = e
+	}
+	e.n++
+	if ms-e.since < b.cfg.Cache.Milliseconds() {
+		b.bmu.Unlock()
+		return nil
+	}
+	n := e.n
+	delete(b.batches, name)
+	b.bmu.Unlock()
+	return b.Record(ctx, now, name, Report{Successes: n})
+}
+
+// flush sends name's waiting successes, if any.
+func (b *Breaker) flush(ctx context.Context, now time.Time, name string) error {
+	b.bmu.Lock()
+	e := b.batches[name]
+	delete(b.batches, name)
+	b.bmu.Unlock()
+	if e == nil {
+		return nil
+	}
+	return b.Record(ctx, now, name, Report{Successes: e.n})
+}
+
+// Flush sends every name's waiting successes (a rated breaker's; see
+// Observe), and returns the first error.
+func (b *Breaker) Flush(ctx context.Context, now time.Time) error {
+	b.bmu.Lock()
+	names := make([]string, 0, len(b.batches))
+	for name := range b.batches {
+		names = append(names, name)
+	}
+	b.bmu.Unlock()
+	var first error
+	for _, name := range names {
+		if err := b.flush(ctx, now, name); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 func (b *Breaker) count(tr Transition) {
@@ -292,3 +378,21 @@ func (b *Breaker) Transitions() []TransitionCount {
 // Untracked counts the times a name was left out of the tracked set
 // because it was full.
 func (b *Breaker) Untracked() uint64 { return b.untracked.Load() }
+
+// ClassCount is how many outcomes this replica's Observe classified as
+// Class.
+type ClassCount struct {
+	Class Class
+	N     uint64
+}
+
+// Outcomes lists the classes with their counts, zeros included, so a
+// counter exists from the start. Outcomes without a name (the request
+// did not carry the breaker's key) are not counted.
+func (b *Breaker) Outcomes() []ClassCount {
+	out := make([]ClassCount, numClasses)
+	for c := range Class(numClasses) {
+		out[c] = ClassCount{Class: c, N: b.classes[c].Load()}
+	}
+	return out
+}

@@ -13,9 +13,19 @@ const (
 	Neutral Class = iota
 	// Success is a clean 2xx or 3xx from the upstream.
 	Success
-	// Failure is the upstream failing: a 5xx or 429 it sent, a connection
-	// it refused or reset, or a timeout waiting for it.
+	// Failure is the upstream failing: a 5xx it sent (a 503 or 504 only
+	// while it was not busy), a connection it refused or reset, or a
+	// timeout waiting for it while it was not busy.
 	Failure
+	// Overload is the upstream, or Envoy in front of it, turning work
+	// away for want of capacity: the vendor's 429, Envoy's cluster
+	// overflow (UO), and a 503, 504 or timeout (UT) while the upstream
+	// was busy (Outcome.Busy). It never counts toward opening a breaker:
+	// a busy upstream is not a broken one, and shedding, not the
+	// breaker, is what relieves it. Pressure counts it.
+	Overload
+
+	numClasses = iota
 )
 
 func (c Class) String() string {
@@ -24,6 +34,8 @@ func (c Class) String() string {
 		return "success"
 	case Failure:
 		return "failure"
+	case Overload:
+		return "overload"
 	}
 	return "neutral"
 }
@@ -62,17 +74,20 @@ const (
 	// FlagDownstreamRemoteReset (DR): the client reset its HTTP/2 or
 	// HTTP/3 stream.
 	FlagDownstreamRemoteReset
+	// FlagUpstreamOverflow (UO): Envoy's circuit breaker on the cluster
+	// (max requests, pending or retries) refused the request.
+	FlagUpstreamOverflow
 	// FlagOther is any other flag: a local reply or reset by Envoy or a
 	// filter (RL, UAEX, RLSE, NR, NC, FI, OM, DO, IH, DPE, LH, NFCF,
-	// RFCF), Envoy's own capacity or duration caps (UO, DT, UMSDR), a
-	// local reset (LR), or retries exhausted (URX).
+	// RFCF), Envoy's own duration caps (DT, UMSDR), a local reset (LR),
+	// or retries exhausted (URX).
 	FlagOther
 )
 
 // upstreamFailed are the flags that say the upstream failed, whatever
 // the status.
 const upstreamFailed = FlagUpstreamConnectionFailure | FlagUpstreamConnectionTermination |
-	FlagUpstreamRemoteReset | FlagUpstreamRequestTimeout | FlagNoHealthyUpstream |
+	FlagUpstreamRemoteReset | FlagNoHealthyUpstream |
 	FlagUpstreamProtocolError | FlagDNSResolutionFailure
 
 // clientEnded are the flags of a client that went away.
@@ -113,6 +128,11 @@ type Outcome struct {
 	Facts
 	// Name is the value of the breaker's descriptor key for the request.
 	Name string
+	// Busy says the upstream Name had as many requests in flight as its
+	// capacity when the request finished (a BusyFunc's answer): its 503,
+	// 504 or timeout is then Overload, not Failure. Only read when
+	// MayBeOverload(Facts).
+	Busy bool
 	// ProbeID is the Verdict's ProbeID when the request was a probe.
 	ProbeID string
 	// Once, when set, names the request (its ticket's ID): its failure
@@ -120,50 +140,86 @@ type Outcome struct {
 	Once string
 }
 
+// BusyFunc says whether the upstream name (a breaker's value, usually a
+// model) of domain has as many requests in flight as its capacity now.
+// A nil BusyFunc is never busy.
+type BusyFunc func(domain, name string) bool
+
 // Classify says what o tells of its upstream under c, following the
 // table in docs/outcome-classes.md, first match wins:
 //
 //  1. no Name: Neutral.
-//  2. UF, UC, UR, UT, UH, UPE or DF: Failure, whatever the status.
-//  3. SI: Failure when Envoy had the whole request and had sent it upstream
+//  2. UT (Envoy's timeout waiting for the upstream): Overload when Busy,
+//     else Failure.
+//  3. UF, UC, UR, UH, UPE or DF: Failure, whatever the status.
+//  4. UO (Envoy's own cluster circuit breaker refused): Overload.
+//  5. SI: Failure when Envoy had the whole request and had sent it upstream
 //     and no byte came back (the upstream stayed silent); otherwise Neutral
 //     (the client stopped sending, or the answer had started and the client
 //     may have stopped reading).
-//  4. a status the upstream sent (Details via_upstream; or no Details, an
-//     Upstream and no flags, from an old Envoy): 5xx or 429 is a Failure;
+//  6. a status the upstream sent (Details via_upstream; or no Details, an
+//     Upstream and no flags, from an old Envoy): 429 is Overload; 503 or
+//     504 is Overload when Busy, else Failure; another 5xx is a Failure;
 //     2xx or 3xx with no flag at all is a Success; anything else (408,
 //     other 4xx, a 2xx the client cut with DC) is Neutral.
-//  5. the client went away (Status 0, DC or DR): Failure only when
+//  7. the client went away (Status 0, DC or DR): Failure only when
 //     c.Timeout is set and the upstream had had the whole request for at
 //     least Timeout without a byte back; otherwise Neutral.
-//  6. anything else is a reply by Envoy or a filter (Tollgate's own
-//     denials, rate limits, no route, Envoy's overflow and overload caps):
-//     Neutral.
+//  8. anything else is a reply by Envoy or a filter (Tollgate's own
+//     denials, rate limits, no route, Envoy's overload manager): Neutral.
 func Classify(c Config, o Outcome) Class {
-	switch {
-	case o.Name == "":
+	if o.Name == "" {
 		return Neutral
-	case o.Flags&upstreamFailed != 0:
+	}
+	return ClassifyFacts(o.Facts, o.Busy, c.Timeout)
+}
+
+// ClassifyFacts is Classify for a request that has a name: rules 2 to 8,
+// with busy as Outcome.Busy and timeout as Config.Timeout. Pressure
+// classifies with it, for requests with or without a breaker.
+func ClassifyFacts(f Facts, busy bool, timeout time.Duration) Class {
+	switch {
+	case f.Flags&FlagUpstreamRequestTimeout != 0:
+		if busy {
+			return Overload
+		}
 		return Failure
-	case o.Flags&FlagStreamIdleTimeout != 0:
-		if o.Received && o.Sent && !o.Answered {
+	case f.Flags&upstreamFailed != 0:
+		return Failure
+	case f.Flags&FlagUpstreamOverflow != 0:
+		return Overload
+	case f.Flags&FlagStreamIdleTimeout != 0:
+		if f.Received && f.Sent && !f.Answered {
 			return Failure
 		}
 		return Neutral
-	case o.Status != 0 && viaUpstream(o.Facts):
+	case f.Status != 0 && viaUpstream(f):
 		switch {
-		case o.Status >= 500 && o.Status < 600, o.Status == 429:
+		case f.Status == 429:
+			return Overload
+		case f.Status == 503 || f.Status == 504:
+			if busy {
+				return Overload
+			}
 			return Failure
-		case o.Status >= 200 && o.Status < 400 && o.Flags == 0:
+		case f.Status >= 500 && f.Status < 600:
+			return Failure
+		case f.Status >= 200 && f.Status < 400 && f.Flags == 0:
 			return Success
 		}
 		return Neutral
-	case o.Status == 0 || o.Flags&clientEnded != 0:
-		if c.Timeout > 0 && o.Sent && !o.Answered && o.Duration-o.SentAt >= c.Timeout {
+	case f.Status == 0 || f.Flags&clientEnded != 0:
+		if timeout > 0 && f.Sent && !f.Answered && f.Duration-f.SentAt >= timeout {
 			return Failure
 		}
 	}
 	return Neutral
+}
+
+// MayBeOverload says whether busy can change f's class: a caller asks
+// its BusyFunc only then, so that the common outcome costs no lookup.
+func MayBeOverload(f Facts) bool {
+	return ClassifyFacts(f, false, 0) != ClassifyFacts(f, true, 0)
 }
 
 // viaUpstream says whether f's status came from the upstream.

@@ -42,16 +42,19 @@
 //	      shed: [free]                 #     (Optional) tiers refused
 //	      admit_only: [premium]        #     (Optional) the only tiers admitted
 //	      limit_factor: 0.7            #     (Optional) scales every limit, in (0,1]; default 1
-//	      burst: false                 #     (Optional) false: token buckets get a burst of 1; default true
+//	      burst: false                 #     (Optional) false: token buckets' bursts shrink to burst_floor; default true
 //	      continuous: false            #     (Optional) limit x limit_factor x (1 - pressure); default false
 //	  hysteresis: 0.05                 #   (Optional) a step is left below above - hysteresis, in [0,1); default 0
 //	  hold: 30s                        #   (Optional) a step is left no sooner than this; also Retry-After; default 0 (1s)
 //	  shadow: false                    #   (Optional) count what would be shed, shed nothing; default false
 //	  min_factor: 0.1                  #   (Required with a continuous step) floor of the continuous factor, in (0,1]
 //	  scope: global                    #   (Optional) global|model: the pressure a request reads; default global
+//	  burst_floor: 1s                  #   (Optional) burst: false leaves a token bucket what it refills in this, at least 1; default 1s
 //	breakers:                          # (Optional) circuit breakers shared by all replicas; default none
 //	  - key: model                     #   (Required) one breaker per value of this descriptor entry; one per key
 //	    failure_threshold: 5           #   (Required) upstream failures (docs/outcome-classes.md) within window that open it
+//	    failure_rate: 0.5              #   (Optional) also needs failures/(failures+successes) within window at least this, in (0,1]
+//	    min_requests: 10               #   (Optional) also needs failures+successes within window at least this; docs/breaker.md
 //	    window: 60s                    #   (Required) how long a failure counts
 //	    open_for: 30s                  #   (Required) open this long, then half-open
 //	    half_open_probes: 1            #   (Optional) probes in flight cluster-wide while half-open; default 1
@@ -105,9 +108,9 @@ const (
 var (
 	fileKeys       = []string{"domain", "algorithm", "descriptors", "tiers", "shedding", "breakers", "store_failure"}
 	tiersKeys      = []string{"key", "default", "plans"}
-	sheddingKeys   = []string{"steps", "hysteresis", "hold", "shadow", "min_factor", "scope"}
+	sheddingKeys   = []string{"steps", "hysteresis", "hold", "shadow", "min_factor", "scope", "burst_floor"}
 	stepKeys       = []string{"above", "shed", "admit_only", "limit_factor", "burst", "continuous"}
-	breakerKeys    = []string{"key", "failure_threshold", "window", "open_for", "half_open_probes", "close_after", "probe_lease", "timeout", "cache"}
+	breakerKeys    = []string{"key", "failure_threshold", "failure_rate", "min_requests", "window", "open_for", "half_open_probes", "close_after", "probe_lease", "timeout", "cache"}
 	descriptorKeys = []string{
 		"key", "value", "rate_limit", "token_limit", "shadow_mode", "detailed_metric", "descriptors",
 		"quota_mode", "value_to_metric", "share_threshold", "max_concurrent", "store_failure",
@@ -965,6 +968,10 @@ func (w *walker) shedding(n *yaml.Node) *limit.Shedding {
 		at["scope"] = v
 		s.Scope, _ = w.str(v, path+".scope")
 	}
+	if v, has := f["burst_floor"]; has {
+		at["burst_floor"] = v
+		s.BurstFloor, _ = w.duration(v, path+".burst_floor")
+	}
 	s.Shadow = w.flag(f, "shadow", path)
 	if len(w.problems) != before {
 		return nil
@@ -1073,10 +1080,19 @@ func (w *walker) breaker(n *yaml.Node, path string) (limit.BreakerConfig, bool) 
 	for _, u := range []struct {
 		name string
 		to   *uint64
-	}{{"failure_threshold", &b.FailureThreshold}, {"half_open_probes", &b.HalfOpenProbes}, {"close_after", &b.CloseAfter}} {
+	}{{"failure_threshold", &b.FailureThreshold}, {"min_requests", &b.MinRequests}, {"half_open_probes", &b.HalfOpenProbes}, {"close_after", &b.CloseAfter}} {
 		if v, has := f[u.name]; has {
 			at[u.name] = v
 			*u.to, _ = w.uint(v, path+"."+u.name, 1, 1<<32)
+		}
+	}
+	if v, has := f["failure_rate"]; has {
+		at["failure_rate"] = v
+		// 0 means off in limit.BreakerConfig; written out, it is a mistake.
+		if r, ok := w.float(v, path+".failure_rate"); ok && r == 0 {
+			w.addf(v, path+".failure_rate", "failure_rate must be in (0,1], not 0")
+		} else {
+			b.FailureRate = r
 		}
 	}
 	for _, d := range []struct {

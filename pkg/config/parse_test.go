@@ -259,6 +259,11 @@ testdata/bad/tiers_rule_uses_key.yaml:11: descriptors[2].key: tier is the tiers.
 			want: `testdata/bad/shedding_bad_hold.yaml:3: shedding.hold: "soon" is not a duration such as 30s or 10m`,
 		},
 		{
+			name: "shedding bad burst floor",
+			give: "shedding_bad_burst_floor.yaml",
+			want: `testdata/bad/shedding_bad_burst_floor.yaml:3: shedding.burst_floor: 10µs is not at least 1ms`,
+		},
+		{
 			name: "shedding factor range",
 			give: "shedding_factor_range.yaml",
 			want: `testdata/bad/shedding_factor_range.yaml:5: shedding.steps[0].limit_factor: 1.5 is not in (0,1] (0: unchanged)`,
@@ -294,6 +299,21 @@ testdata/bad/store_failure_bad.yaml:9: descriptors[0].descriptors[0].store_failu
 			name: "breaker bad window",
 			give: "breaker_bad_window.yaml",
 			want: `testdata/bad/breaker_bad_window.yaml:5: breakers[0].window: window must be at least 1ms, not 0s`,
+		},
+		{
+			name: "breaker bad failure rate",
+			give: "breaker_bad_failure_rate.yaml",
+			want: `testdata/bad/breaker_bad_failure_rate.yaml:5: breakers[0].failure_rate: failure_rate must be in (0,1], not 1.5`,
+		},
+		{
+			name: "breaker zero failure rate",
+			give: "breaker_zero_failure_rate.yaml",
+			want: `testdata/bad/breaker_zero_failure_rate.yaml:5: breakers[0].failure_rate: failure_rate must be in (0,1], not 0`,
+		},
+		{
+			name: "breaker zero min requests",
+			give: "breaker_zero_min_requests.yaml",
+			want: `testdata/bad/breaker_zero_min_requests.yaml:5: breakers[0].min_requests: 0 is less than 1`,
 		},
 		{
 			name: "breaker bad cache",
@@ -594,6 +614,74 @@ func TestParseTiers(t *testing.T) {
 				t.Errorf("NewRuleSet: %v", err)
 			}
 		})
+	}
+}
+
+// TestParseOverload: the fields of issue 13's overload control, read
+// where a rules file puts them.
+func TestParseOverload(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name         string
+		give         string
+		wantShedding *limit.Shedding
+		wantBreakers []limit.BreakerConfig
+	}{
+		{
+			name: "failure rate and min requests",
+			give: "breakers: [{key: model, failure_threshold: 5, failure_rate: 0.5, min_requests: 10, window: 10s, open_for: 1s, half_open_probes: 1}]\n",
+			wantBreakers: []limit.BreakerConfig{{Key: "model", FailureThreshold: 5, FailureRate: 0.5, MinRequests: 10,
+				Window: 10 * time.Second, OpenFor: time.Second, HalfOpenProbes: 1}},
+		},
+		{
+			name:         "burst floor",
+			give:         "shedding: {burst_floor: 500ms, steps: [{above: 0.8, burst: false}]}\n",
+			wantShedding: &limit.Shedding{BurstFloor: 500 * time.Millisecond, Steps: []limit.ShedStep{{Above: 0.8, NoBurst: true}}},
+		},
+		{
+			name:         "no burst floor",
+			give:         "shedding: {steps: [{above: 0.8, burst: false}]}\n",
+			wantShedding: &limit.Shedding{Steps: []limit.ShedStep{{Above: 0.8, NoBurst: true}}},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			d, err := Parse("t.yaml", []byte("domain: d\n"+tt.give+"descriptors:\n  - {key: model, rate_limit: {unit: minute, requests_per_unit: 1}}\n"))
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			if !reflect.DeepEqual(d.Shedding, tt.wantShedding) {
+				t.Errorf("Shedding = %+v, want %+v", d.Shedding, tt.wantShedding)
+			}
+			if !reflect.DeepEqual(d.Breakers, tt.wantBreakers) {
+				t.Errorf("Breakers = %+v, want %+v", d.Breakers, tt.wantBreakers)
+			}
+			if _, err := limit.NewRuleSet(d); err != nil {
+				t.Errorf("NewRuleSet: %v", err)
+			}
+		})
+	}
+}
+
+// TestLoadOverload: the sized example of docs/breaker.md loads whole.
+func TestLoadOverload(t *testing.T) {
+	t.Parallel()
+	rs, err := Load(filepath.Join("testdata", "good", "overload.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := rs.Domain("inference")
+	if d == nil || d.Shedding == nil || len(d.Breakers) != 1 {
+		t.Fatalf("domain = %+v", d)
+	}
+	want := limit.BreakerConfig{Key: "model", FailureThreshold: 5, FailureRate: 0.5, MinRequests: 10, Window: 10 * time.Second,
+		OpenFor: time.Second, HalfOpenProbes: 1, CloseAfter: 1, ProbeLease: 5 * time.Second, Cache: 100 * time.Millisecond}
+	if d.Breakers[0] != want {
+		t.Errorf("breaker = %+v, want %+v", d.Breakers[0], want)
+	}
+	if d.Shedding.BurstFloor != time.Second {
+		t.Errorf("burst_floor = %v, want 1s", d.Shedding.BurstFloor)
 	}
 }
 

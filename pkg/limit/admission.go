@@ -77,8 +77,9 @@ type ShedStep struct {
 	// LimitFactor scales every limit, in (0,1]; 0 means unchanged
 	// (Optional). Several active steps give the smallest.
 	LimitFactor float64
-	// NoBurst turns token bucket bursts off (burst: false): every token
-	// bucket gets a burst of 1 while it is set (Optional).
+	// NoBurst turns token bucket bursts down (burst: false): while it is
+	// set every token bucket's burst shrinks to the policy's BurstFloor
+	// of its rate (Optional).
 	NoBurst bool
 	// Continuous scales the step's factor by (1 - pressure), floored at
 	// Shedding.MinFactor: limit x LimitFactor x (1 - pressure) (Optional).
@@ -107,6 +108,26 @@ type Shedding struct {
 	// Scope is the pressure a request reads: ScopeGlobal or ScopeModel
 	// (Optional, default ScopeGlobal).
 	Scope string
+	// BurstFloor is what a step with NoBurst leaves of a token bucket's
+	// burst: what the bucket refills in BurstFloor, at least 1 and never
+	// more than its burst (Optional, default DefaultBurstFloor, at least
+	// 1ms). A burst of 1 refuses a steady stream at the bucket's rate
+	// whenever two requests come closer than 1/rate, which any real
+	// stream does: a shared bucket then refuses the tiers it should
+	// serve (issue 13: 2-3% of premium got 429).
+	BurstFloor time.Duration
+}
+
+// DefaultBurstFloor is Shedding.BurstFloor's default: one second of the
+// bucket's rate.
+const DefaultBurstFloor = time.Second
+
+// EffectiveBurstFloor is BurstFloor, or DefaultBurstFloor when unset.
+func (s *Shedding) EffectiveBurstFloor() time.Duration {
+	if s.BurstFloor == 0 {
+		return DefaultBurstFloor
+	}
+	return s.BurstFloor
 }
 
 // FieldError is one invalid field of a configuration value; Path names it
@@ -199,6 +220,9 @@ func (s *Shedding) Check() []FieldError {
 	default:
 		bad("scope", "%q is not one of global|model", s.Scope)
 	}
+	if s.BurstFloor != 0 && s.BurstFloor < time.Millisecond {
+		bad("burst_floor", "%v is not at least 1ms", s.BurstFloor)
+	}
 	return out
 }
 
@@ -225,8 +249,18 @@ type BreakerConfig struct {
 	// "model" (Required).
 	Key string
 	// FailureThreshold is how many failures within Window open the
-	// breaker (Required, >= 1).
+	// breaker (Required, >= 1); with FailureRate or MinRequests, the
+	// fewest failures that may open it.
 	FailureThreshold uint64
+	// FailureRate, when set, also requires failures / (failures +
+	// successes) within Window to reach it (Optional, in (0,1]; 0: off).
+	FailureRate float64
+	// MinRequests, when set, also requires failures + successes within
+	// Window to reach it (Optional, >= 1; 0: off). With either of
+	// FailureRate and MinRequests the store counts successes too, in
+	// buckets of Window/10 (a failure counts for between 0.9 and 1
+	// Window), and replicas send them in batches. docs/breaker.md.
+	MinRequests uint64
 	// Window is how long a failure counts (Required, >= 1ms).
 	Window time.Duration
 	// OpenFor is how long the breaker stays open before it goes half-open
@@ -290,6 +324,9 @@ func (c BreakerConfig) Check() []FieldError {
 	if c.FailureThreshold == 0 {
 		out = append(out, FieldError{"failure_threshold", "failure_threshold must be at least 1"})
 	}
+	if math.IsNaN(c.FailureRate) || c.FailureRate < 0 || c.FailureRate > 1 {
+		out = append(out, FieldError{"failure_rate", fmt.Sprintf("failure_rate must be in (0,1], not %v", c.FailureRate)})
+	}
 	for _, d := range []struct {
 		name     string
 		v        time.Duration
@@ -339,7 +376,8 @@ type ShedState struct {
 	Shadow bool
 	// Factor scales every limit, in (0,1]; 0 or 1: unchanged.
 	Factor float64
-	// NoBurst gives every token bucket a burst of 1.
+	// NoBurst shrinks every token bucket's burst to the policy's
+	// BurstFloor of its rate.
 	NoBurst bool
 }
 
@@ -436,6 +474,7 @@ const releaseTimeout = time.Second
 type adjust struct {
 	micro   uint64 // factor in millionths; microOne: unchanged
 	noBurst bool
+	floor   time.Duration // with noBurst: Shedding.EffectiveBurstFloor
 }
 
 var noAdjust = adjust{micro: microOne}
@@ -447,9 +486,26 @@ func (a adjust) apply(l *Limit) *Limit {
 	}
 	c := *scaled(l, a.micro)
 	if c.Algorithm == TokenBucket && a.noBurst {
-		c.Burst = 1
+		c.Burst = burstFloor(&c, a.floor)
 	}
 	return &c
+}
+
+// burstFloor is the burst l keeps with bursts turned down: what it
+// refills in floor (rounded up), at least 1, at most its burst.
+func burstFloor(l *Limit, floor time.Duration) uint64 {
+	b := l.EffectiveBurst()
+	w := l.Window()
+	if w <= 0 || floor <= 0 {
+		return 1
+	}
+	// A float: Amount x floor can pass 2^64 ns; the rounding cannot
+	// matter at the sizes where float64 rounds.
+	f := math.Ceil(float64(l.Amount) * float64(floor) / float64(w))
+	if f >= float64(b) {
+		return b
+	}
+	return max(uint64(f), 1)
 }
 
 // shed runs the shedding step: it reports whether the request is
@@ -473,7 +529,7 @@ func (l *Limiter) shed(dom *Domain, req *Request, dec *Decision) (adjust, bool) 
 	if st.Shed {
 		return noAdjust, true
 	}
-	a := adjust{micro: microOne, noBurst: st.NoBurst}
+	a := adjust{micro: microOne, noBurst: st.NoBurst, floor: dom.Shedding.EffectiveBurstFloor()}
 	if st.Factor > 0 && st.Factor < 1 {
 		a.micro = max(uint64(st.Factor*microOne), 1)
 	}

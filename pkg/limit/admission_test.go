@@ -120,7 +120,7 @@ func TestDecideAdmissionOrder(t *testing.T) {
 			wantLimits:  []uint64{100},
 		},
 		{
-			name: "factor after the plan multiplier, floored; no burst",
+			name: "factor after the plan multiplier, floored; burst down to 1s of the rate, which is above the burst",
 			give: Request{Domain: "d", Tier: "premium", Descriptors: []Descriptor{
 				{Entries: entries("tenant", "a")}, {Entries: entries("model", "m")},
 			}},
@@ -128,7 +128,7 @@ func TestDecideAdmissionOrder(t *testing.T) {
 			wantCode: CodeOK,
 			wantCharges: []charge{
 				{tenantKey, 210, 0},
-				{Key(Requests, TokenBucket, time.Second, "d", entries("model", "m")), 21, 1},
+				{Key(Requests, TokenBucket, time.Second, "d", entries("model", "m")), 21, 8},
 			},
 			wantLimits: []uint64{210, 21},
 		},
@@ -395,6 +395,38 @@ func TestDecideSettles(t *testing.T) {
 						t.Errorf("shed status %d reports rule %v, limit %v", i, s.Rule, s.Limit)
 					}
 				}
+			}
+		})
+	}
+}
+
+// TestBurstFloor: with bursts turned down a token bucket keeps what it
+// refills in the floor, rounded up, at least 1 and at most its burst.
+func TestBurstFloor(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		give  Limit
+		floor time.Duration
+		want  uint64
+	}{
+		{name: "one second of 100/s", give: Limit{Amount: 100, Unit: Second, Burst: 500}, floor: time.Second, want: 100},
+		{name: "rounded up", give: Limit{Amount: 21, Unit: Second, Burst: 500}, floor: 100 * time.Millisecond, want: 3},
+		{name: "never above the burst", give: Limit{Amount: 100, Unit: Second, Burst: 20}, floor: time.Second, want: 20},
+		{name: "burst unset is the amount", give: Limit{Amount: 100, Unit: Second}, floor: 10 * time.Second, want: 100},
+		{name: "at least 1", give: Limit{Amount: 60, Unit: Minute, Burst: 60}, floor: time.Millisecond, want: 1},
+		{name: "per minute", give: Limit{Amount: 600, Unit: Minute, Burst: 600}, floor: time.Second, want: 10},
+		{name: "multiplier", give: Limit{Amount: 600, Unit: Minute, Multiplier: 2, Burst: 600}, floor: time.Second, want: 5},
+		{name: "huge", give: Limit{Amount: 1 << 53, Unit: Second, Burst: 1 << 60}, floor: time.Hour, want: 1 << 60},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			l := tt.give
+			l.Algorithm = TokenBucket
+			got := adjust{micro: microOne, noBurst: true, floor: tt.floor}.apply(&l)
+			if got.Burst != tt.want || got.Amount != tt.give.Amount {
+				t.Errorf("burst %d amount %d, want %d %d", got.Burst, got.Amount, tt.want, tt.give.Amount)
 			}
 		})
 	}

@@ -526,9 +526,9 @@ func newDecision(n int) *Decision {
 // only is then empty and matches nothing.
 //
 // adj, the pressure's limit factor and burst switch, scales every limit
-// after the plan multiplier (floored, at least 1), and with noBurst gives
-// every token bucket a burst of 1. A descriptor's own limit is not scaled
-// by either.
+// after the plan multiplier (floored, at least 1), and with noBurst
+// shrinks every token bucket's burst to the policy's burst floor. A
+// descriptor's own limit is not scaled by either.
 //
 // b must be empty (from getBuilt); build fills it.
 func build(b *built, dom *Domain, req *Request, m mode, statuses []Status, adj adjust) error {

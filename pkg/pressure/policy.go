@@ -59,7 +59,8 @@ type Outcome struct {
 	// Factor is what the active steps scale limits by, in (0,1]; 1 with
 	// no step. In shadow mode it is what would apply.
 	Factor float64
-	// NoBurst: an active step turns bursts off (would, in shadow mode).
+	// NoBurst: an active step turns bursts down to the policy's burst
+	// floor (would, in shadow mode).
 	NoBurst bool
 
 	shed       []string

@@ -12,10 +12,30 @@ import (
 
 // Defaults of OutcomeConfig.
 const (
-	DefaultOutcomeInterval = 30 * time.Second
+	DefaultOutcomeInterval = 10 * time.Second
 	DefaultMaxErrorRate    = 0.2
+	DefaultMaxOverloadRate = 0.1
 	DefaultMinSamples      = 20
 	DefaultMaxModels       = 100
+)
+
+// Kind is what one finished request tells pressure: the access log's
+// outcome classes (docs/outcome-classes.md) as the signals count them.
+type Kind uint8
+
+// The kinds.
+const (
+	// Served is any outcome that is neither Failed nor Overloaded: a
+	// success, or one that says nothing of the upstream's health. It
+	// counts toward the samples and the latency only.
+	Served Kind = iota
+	// Failed is the upstream failing (the breaker class failure): the
+	// error signal counts it.
+	Failed
+	// Overloaded is the upstream, or Envoy in front of it, turning work
+	// away for want of capacity (the class overload): the overload signal
+	// counts it.
+	Overloaded
 )
 
 // The sliding interval is a ring of outcomeSlots sub-intervals, each a
@@ -33,8 +53,10 @@ const (
 // OutcomeConfig configures an Outcomes recorder.
 type OutcomeConfig struct {
 	// Interval is the sliding interval the signals read (Optional,
-	// default 30s, at least 10ms). It moves in tenths: a reading covers
-	// the current tenth, partly elapsed, and the nine before it.
+	// default 10s, at least 10ms). It moves in tenths: a reading covers
+	// the current tenth, partly elapsed, and the nine before it. Short
+	// enough that the score follows the upstream's recovery rather than
+	// the age of the last errors.
 	Interval time.Duration
 	// SLA is the p95 upstream latency the service promises (Required, at
 	// least 1ms). The latency signal scores 0 while the p95 is at or
@@ -43,10 +65,17 @@ type OutcomeConfig struct {
 	// MaxErrorRate is the error rate that scores 1 (Optional, default
 	// 0.2, in (0,1]); the error signal scores rate / MaxErrorRate.
 	MaxErrorRate float64
-	// MinSamples is the fewest outcomes in the interval for a scope to
-	// score (Optional, default 20; negative: 0): below it both signals
-	// score 0, so that a few slow or failed requests in a quiet interval
-	// do not shed anyone.
+	// MaxOverloadRate is the overload rate that scores 1 (Optional,
+	// default 0.1, in (0,1]); the overload signal scores rate /
+	// MaxOverloadRate.
+	MaxOverloadRate float64
+	// MinSamples damps the signals of a thin interval (Optional, default
+	// 20; negative: 0): the error and overload rates are events /
+	// max(samples, MinSamples), and the latency score is scaled by
+	// min(1, samples / MinSamples). So a few slow or failed requests in
+	// a quiet interval shed little, and, as shedding cuts the traffic a
+	// scope sees, the score cannot rise for want of samples: it follows
+	// the events, not their ratio to a handful of requests.
 	MinSamples int
 	// MaxModels caps the models Model registers (Optional, default 100).
 	// Each costs about 5 KiB.
@@ -54,8 +83,9 @@ type OutcomeConfig struct {
 }
 
 // Outcomes records the outcomes of finished requests (from the access
-// log) over a sliding interval, and scores their latency and error rate
-// as Signals: one pair for all requests, and one per registered model.
+// log) over a sliding interval, and scores their latency, error rate and
+// overload rate as Signals: one set for all requests, and one per
+// registered model.
 //
 // Observe is O(1), allocates nothing and takes no lock except once per
 // tenth of the interval per scope, to recycle a sub-interval; counters
@@ -78,6 +108,9 @@ func NewOutcomes(cfg OutcomeConfig) (*Outcomes, error) {
 	if cfg.MaxErrorRate == 0 {
 		cfg.MaxErrorRate = DefaultMaxErrorRate
 	}
+	if cfg.MaxOverloadRate == 0 {
+		cfg.MaxOverloadRate = DefaultMaxOverloadRate
+	}
 	if cfg.MinSamples == 0 {
 		cfg.MinSamples = DefaultMinSamples
 	}
@@ -95,6 +128,9 @@ func NewOutcomes(cfg OutcomeConfig) (*Outcomes, error) {
 	if !(cfg.MaxErrorRate > 0 && cfg.MaxErrorRate <= 1) { // rejects NaN
 		errs = append(errs, fmt.Errorf("outcomes: max error rate %v is not in (0,1]", cfg.MaxErrorRate))
 	}
+	if !(cfg.MaxOverloadRate > 0 && cfg.MaxOverloadRate <= 1) {
+		errs = append(errs, fmt.Errorf("outcomes: max overload rate %v is not in (0,1]", cfg.MaxOverloadRate))
+	}
 	if cfg.MaxModels < 0 {
 		errs = append(errs, fmt.Errorf("outcomes: max models %d is negative", cfg.MaxModels))
 	}
@@ -107,21 +143,20 @@ func NewOutcomes(cfg OutcomeConfig) (*Outcomes, error) {
 	return o, nil
 }
 
-// Observe records one finished request at now: its HTTP status (0 when
-// none was sent), its duration and its model ("" for none). 5xx and 0
-// count as errors: 0 is a stream Envoy reset, an upstream timeout or a
-// client that gave up waiting. The outcome counts toward the global
-// scope, and toward its model's if Model registered it.
-func (o *Outcomes) Observe(now time.Time, status int, duration time.Duration, model string) {
+// Observe records one finished request at now: its kind (the caller
+// classifies it: only the upstream's failures are Failed, and answers of
+// a busy upstream are Overloaded, not Failed), its duration and its
+// model ("" for none). The outcome counts toward the global scope, and
+// toward its model's if Model registered it.
+func (o *Outcomes) Observe(now time.Time, kind Kind, duration time.Duration, model string) {
 	idx := now.UnixNano() / o.sub
 	b := o.bucket(duration)
-	failed := status == 0 || status >= 500
-	o.global.add(idx, b, failed)
+	o.global.add(idx, b, kind)
 	if model == "" {
 		return
 	}
 	if w := (*o.models.Load())[model]; w != nil {
-		w.add(idx, b, failed)
+		w.add(idx, b, kind)
 	}
 }
 
@@ -186,19 +221,23 @@ const noEpoch = math.MinInt64
 
 // outcomeSlot is one sub-interval.
 type outcomeSlot struct {
-	epoch   atomic.Int64 // the sub-interval held (unix nanoseconds / sub), or noEpoch
-	errors  atomic.Uint64
-	buckets [latencyBuckets]atomic.Uint64
+	epoch     atomic.Int64 // the sub-interval held (unix nanoseconds / sub), or noEpoch
+	errors    atomic.Uint64
+	overloads atomic.Uint64
+	buckets   [latencyBuckets]atomic.Uint64
 }
 
-func (w *OutcomeWindow) add(idx int64, bucket int, failed bool) {
+func (w *OutcomeWindow) add(idx int64, bucket int, kind Kind) {
 	s := &w.slots[uint64(idx)%outcomeSlots] // uint64: before 1970 too
 	if e := s.epoch.Load(); e != idx && !w.recycle(s, idx) {
 		return
 	}
 	s.buckets[bucket].Add(1)
-	if failed {
+	switch kind {
+	case Failed:
 		s.errors.Add(1)
+	case Overloaded:
+		s.overloads.Add(1)
 	}
 }
 
@@ -215,6 +254,7 @@ func (w *OutcomeWindow) recycle(s *outcomeSlot, idx int64) bool {
 		return false
 	}
 	s.errors.Store(0)
+	s.overloads.Store(0)
 	for i := range s.buckets {
 		s.buckets[i].Store(0)
 	}
@@ -224,8 +264,9 @@ func (w *OutcomeWindow) recycle(s *outcomeSlot, idx int64) bool {
 
 // OutcomeStats is a window's reading.
 type OutcomeStats struct {
-	// Count is the outcomes in the interval; Errors are those that failed.
-	Count, Errors uint64
+	// Count is the outcomes in the interval; Errors are those that
+	// failed, Overloads those turned away for want of capacity.
+	Count, Errors, Overloads uint64
 	// P95 is the 95th percentile duration, rounded down to a 32nd of
 	// the SLA; 2 x SLA stands for anything from there on.
 	P95 time.Duration
@@ -235,16 +276,17 @@ type OutcomeStats struct {
 func (w *OutcomeWindow) Stats(now time.Time) OutcomeStats {
 	r := w.read(now)
 	return OutcomeStats{
-		Count:  r.count,
-		Errors: r.errors,
-		P95:    time.Duration(int64(r.p95) * int64(w.o.cfg.SLA) / latencyPerSLA),
+		Count:     r.count,
+		Errors:    r.errors,
+		Overloads: r.overloads,
+		P95:       time.Duration(int64(r.p95) * int64(w.o.cfg.SLA) / latencyPerSLA),
 	}
 }
 
 // outcomeReading is a window's interval, with its p95 as a bucket.
 type outcomeReading struct {
-	count, errors uint64
-	p95           int
+	count, errors, overloads uint64
+	p95                      int
 }
 
 func (w *OutcomeWindow) read(now time.Time) outcomeReading {
@@ -257,21 +299,29 @@ func (w *OutcomeWindow) read(now time.Time) outcomeReading {
 			continue
 		}
 		r.errors += s.errors.Load()
+		r.overloads += s.overloads.Load()
 		for b := range s.buckets {
 			n := s.buckets[b].Load()
 			hist[b] += n
 			r.count += n
 		}
 	}
-	// A reading racing a recycle may see an error without its bucket.
+	// A reading racing a recycle may see an event without its bucket.
 	r.errors = min(r.errors, r.count)
+	r.overloads = min(r.overloads, r.count)
 	r.p95 = p95Bucket(&hist, r.count)
 	return r
 }
 
-// scores says whether r has the samples to score.
-func (w *OutcomeWindow) scores(r outcomeReading) bool {
-	return r.count > 0 && r.count >= uint64(w.o.cfg.MinSamples)
+// rate is n events of r as a damped rate: n / max(samples, MinSamples),
+// so that fewer samples never make the same events weigh more than
+// MinSamples samples would.
+func (w *OutcomeWindow) rate(r outcomeReading, n uint64) float64 {
+	d := max(r.count, uint64(w.o.cfg.MinSamples))
+	if d == 0 {
+		return 0
+	}
+	return float64(n) / float64(d)
 }
 
 // p95Bucket returns the bucket of the nearest-rank 95th percentile.
@@ -290,15 +340,22 @@ func p95Bucket(hist *[latencyBuckets]uint64, count uint64) int {
 func (w *OutcomeWindow) Model() string { return w.model }
 
 // Latency returns the signal of the p95 duration against the SLA:
-// clamp(p95/SLA - 1, 0, 1), in steps of 1/32; 0 under MinSamples.
+// clamp(p95/SLA - 1, 0, 1), in steps of 1/32, times min(1, samples /
+// MinSamples).
 func (w *OutcomeWindow) Latency() Signal { return latencySignal{w} }
 
-// ErrorRate returns the signal of the error rate:
-// clamp(rate/MaxErrorRate, 0, 1); 0 under MinSamples.
+// ErrorRate returns the signal of the failure rate: clamp(errors /
+// max(samples, MinSamples) / MaxErrorRate, 0, 1).
 func (w *OutcomeWindow) ErrorRate() Signal { return errorSignal{w} }
 
-// Signals returns both the window's signals.
-func (w *OutcomeWindow) Signals() Signals { return Signals{w.Latency(), w.ErrorRate()} }
+// OverloadRate returns the signal of the overload rate: clamp(overloads
+// / max(samples, MinSamples) / MaxOverloadRate, 0, 1).
+func (w *OutcomeWindow) OverloadRate() Signal { return overloadSignal{w} }
+
+// Signals returns the window's three signals.
+func (w *OutcomeWindow) Signals() Signals {
+	return Signals{w.Latency(), w.ErrorRate(), w.OverloadRate()}
+}
 
 type latencySignal struct{ w *OutcomeWindow }
 
@@ -306,10 +363,14 @@ var _ Signal = latencySignal{}
 
 func (l latencySignal) Score(now time.Time) float64 {
 	r := l.w.read(now)
-	if !l.w.scores(r) {
+	if r.count == 0 {
 		return 0
 	}
-	return min(max(float64(r.p95-latencyPerSLA)/latencyPerSLA, 0), 1)
+	s := min(max(float64(r.p95-latencyPerSLA)/latencyPerSLA, 0), 1)
+	if m := uint64(l.w.o.cfg.MinSamples); r.count < m {
+		s *= float64(r.count) / float64(m)
+	}
+	return s
 }
 
 type errorSignal struct{ w *OutcomeWindow }
@@ -318,8 +379,14 @@ var _ Signal = errorSignal{}
 
 func (e errorSignal) Score(now time.Time) float64 {
 	r := e.w.read(now)
-	if !e.w.scores(r) {
-		return 0
-	}
-	return min(float64(r.errors)/float64(r.count)/e.w.o.cfg.MaxErrorRate, 1)
+	return min(e.w.rate(r, r.errors)/e.w.o.cfg.MaxErrorRate, 1)
+}
+
+type overloadSignal struct{ w *OutcomeWindow }
+
+var _ Signal = overloadSignal{}
+
+func (o overloadSignal) Score(now time.Time) float64 {
+	r := o.w.read(now)
+	return min(o.w.rate(r, r.overloads)/o.w.o.cfg.MaxOverloadRate, 1)
 }

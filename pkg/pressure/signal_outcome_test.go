@@ -26,85 +26,93 @@ func newTestOutcomes(t testing.TB, cfg OutcomeConfig) *Outcomes {
 	return o
 }
 
-// outcomeObs is n outcomes at t0+at.
+// outcomeObs is n outcomes of kind at t0+at.
 type outcomeObs struct {
-	at     time.Duration
-	status int
-	dur    time.Duration
-	n      int
+	at   time.Duration
+	kind Kind
+	dur  time.Duration
+	n    int
 }
 
 func TestOutcomeScores(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
-		name        string
-		give        []outcomeObs
-		readAt      time.Duration
-		wantLatency float64
-		wantErrors  float64
-		wantCount   uint64
+		name         string
+		give         []outcomeObs
+		readAt       time.Duration
+		wantLatency  float64
+		wantErrors   float64
+		wantOverload float64
+		wantCount    uint64
 	}{
 		{name: "Empty"},
-		{name: "UnderMinSamples", give: []outcomeObs{{status: 503, dur: 10 * testSLA, n: 19}}, wantCount: 19},
-		{name: "AtMinSamples", give: []outcomeObs{{status: 503, dur: 10 * testSLA, n: 20}}, wantLatency: 1, wantErrors: 1, wantCount: 20},
-		{name: "AtSLA", give: []outcomeObs{{status: 200, dur: testSLA, n: 100}}, wantCount: 100},
-		{name: "JustOverSLA", give: []outcomeObs{{status: 200, dur: testSLA + testSLA/32, n: 100}}, wantLatency: 1.0 / 32, wantCount: 100},
-		{name: "HalfWay", give: []outcomeObs{{status: 200, dur: 150 * time.Millisecond, n: 100}}, wantLatency: 0.5, wantCount: 100},
-		{name: "RoundsDown", give: []outcomeObs{{status: 200, dur: 151 * time.Millisecond, n: 100}}, wantLatency: 0.5, wantCount: 100},
-		{name: "TwiceSLA", give: []outcomeObs{{status: 200, dur: 2 * testSLA, n: 100}}, wantLatency: 1, wantCount: 100},
-		{name: "FarOver", give: []outcomeObs{{status: 200, dur: time.Hour, n: 100}}, wantLatency: 1, wantCount: 100},
-		{name: "NegativeDuration", give: []outcomeObs{{status: 200, dur: -time.Second, n: 100}}, wantCount: 100},
+		{name: "UnderMinSamplesDamped", give: []outcomeObs{{kind: Failed, dur: 10 * testSLA, n: 19}}, wantLatency: 0.95, wantErrors: 1, wantCount: 19},
+		{name: "FewFailuresDamped", give: []outcomeObs{{kind: Failed, n: 2}, {n: 3}}, wantErrors: 0.5, wantCount: 5}, // 2 / max(5, 20) / 0.2
+		{name: "AtMinSamples", give: []outcomeObs{{kind: Failed, dur: 10 * testSLA, n: 20}}, wantLatency: 1, wantErrors: 1, wantCount: 20},
+		{name: "AtSLA", give: []outcomeObs{{dur: testSLA, n: 100}}, wantCount: 100},
+		{name: "JustOverSLA", give: []outcomeObs{{dur: testSLA + testSLA/32, n: 100}}, wantLatency: 1.0 / 32, wantCount: 100},
+		{name: "HalfWay", give: []outcomeObs{{dur: 150 * time.Millisecond, n: 100}}, wantLatency: 0.5, wantCount: 100},
+		{name: "RoundsDown", give: []outcomeObs{{dur: 151 * time.Millisecond, n: 100}}, wantLatency: 0.5, wantCount: 100},
+		{name: "TwiceSLA", give: []outcomeObs{{dur: 2 * testSLA, n: 100}}, wantLatency: 1, wantCount: 100},
+		{name: "FarOver", give: []outcomeObs{{dur: time.Hour, n: 100}}, wantLatency: 1, wantCount: 100},
+		{name: "NegativeDuration", give: []outcomeObs{{dur: -time.Second, n: 100}}, wantCount: 100},
 		{
 			name:      "P95UnderSlowTail",
-			give:      []outcomeObs{{status: 200, dur: testSLA / 2, n: 95}, {status: 200, dur: 10 * testSLA, n: 5}},
+			give:      []outcomeObs{{dur: testSLA / 2, n: 95}, {dur: 10 * testSLA, n: 5}},
 			wantCount: 100,
 		},
 		{
 			name:        "P95InSlowTail",
-			give:        []outcomeObs{{status: 200, dur: testSLA / 2, n: 94}, {status: 200, dur: 175 * time.Millisecond, n: 6}},
+			give:        []outcomeObs{{dur: testSLA / 2, n: 94}, {dur: 175 * time.Millisecond, n: 6}},
 			wantLatency: 0.75, wantCount: 100,
 		},
 		{
 			name:       "ErrorRateHalfOfMax",
-			give:       []outcomeObs{{status: 200, n: 90}, {status: 503, n: 5}, {status: 0, n: 5}},
+			give:       []outcomeObs{{n: 90}, {kind: Failed, n: 10}},
 			wantErrors: 0.5, wantCount: 100,
 		},
 		{
-			name:      "ClientErrorsAreNotErrors",
-			give:      []outcomeObs{{status: 404, n: 50}, {status: 429, n: 50}, {status: 499, n: 50}},
-			wantCount: 150,
+			name:         "OverloadsAreNotErrors",
+			give:         []outcomeObs{{n: 95}, {kind: Overloaded, n: 5}},
+			wantOverload: 0.5, wantCount: 100,
+		},
+		{
+			name:         "OverloadRateOverMax",
+			give:         []outcomeObs{{n: 50}, {kind: Overloaded, n: 50}},
+			wantOverload: 1, wantCount: 100,
 		},
 		{
 			name:       "ErrorRateOverMax",
-			give:       []outcomeObs{{status: 200, n: 50}, {status: 500, n: 50}},
+			give:       []outcomeObs{{n: 50}, {kind: Failed, n: 50}},
 			wantErrors: 1, wantCount: 100,
 		},
 		{
 			name:        "SpreadOverTheInterval",
-			give:        []outcomeObs{{at: 0, status: 500, dur: 2 * testSLA, n: 10}, {at: 9 * time.Second, status: 200, dur: 2 * testSLA, n: 10}},
+			give:        []outcomeObs{{at: 0, kind: Failed, dur: 2 * testSLA, n: 10}, {at: 9 * time.Second, dur: 2 * testSLA, n: 10}},
 			readAt:      9*time.Second + 999*time.Millisecond,
 			wantLatency: 1, wantErrors: 1, wantCount: 20, // 50% errors over a max of 20%
 		},
 		{
-			name:   "OldestTenthExpires",
-			give:   []outcomeObs{{at: 0, status: 500, dur: 2 * testSLA, n: 10}, {at: 9 * time.Second, status: 200, dur: 2 * testSLA, n: 10}},
-			readAt: 10 * time.Second, wantCount: 10, // under MinSamples
+			name:        "OldestTenthExpires",
+			give:        []outcomeObs{{at: 0, kind: Failed, dur: 2 * testSLA, n: 10}, {at: 9 * time.Second, dur: 2 * testSLA, n: 10}},
+			readAt:      10 * time.Second,
+			wantLatency: 0.5, wantCount: 10, // half MinSamples: half the score
 		},
 		{
 			name:      "RecycledSlot",
-			give:      []outcomeObs{{at: 0, status: 500, dur: 2 * testSLA, n: 30}, {at: 10 * time.Second, status: 200, n: 30}},
+			give:      []outcomeObs{{at: 0, kind: Failed, dur: 2 * testSLA, n: 30}, {at: 10 * time.Second, n: 30}},
 			readAt:    10 * time.Second,
 			wantCount: 30,
 		},
 		{
 			name:      "TooOldIsDropped",
-			give:      []outcomeObs{{at: 10 * time.Second, status: 200, n: 30}, {at: 0, status: 500, dur: 2 * testSLA, n: 30}},
+			give:      []outcomeObs{{at: 10 * time.Second, n: 30}, {at: 0, kind: Failed, dur: 2 * testSLA, n: 30}},
 			readAt:    10 * time.Second,
 			wantCount: 30,
 		},
 		{
 			name:   "ReadBeforeTheOutcomes",
-			give:   []outcomeObs{{at: 5 * time.Second, status: 500, n: 30}},
+			give:   []outcomeObs{{at: 5 * time.Second, kind: Failed, n: 30}},
 			readAt: 4 * time.Second,
 		},
 	}
@@ -114,7 +122,7 @@ func TestOutcomeScores(t *testing.T) {
 			o := newTestOutcomes(t, OutcomeConfig{})
 			for _, g := range tt.give {
 				for range g.n {
-					o.Observe(t0.Add(g.at), g.status, g.dur, "")
+					o.Observe(t0.Add(g.at), g.kind, g.dur, "")
 				}
 			}
 			now := t0.Add(tt.readAt)
@@ -125,11 +133,77 @@ func TestOutcomeScores(t *testing.T) {
 			if got := w.ErrorRate().Score(now); got != tt.wantErrors {
 				t.Errorf("ErrorRate = %v, want %v", got, tt.wantErrors)
 			}
+			if got := w.OverloadRate().Score(now); got != tt.wantOverload {
+				t.Errorf("OverloadRate = %v, want %v", got, tt.wantOverload)
+			}
 			if got := w.Stats(now).Count; got != tt.wantCount {
 				t.Errorf("Count = %d, want %d", got, tt.wantCount)
 			}
-			if got, want := w.Signals().Score(now), max(tt.wantLatency, tt.wantErrors); got != want {
+			if got, want := w.Signals().Score(now), max(tt.wantLatency, tt.wantErrors, tt.wantOverload); got != want {
 				t.Errorf("Signals = %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+// TestOutcomeScoreSamplesCollapse: shedding cuts the traffic a scope
+// sees, so an interval of many samples is followed by one of few. The
+// score of the few must not be higher than the score of the many: with
+// a plain ratio 2 failures of 5 requests would score 1 after 20 of 200
+// scored 0.5, and shed more as shedding works.
+func TestOutcomeScoreSamplesCollapse(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		before []outcomeObs
+		after  []outcomeObs
+		signal func(*OutcomeWindow) Signal
+	}{
+		{
+			name:   "errors",
+			before: []outcomeObs{{n: 180}, {kind: Failed, n: 20}},
+			after:  []outcomeObs{{n: 3}, {kind: Failed, n: 2}},
+			signal: (*OutcomeWindow).ErrorRate,
+		},
+		{
+			name:   "overloads",
+			before: []outcomeObs{{n: 190}, {kind: Overloaded, n: 10}},
+			after:  []outcomeObs{{n: 4}, {kind: Overloaded, n: 1}},
+			signal: (*OutcomeWindow).OverloadRate,
+		},
+		{
+			name: "latency",
+			// p95 1.5 x SLA (0.5), then 2 slow requests of 5 at 2 x SLA,
+			// which undamped would score 1.
+			before: []outcomeObs{{dur: testSLA / 2, n: 188}, {dur: 3 * testSLA / 2, n: 12}},
+			after:  []outcomeObs{{dur: testSLA / 2, n: 3}, {dur: 2 * testSLA, n: 2}},
+			signal: (*OutcomeWindow).Latency,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			o := newTestOutcomes(t, OutcomeConfig{})
+			observe := func(at time.Duration, obs []outcomeObs) {
+				for _, g := range obs {
+					for range g.n {
+						o.Observe(t0.Add(at), g.kind, g.dur, "")
+					}
+				}
+			}
+			observe(0, tt.before)
+			many := tt.signal(o.Global()).Score(t0)
+			// A whole interval later, only the few are in it.
+			observe(10*time.Second, tt.after)
+			few := tt.signal(o.Global()).Score(t0.Add(10 * time.Second))
+			if st := o.Global().Stats(t0.Add(10 * time.Second)); st.Count != 5 {
+				t.Fatalf("the interval holds %d outcomes, want the 5 after", st.Count)
+			}
+			if few > many {
+				t.Errorf("score %v with 5 samples, above %v with 200", few, many)
+			}
+			if many == 0 {
+				t.Errorf("score 0 with 200 samples: the case shows nothing")
 			}
 		})
 	}
@@ -139,10 +213,11 @@ func TestOutcomeStats(t *testing.T) {
 	t.Parallel()
 	o := newTestOutcomes(t, OutcomeConfig{})
 	for range 10 {
-		o.Observe(t0, 200, 50*time.Millisecond, "")
+		o.Observe(t0, Served, 50*time.Millisecond, "")
 	}
-	o.Observe(t0, 502, 3*time.Second, "")
-	want := OutcomeStats{Count: 11, Errors: 1, P95: 2 * testSLA}
+	o.Observe(t0, Failed, 3*time.Second, "")
+	o.Observe(t0, Overloaded, time.Millisecond, "")
+	want := OutcomeStats{Count: 12, Errors: 1, Overloads: 1, P95: 2 * testSLA}
 	if got := o.Global().Stats(t0); got != want {
 		t.Errorf("Stats = %+v, want %+v", got, want)
 	}
@@ -168,10 +243,10 @@ func TestOutcomeModels(t *testing.T) {
 	if _, err := o.Model(""); err == nil {
 		t.Error("Model(\"\"): no error")
 	}
-	o.Observe(t0, 503, 2*testSLA, "llama")
-	o.Observe(t0, 200, testSLA, "mistral")
-	o.Observe(t0, 200, testSLA, "gpt") // not registered: global only
-	o.Observe(t0, 200, testSLA, "")
+	o.Observe(t0, Failed, 2*testSLA, "llama")
+	o.Observe(t0, Served, testSLA, "mistral")
+	o.Observe(t0, Served, testSLA, "gpt") // not registered: global only
+	o.Observe(t0, Served, testSLA, "")
 	tests := []struct {
 		name                string
 		give                *OutcomeWindow
@@ -209,6 +284,7 @@ func TestNewOutcomesErrors(t *testing.T) {
 		{name: "NoSLA", give: OutcomeConfig{}, want: "sla 0s is under 1ms"},
 		{name: "ShortInterval", give: OutcomeConfig{SLA: time.Second, Interval: time.Millisecond}, want: "interval 1ms is under 10ms"},
 		{name: "ErrorRateOverOne", give: OutcomeConfig{SLA: time.Second, MaxErrorRate: 1.5}, want: "max error rate 1.5 is not in (0,1]"},
+		{name: "OverloadRateNegative", give: OutcomeConfig{SLA: time.Second, MaxOverloadRate: -0.1}, want: "max overload rate -0.1 is not in (0,1]"},
 		{name: "NegativeModels", give: OutcomeConfig{SLA: time.Second, MaxModels: -1}, want: "max models -1 is negative"},
 	}
 	for _, tt := range tests {
@@ -241,11 +317,11 @@ func TestOutcomeConcurrent(t *testing.T) {
 		wg.Go(func() {
 			for i := range each {
 				at := t0.Add(time.Duration(i%5) * time.Second)
-				status := 200
+				kind := Served
 				if i%10 == 0 {
-					status = 503
+					kind = Failed
 				}
-				o.Observe(at, status, time.Duration(g+i)*time.Millisecond, "llama")
+				o.Observe(at, kind, time.Duration(g+i)*time.Millisecond, "llama")
 			}
 		})
 		wg.Go(func() {
@@ -277,7 +353,7 @@ func TestOutcomeObserveAllocs(t *testing.T) {
 	now := t0
 	if n := testing.AllocsPerRun(1000, func() {
 		now = now.Add(7 * time.Millisecond)
-		o.Observe(now, 200, 120*time.Millisecond, "llama")
+		o.Observe(now, Served, 120*time.Millisecond, "llama")
 	}); n != 0 {
 		t.Errorf("Observe allocates %v times per call, want 0", n)
 	}
@@ -297,7 +373,7 @@ func BenchmarkOutcomeObserve(b *testing.B) {
 			b.ReportAllocs()
 			now := time.Now()
 			for i := 0; b.Loop(); i++ {
-				o.Observe(now.Add(time.Duration(i)*time.Microsecond), 200, 80*time.Millisecond, bb.model)
+				o.Observe(now.Add(time.Duration(i)*time.Microsecond), Served, 80*time.Millisecond, bb.model)
 			}
 		})
 		b.Run(bb.name+"Parallel", func(b *testing.B) {
@@ -305,7 +381,7 @@ func BenchmarkOutcomeObserve(b *testing.B) {
 			now := time.Now()
 			b.RunParallel(func(pb *testing.PB) {
 				for i := 0; pb.Next(); i++ {
-					o.Observe(now.Add(time.Duration(i)*time.Microsecond), 200, 80*time.Millisecond, bb.model)
+					o.Observe(now.Add(time.Duration(i)*time.Microsecond), Served, 80*time.Millisecond, bb.model)
 				}
 			})
 		})
@@ -317,7 +393,7 @@ func BenchmarkOutcomeScore(b *testing.B) {
 	o := newTestOutcomes(b, OutcomeConfig{})
 	now := time.Now()
 	for i := range 10_000 {
-		o.Observe(now.Add(time.Duration(i)*time.Millisecond), 200, time.Duration(i%300)*time.Millisecond, "")
+		o.Observe(now.Add(time.Duration(i)*time.Millisecond), Served, time.Duration(i%300)*time.Millisecond, "")
 	}
 	s := o.Global().Signals()
 	b.ReportAllocs()

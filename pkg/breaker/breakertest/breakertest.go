@@ -48,6 +48,11 @@ func Run(t *testing.T, open Open) {
 	t.Run("BadProbeID", func(t *testing.T) { t.Parallel(); testBadProbeID(t, open) })
 	t.Run("FailureCountsOnce", func(t *testing.T) { t.Parallel(); testOnce(t, open) })
 	t.Run("Expiry", func(t *testing.T) { t.Parallel(); testExpiry(t, open) })
+	t.Run("RatedVolume", func(t *testing.T) { t.Parallel(); testRatedVolume(t, open) })
+	t.Run("RatedRate", func(t *testing.T) { t.Parallel(); testRatedRate(t, open) })
+	t.Run("RatedWindow", func(t *testing.T) { t.Parallel(); testRatedWindow(t, open) })
+	t.Run("BatchOutsideClosed", func(t *testing.T) { t.Parallel(); testBatchOutsideClosed(t, open) })
+	t.Run("BadBatch", func(t *testing.T) { t.Parallel(); testBadBatch(t, open) })
 }
 
 type env struct {
@@ -123,7 +128,7 @@ func (e *env) wantTransition(what string, got, want breaker.Transition) {
 func (e *env) wantStatus(what string, got, want breaker.Status) {
 	e.tb.Helper()
 	if !got.OpenUntil.Equal(want.OpenUntil) || got.State != want.State || got.Failures != want.Failures ||
-		got.Probes != want.Probes || got.Successes != want.Successes {
+		got.Probes != want.Probes || got.Successes != want.Successes || got.Volume != want.Volume {
 		e.tb.Errorf("%s = %+v, want %+v", what, got, want)
 	}
 }
@@ -469,4 +474,127 @@ func testExpiry(t *testing.T, open Open) {
 	e.allow(0, 25000+r-1)
 	// The allow wrote a probe with a lease: Retain counts from its end.
 	e.wantStatus("kept past the probe's lease", e.state(0, 29000+r-1), breaker.Status{State: half})
+}
+
+// rated: 3 failures at least, half of the outcomes at least, and 10
+// outcomes at least within 10s (buckets of 1s) open it.
+func rated(e *env) {
+	e.p.FailureRate, e.p.MinRequests = 0.5, 10
+}
+
+// batch reports n successes at t on replica r.
+func (e *env) batch(r int, t int64, n uint64) breaker.Transition {
+	e.tb.Helper()
+	return e.report(r, t, breaker.Report{Successes: n})
+}
+
+// testRatedVolume: failures alone, however many and however high their
+// rate, do not open a rated breaker under MinRequests outcomes; successes
+// from batches on any replica make up the volume, and the failure that
+// brings all three conditions opens it (a rate exactly at FailureRate
+// counts).
+func testRatedVolume(t *testing.T, open Open) {
+	e := newEnv(t, open, 3)
+	rated(e)
+	for i := range int64(5) {
+		e.wantTransition("failure under the volume", e.record(int(i)%3, i*100, false, ""), tr(closed, closed))
+	}
+	e.wantStatus("5 failures, volume 5", e.state(0, 500), breaker.Status{State: closed, Failures: 5, Volume: 5})
+	e.wantTransition("a batch of 4", e.batch(1, 600, 4), tr(closed, closed))
+	e.wantTransition("a batch of 1", e.batch(2, 700, 1), tr(closed, closed))
+	e.wantStatus("volume 10 after the batches", e.state(0, 800), breaker.Status{State: closed, Failures: 5, Volume: 10})
+	// 5 failures of 10 already meet every condition, but only a failure
+	// opens: a batch never does.
+	e.wantTransition("a success", e.record(0, 900, true, ""), tr(closed, closed))
+	e.wantTransition("failure 6 of 12: rate exactly 0.5", e.record(1, 1000, false, ""), tr(closed, opn))
+	v, _ := e.allow(2, 1000)
+	e.wantVerdict("open for every replica", v, breaker.Verdict{State: opn, RetryAfter: 5 * time.Second})
+}
+
+// testRatedRate: a busy upstream with a few failures among many
+// successes stays closed however many failures pass the threshold; the
+// rate, not the count, decides.
+func testRatedRate(t *testing.T, open Open) {
+	e := newEnv(t, open, 2)
+	rated(e)
+	e.batch(0, 0, 100)
+	for i := range int64(20) {
+		e.wantTransition("failure among many successes", e.record(int(i)%2, 100+i, false, ""), tr(closed, closed))
+	}
+	e.wantStatus("20 of 120", e.state(1, 200), breaker.Status{State: closed, Failures: 20, Volume: 120})
+	// Without a rate, the same 20 failures would have opened it at 3.
+	plain := &env{tb: e.tb, rs: e.rs, key: breaker.StoreKey("model", t.Name()+"/plain"), p: params}
+	plain.batch(0, 0, 100)
+	plain.record(0, 100, false, "")
+	plain.record(1, 101, false, "")
+	plain.wantTransition("the third failure, unrated", plain.record(0, 102, false, ""), tr(closed, opn))
+	// Successes stop; failures keep coming: at 100 of 200 it opens.
+	for i := range int64(79) {
+		e.record(int(i)%2, 300+i, false, "")
+	}
+	e.wantStatus("99 of 199", e.state(0, 500), breaker.Status{State: closed, Failures: 99, Volume: 199})
+	e.wantTransition("100 of 200", e.record(0, 600, false, ""), tr(closed, opn))
+}
+
+// testRatedWindow: a rated breaker's outcomes count while their bucket
+// (Window/10 wide) is one of the last ten: a failure at 0 counts until
+// 10000, and one at 999 (the same bucket) also until 10000.
+func testRatedWindow(t *testing.T, open Open) {
+	e := newEnv(t, open, 2)
+	rated(e)
+	e.record(0, 0, false, "")
+	e.record(1, 999, false, "")
+	e.batch(0, 1000, 5)
+	e.wantStatus("all counted", e.state(0, 9999), breaker.Status{State: closed, Failures: 2, Volume: 7})
+	e.wantStatus("the first bucket aged out", e.state(1, 10000), breaker.Status{State: closed, Volume: 5})
+	e.wantStatus("all aged out", e.state(1, 11000), breaker.Status{State: closed})
+	// Fresh counts after the window: old failures do not help open it.
+	for i := range int64(4) {
+		e.record(int(i)%2, 20000+i, false, "")
+	}
+	e.batch(1, 20010, 5)
+	e.wantStatus("new counts only", e.state(0, 20020), breaker.Status{State: closed, Failures: 4, Volume: 9})
+	e.wantTransition("the tenth outcome opens", e.record(0, 20030, false, ""), tr(closed, opn))
+}
+
+// testBatchOutsideClosed: a batch of successes while open or half-open,
+// or on an unrated breaker, changes nothing: only probes move a
+// half-open breaker, and only a rated one counts successes.
+func testBatchOutsideClosed(t *testing.T, open Open) {
+	e := newEnv(t, open, 2)
+	rated(e)
+	for i := range int64(10) {
+		e.record(int(i)%2, i, false, "")
+	}
+	e.wantStatus("opened by 10 failures", e.state(0, 10), breaker.Status{State: opn, OpenUntil: at(5009)})
+	e.wantTransition("batch while open", e.batch(1, 100, 1000), tr(opn, opn))
+	p1, _ := e.allow(0, 5009)
+	e.wantTransition("batch while half-open", e.batch(1, 5100, 1000), tr(half, half))
+	e.wantStatus("unmoved", e.state(0, 5200), breaker.Status{State: half, Probes: 1})
+	e.record(0, 5300, true, p1.ProbeID)
+	p2, _ := e.allow(0, 5400)
+	e.wantTransition("the second probe closes", e.record(1, 5500, true, p2.ProbeID), tr(half, closed))
+	e.wantStatus("closed, counts forgotten", e.state(0, 5500), breaker.Status{State: closed})
+
+	plain := &env{tb: e.tb, rs: e.rs, key: breaker.StoreKey("model", t.Name()+"/plain"), p: params}
+	plain.wantTransition("batch, unrated", plain.batch(0, 0, 1000), tr(closed, closed))
+	plain.wantStatus("nothing counted", plain.state(1, 0), breaker.Status{State: closed})
+}
+
+// testBadBatch: a batch that also carries an outcome, a probe or a once
+// ID is refused.
+func testBadBatch(t *testing.T, open Open) {
+	e := newEnv(t, open, 1)
+	rated(e)
+	for _, r := range []breaker.Report{
+		{Successes: 1, Success: true},
+		{Successes: 1, ProbeID: breaker.NewProbeID()},
+		{Successes: 1, Once: "t1"},
+		{Successes: breaker.MaxBatch + 1},
+	} {
+		if _, err := e.rs[0].Record(context.Background(), at(0), e.key, e.p, r); err == nil {
+			t.Errorf("Record(%+v): no error", r)
+		}
+	}
+	e.wantStatus("nothing counted", e.state(0, 0), breaker.Status{State: closed})
 }

@@ -116,6 +116,10 @@ func (b *Breakers) Record(ctx context.Context, now time.Time, key string, p brea
 			tr = breaker.Transition{From: c.State, To: c.State}
 			return
 		}
+		if r.Successes > 0 {
+			tr = c.Count(now, p, r.Successes)
+			return
+		}
 		tr = c.Record(now, p, r.Success, r.ProbeID)
 	})
 	return tr, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -45,6 +46,7 @@ type reply struct {
 	until      int64
 	probes     int64
 	successes  int64
+	volume     int64
 }
 
 func (b *Breakers) run(ctx context.Context, mode string, now time.Time, key string, p breaker.Params, r breaker.Report) (reply, error) {
@@ -59,7 +61,8 @@ func (b *Breakers) run(ctx context.Context, mode string, now time.Time, key stri
 	rep, err := b.script.Run(ctx, b.c, keys, mode, now.UnixMilli(),
 		p.FailureThreshold, p.Window.Milliseconds(), p.OpenFor.Milliseconds(),
 		p.HalfOpenProbes, p.CloseAfter, p.ProbeLease.Milliseconds(), breaker.Retain.Milliseconds(),
-		ok, r.ProbeID, breaker.OnceTTL(p).Milliseconds()).Slice()
+		ok, r.ProbeID, breaker.OnceTTL(p).Milliseconds(),
+		strconv.FormatFloat(p.FailureRate, 'g', -1, 64), p.MinRequests, r.Successes).Slice()
 	if err != nil {
 		return reply{}, fmt.Errorf("run breaker script: %w", err)
 	}
@@ -67,10 +70,10 @@ func (b *Breakers) run(ctx context.Context, mode string, now time.Time, key stri
 }
 
 func decodeBreaker(rep []any) (reply, error) {
-	if len(rep) != 9 {
-		return reply{}, fmt.Errorf("breaker script: %d values in the reply, want 9", len(rep))
+	if len(rep) != 10 {
+		return reply{}, fmt.Errorf("breaker script: %d values in the reply, want 10", len(rep))
 	}
-	var n [9]int64
+	var n [10]int64
 	for i, v := range rep {
 		if i == 3 {
 			continue
@@ -90,7 +93,7 @@ func decodeBreaker(rep []any) (reply, error) {
 	}
 	return reply{
 		state: breaker.State(n[0]), from: n[1], allowed: n[2] == 1, probeID: id,
-		retryAfter: n[4], failures: n[5], until: n[6], probes: n[7], successes: n[8],
+		retryAfter: n[4], failures: n[5], until: n[6], probes: n[7], successes: n[8], volume: n[9],
 	}, nil
 }
 
@@ -145,7 +148,7 @@ func (b *Breakers) State(ctx context.Context, now time.Time, key string, p break
 	if err != nil {
 		return breaker.Status{}, err
 	}
-	st := breaker.Status{State: r.state, Failures: uint64(r.failures), Probes: uint64(r.probes), Successes: uint64(r.successes)}
+	st := breaker.Status{State: r.state, Failures: uint64(r.failures), Probes: uint64(r.probes), Successes: uint64(r.successes), Volume: uint64(r.volume)}
 	if r.state == breaker.Open {
 		st.OpenUntil = time.UnixMilli(r.until)
 	}

@@ -9,11 +9,17 @@
 -- probe lease (ms), retain (ms), success ("1" or "0", record), probe ID
 -- (allow: the ID a new probe's slot gets, from Go's crypto/rand, as Lua
 -- has no good randomness; record, release: the probe reporting), the
--- marker's TTL (ms, breaker.OnceTTL).
+-- marker's TTL (ms, breaker.OnceTTL), failure rate (0: off), min requests
+-- (0: off), and a batch of successes (record: Report.Successes, 0 for
+-- none). Rated (failure rate or min requests set): a closed breaker
+-- counts failures and successes in 10 buckets across the window
+-- (breaker.RateBuckets, breaker.BucketWidth) instead of failure times.
 --
 -- State: a hash. "s": "o" open or "h" half-open (absent: closed); "u":
 -- when an open breaker goes half-open; "k": probe successes; "f": the
--- failure times, "t1,t2,..."; "p": the probe slots, "id=deadline,...".
+-- failure times, "t1,t2,..."; "p": the probe slots, "id=deadline,...";
+-- "c": a rated closed breaker's buckets, "at:failures:successes,...",
+-- oldest first.
 -- Keys written by an older version may also hold "g" and "q" (the probe
 -- IDs' old parts), which are ignored and dropped on the next write.
 -- A fresh (closed, no failures) breaker has no key. Every write sets the
@@ -22,8 +28,8 @@
 --
 -- Reply: {state (0 closed, 1 half-open, 2 open), transition from (-1:
 -- none; else to is the state), allowed (1 or 0), probe ID, retry after
--- (ms), failures, open until (ms), probes, successes}. The last four are
--- Status's, set by "state" only.
+-- (ms), failures, open until (ms), probes, successes, volume}. The last
+-- five are Status's, set by "state" only.
 
 local ttlMargin = 1000
 local maxProbeID = 64 -- breaker.MaxProbeIDBytes
@@ -40,10 +46,18 @@ local retain = tonumber(ARGV[9])
 local success = ARGV[10] == '1'
 local probeID = ARGV[11] or ''
 local onceTTL = tonumber(ARGV[12])
+local rate = tonumber(ARGV[13])
+local minRequests = tonumber(ARGV[14])
+local batch = tonumber(ARGV[15])
 if now == nil or threshold == nil or window == nil or openFor == nil or maxProbes == nil or
-    closeAfter == nil or lease == nil or retain == nil or onceTTL == nil then
+    closeAfter == nil or lease == nil or retain == nil or onceTTL == nil or rate == nil or
+    minRequests == nil or batch == nil then
   return redis.error_reply('ERR tollgate breaker: bad arguments')
 end
+local rated = rate > 0 or minRequests > 0
+local nBuckets = 10 -- breaker.RateBuckets
+-- breaker.BucketWidth: window / 10 rounded up, at least 1.
+local width = math.max(math.floor((window + nBuckets - 1) / nBuckets), 1)
 
 local function fmtint(x) return string.format('%d', x) end
 
@@ -51,7 +65,7 @@ local CLOSED, HALF, OPEN = 0, 1, 2
 local key = KEYS[1]
 
 -- Load.
-local c = {state = CLOSED, untl = 0, succ = 0, fails = {}, probes = {}}
+local c = {state = CLOSED, untl = 0, succ = 0, fails = {}, probes = {}, counts = {}}
 local flat = redis.call('HGETALL', key)
 local h = {}
 for i = 1, #flat, 2 do h[flat[i]] = flat[i + 1] end
@@ -62,11 +76,14 @@ for t in string.gmatch(h.f or '', '(-?%d+)') do c.fails[#c.fails + 1] = tonumber
 for id, d in string.gmatch(h.p or '', '([^=,]+)=(-?%d+)') do
   c.probes[#c.probes + 1] = {id, tonumber(d)}
 end
+for at, f, sc in string.gmatch(h.c or '', '(-?%d+):(%d+):(%d+)') do
+  c.counts[#c.counts + 1] = {tonumber(at), tonumber(f), tonumber(sc)}
+end
 
 local dirty = false
 
 local function fresh()
-  c = {state = CLOSED, untl = 0, succ = 0, fails = {}, probes = {}}
+  c = {state = CLOSED, untl = 0, succ = 0, fails = {}, probes = {}, counts = {}}
 end
 
 local function open()
@@ -89,6 +106,9 @@ local function save()
   if c.state == CLOSED then
     for _, t in ipairs(c.fails) do
       if t + window > exp then exp = t + window end
+    end
+    for _, b in ipairs(c.counts) do
+      if (b[1] + nBuckets) * width > exp then exp = (b[1] + nBuckets) * width end
     end
   else
     exp = c.untl
@@ -117,12 +137,39 @@ local function save()
     for i, x in ipairs(c.probes) do parts[i] = x[1] .. '=' .. fmtint(x[2]) end
     set[#set + 1] = 'p'; set[#set + 1] = table.concat(parts, ',')
   end
+  if #c.counts > 0 then
+    local parts = {}
+    for i, b in ipairs(c.counts) do parts[i] = fmtint(b[1]) .. ':' .. fmtint(b[2]) .. ':' .. fmtint(b[3]) end
+    set[#set + 1] = 'c'; set[#set + 1] = table.concat(parts, ',')
+  end
   if #set == 0 then set = {'s', 'c'} end
   redis.call('HSET', key, unpack(set))
   redis.call('PEXPIRE', key, fmtint(exp - now + ttlMargin))
 end
 
-local out = {0, -1, 0, '', 0, 0, 0, 0, 0}
+-- count is Cell.count: add to the current bucket of a closed rated
+-- breaker, and open it when, within the window, failures >= threshold,
+-- failures >= rate x (failures + successes) and failures + successes >=
+-- min requests. Only a failure can open it.
+local function count(failed, successes)
+  local at = math.floor(now / width)
+  local kept = {}
+  for _, b in ipairs(c.counts) do
+    if b[1] > at - nBuckets and b[1] <= at then kept[#kept + 1] = b end
+  end
+  if #kept == 0 or kept[#kept][1] ~= at then kept[#kept + 1] = {at, 0, 0} end
+  c.counts = kept
+  local cur = kept[#kept]
+  cur[3] = cur[3] + successes
+  dirty = true
+  if not failed then return end
+  cur[2] = cur[2] + 1
+  local f, sc = 0, 0
+  for _, b in ipairs(kept) do f = f + b[2]; sc = sc + b[3] end
+  if f >= threshold and f >= rate * (f + sc) and f + sc >= minRequests then open() end
+end
+
+local out = {0, -1, 0, '', 0, 0, 0, 0, 0, 0}
 
 if mode == 'allow' then
   -- The ID is written into "p": it must never hold its separators.
@@ -171,7 +218,12 @@ elseif mode == 'record' then
     end
     redis.call('SET', KEYS[2], fmtint(now + onceTTL), 'PX', fmtint(onceTTL + ttlMargin))
   end
-  if c.state == CLOSED then
+  if c.state == CLOSED and batch > 0 then
+    -- Cell.Count: a batch of successes, rated only; it never opens.
+    if rated then count(false, batch) end
+  elseif c.state == CLOSED and rated then
+    if success then count(false, 1) else count(true, 0) end
+  elseif c.state == CLOSED then
     if not success then
       local kept = {}
       for _, t in ipairs(c.fails) do
@@ -182,7 +234,7 @@ elseif mode == 'record' then
       dirty = true
       if #kept >= threshold then open() end
     end
-  elseif c.state == HALF then
+  elseif c.state == HALF and batch == 0 then
     -- Only the probe of a slot held now moves a half-open breaker.
     local i = slot()
     if i ~= nil and c.probes[i][2] > now then
@@ -219,6 +271,13 @@ elseif mode == 'state' then
       if x[2] > now then live = live + 1 end
     end
     out[1], out[8], out[9] = HALF, live, c.succ
+  elseif rated then
+    local at = math.floor(now / width)
+    local f, v = 0, 0
+    for _, b in ipairs(c.counts) do
+      if b[1] > at - nBuckets and b[1] <= at then f = f + b[2]; v = v + b[2] + b[3] end
+    end
+    out[6], out[10] = f, v
   else
     local n = 0
     for _, t in ipairs(c.fails) do
