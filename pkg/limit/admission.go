@@ -107,6 +107,9 @@ type Shedding struct {
 	// Scope is the pressure a request reads: ScopeGlobal or ScopeModel
 	// (Optional, default ScopeGlobal).
 	Scope string
+	// Control, when set, sheds fractions of tiers toward an in-flight
+	// target per upstream, besides the steps (Optional).
+	Control *Control
 }
 
 // FieldError is one invalid field of a configuration value; Path names it
@@ -198,6 +201,17 @@ func (s *Shedding) Check() []FieldError {
 	case "", ScopeGlobal, ScopeModel:
 	default:
 		bad("scope", "%q is not one of global|model", s.Scope)
+	}
+	if c := s.Control; c != nil {
+		for _, f := range c.Check() {
+			f.Path = "control." + f.Path
+			out = append(out, f)
+		}
+		// The Limiter hands the Gate one scope: the upstream's, which the
+		// steps read too when they are per model.
+		if s.Scope == ScopeModel && c.Key != "" && c.Key != ModelKey {
+			bad("control.key", "%q must be %q when scope is model", c.Key, ModelKey)
+		}
 	}
 	return out
 }
@@ -314,6 +328,13 @@ func (d *Domain) checkAdmission() error {
 	if d.Shedding != nil {
 		if err := d.Shedding.Validate(); err != nil {
 			return fmt.Errorf("shedding: %w", err)
+		}
+		if c := d.Shedding.Control; c != nil && d.Tiers != nil {
+			for j, t := range c.Sheddable {
+				if _, ok := d.Tiers.Plans[t]; !ok {
+					return fmt.Errorf("shedding: control.sheddable[%d]: %q is not a plan of tiers", j, t)
+				}
+			}
 		}
 	}
 	for i, b := range d.Breakers {
@@ -459,7 +480,13 @@ func (l *Limiter) shed(dom *Domain, req *Request, dec *Decision) (adjust, bool) 
 		return noAdjust, false
 	}
 	scope := ScopeGlobal
-	if dom.Shedding.Scope == ScopeModel {
+	if c := dom.Shedding.Control; c != nil {
+		// The controller's fractions are per upstream; the Gate falls
+		// back to the global steps for an upstream without its own.
+		if u := valueOf(req, c.KeyName()); u != "" {
+			scope = u
+		}
+	} else if dom.Shedding.Scope == ScopeModel {
 		if m := valueOf(req, ModelKey); m != "" {
 			scope = m
 		}
