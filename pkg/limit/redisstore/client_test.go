@@ -231,7 +231,8 @@ const (
 
 // aclRules is the narrowest grant the store works with, as README tells
 // operators: the tg: keys, no channels, and only the commands that the
-// Lua function and scripts, the pressure board and the clients send.
+// Lua function and scripts, the pressure board, the control loop's shared
+// state (flights, meters, cells) and the clients send.
 // Scripts' own calls are checked against it too. Each command was found
 // needed by taking it out; HELLO and AUTH need no grant. SELECT is for a
 // URL with a database other than 0; COMMAND and CLUSTER SLOTS are for a
@@ -243,8 +244,8 @@ var aclRules = []string{
 	"+ping", "+select", "+cluster|slots", "+command",
 	"+fcall", "+function|load", "+evalsha", "+eval",
 	"+get", "+set", "+del", "+pexpire",
-	"+hgetall", "+hset", "+hdel",
-	"+zadd", "+zrem", "+zrangebyscore", "+zremrangebyscore",
+	"+hgetall", "+hset", "+hdel", "+hget", "+hincrby",
+	"+zadd", "+zrem", "+zrangebyscore", "+zremrangebyscore", "+zcount", "+zrange",
 }
 
 // withACLUser adds aclUser with aclRules to a server.
@@ -272,9 +273,10 @@ func checkACLLog(t *testing.T, servers ...*redistest.Server) {
 	}
 }
 
-// TestTLSWithACLUser runs the Store, Board and Breakers conformance suites
-// over TLS with a private CA and a client certificate, as an ACL user
-// limited to aclRules, on one node, through Sentinel and on a cluster.
+// TestTLSWithACLUser runs the Store, Board, Breakers, Flights, Meters and
+// Cells conformance suites over TLS with a private CA and a client
+// certificate, as an ACL user limited to aclRules, on one node, through
+// Sentinel and on a cluster.
 func TestTLSWithACLUser(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts 6 TLS redis-servers and runs the conformance suites; skipped with -short")
@@ -302,6 +304,7 @@ func TestTLSWithACLUser(t *testing.T) {
 			storetest.Run(t, func(testing.TB) limit.Store { return s })
 			storetest.RunBoard(t, func(testing.TB) limit.Board { return NewBoard(c) })
 			breakertest.Run(t, func(tb testing.TB, n int) []breaker.Store { return replicas(tb, n, dial) })
+			runShared(t, c)
 		})
 		if s.apply.scripts.Load() {
 			t.Error("the store turned to scripts: the ACL user could not load the function")
