@@ -41,7 +41,8 @@ import (
 // The drain term stands in for "push the lowest tier a quantum further
 // every tick the queue builds": pushing per tick would count a change
 // every tick until the queue drained, far past the four a minute the
-// laws allow, and overshoot by the queue's drain time. T / L alone
+// laws allow, and overshoot by the queue's drain time. (The drain is
+// over two windows: over one it overshot in TestLawHoldsASpike.) T / L alone
 // counts the queue twice above T, and theta alone lags a spike by a
 // window; each overshot (shedding all of free at a spike's start, then
 // loosening it a dwell later: two changes more, in TestLawHoldsASpike).
@@ -158,6 +159,7 @@ func (w law) next(prev ControlState, r ControlReading, now time.Time) ControlSta
 		// shedding cuts them while a queue still drains.
 		span := float64(k) * w.cfg.Interval.Seconds()
 		done := r.Admitted - float64(out.Counts[k]-out.Counts[0])/span
+		out.Done, out.Mean = max(done, 0), mean
 		if done > 0 && mean > 0 {
 			// Smoothed over about two ticks: in the tick a spike's
 			// queue lands, the mean already holds it and the completions
@@ -166,11 +168,17 @@ func (w law) next(prev ControlState, r ControlReading, now time.Time) ControlSta
 			if out.Latency > 0 {
 				l = out.Latency + min(1, 2*w.cfg.Interval.Seconds()/w.cfg.Window.Seconds())*(l-out.Latency)
 			}
-			out.Latency, out.Done, out.Mean = l, done, mean
+			out.Latency = l
 		}
 	}
 	rate := math.Inf(1)
-	if out.Latency > 0 {
+	switch {
+	case out.Done == 0 && out.Mean > t:
+		// More than T in flight and nothing completes: the upstream
+		// takes nothing (or every completion is lost and the leases
+		// will tell).
+		rate = 0
+	case out.Latency > 0:
 		// T / L is what the upstream completes now, scaled to T in
 		// flight; not less than what it completes now, as a smoothed L
 		// can still hold a drained queue's wait, and a completion rate
