@@ -128,4 +128,7 @@ func TestControlAcrossReplicas(t *testing.T) {
 	}
 	sendEntries(t, ctx, b.als, entries...)
 	a.poll("A to count no flight", func() bool { return a.control().InFlight == 0 })
+	if _, cfg := a.get("/debug/config"); !strings.Contains(cfg, `"sheddable": [`) || !strings.Contains(cfg, `"dwell": "15s"`) {
+		t.Errorf("/debug/config lacks the control with its defaults:\n%s", cfg)
+	}
 }

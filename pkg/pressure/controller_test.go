@@ -371,3 +371,50 @@ func TestGateControllerFraction(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkGateShed is the decision path's cost of shedding: the steps
+// alone, and with the controller's fraction and draw.
+func BenchmarkGateShed(b *testing.B) {
+	ev, err := NewEvaluator(&Policy{Steps: []Step{{Above: 0.9, Shed: []string{"free"}}}}, storetest.NewFakeClock(t0))
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := newShared()
+	c := newTestController(b, s, storetest.NewFakeClock(t0), "a")
+	st := ControlState{Fractions: []float64{0.5, 0}, At: t0, Since: t0}
+	if _, _, err := s.Swap(context.Background(), t0, "ctl|inference|m", 0, encodeState(st), time.Minute); err != nil {
+		b.Fatal(err)
+	}
+	c.Tick(context.Background())
+	for _, bc := range []struct {
+		name string
+		ctl  *Controller
+	}{{"steps", nil}, {"controlled", c}} {
+		b.Run(bc.name, func(b *testing.B) {
+			g := NewGate()
+			g.Set(GateEntry{Domain: "inference", Scope: limit.ScopeGlobal, Evaluator: ev})
+			g.SetController(bc.ctl)
+			b.ReportAllocs()
+			for b.Loop() {
+				g.Shed("inference", "m", "free")
+			}
+		})
+	}
+}
+
+// BenchmarkDecided is the decision path's cost of counting a decision
+// and queueing its flight (the queue drained as the flusher would).
+func BenchmarkDecided(b *testing.B) {
+	s := newShared()
+	c := newTestController(b, s, storetest.NewFakeClock(t0), "a")
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		c.Decided("inference", "m", "free", true, "")
+		if i++; i%1024 == 0 {
+			for len(c.queue) > 0 {
+				<-c.queue
+			}
+		}
+	}
+}
