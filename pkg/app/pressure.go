@@ -29,6 +29,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/breaker"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/pressure"
+	"github.com/tollgate-dev/tollgate/pkg/ticket"
 )
 
 // pressureFlags are serve's pressure and breaker settings.
@@ -141,6 +142,7 @@ type shedder struct {
 	// apply: it is built over the Limiter that is built over the Gate).
 	als      *accesslog.Service
 	gate     *pressure.Gate
+	ctl      *pressure.Controller // the overload controller of domains with shedding.control
 	breakers *breaker.Set
 	inflight *pressure.InFlight // nil without --pressure-capacity
 	outcomes *pressure.Outcomes // nil without outcome signals
@@ -187,16 +189,29 @@ type shedDomain struct {
 	done     chan struct{}
 }
 
-func newShedder(ctx context.Context, f pressureFlags, board limit.Board, brStore breaker.Store, log *zap.Logger) (*shedder, error) {
+func newShedder(ctx context.Context, f pressureFlags, shared sharedState, log *zap.Logger) (*shedder, error) {
 	combine, err := pressure.ParseCombine(f.combine)
 	if err != nil {
 		return nil, err
 	}
 	s := &shedder{
-		f: f, name: f.replica(), combine: combine, board: board, brStore: brStore, clock: limit.SystemClock{},
+		f: f, name: f.replica(), combine: combine, board: shared.board, brStore: shared.breakers, clock: limit.SystemClock{},
 		log: log, gate: pressure.NewGate(), breakers: breaker.NewSet(),
 		retired: map[[2]breaker.State]uint64{}, retiredClasses: map[breakerClass]uint64{},
 	}
+	ctlLog := log.Named("control")
+	s.ctl, err = pressure.NewController(pressure.ControllerConfig{
+		Flights: shared.flights, Meters: shared.meters, Cells: shared.cells, Replica: s.name, Clock: s.clock,
+		OnError: func(op string, err error) {
+			// Counted in tollgate_control_store_errors_total; a line per
+			// tick would drown the log while the store is down.
+			ctlLog.Debug("control store", zap.String("op", op), zap.Error(err))
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.gate.SetController(s.ctl)
 	if f.capacity > 0 {
 		s.inflight = pressure.NewInFlight(f.capacity)
 	}
@@ -224,15 +239,61 @@ func newShedder(ctx context.Context, f pressureFlags, board limit.Board, brStore
 		}
 	}
 	s.base, s.cancel = context.WithCancel(ctx)
+	s.ctl.Start(s.base)
 	if s.prom != nil {
 		s.promWG.Go(func() { s.prom.Run(s.base) })
 	}
 	return s, nil
 }
 
-// limiterOptions make a Limiter shed by pressure and consult breakers.
+// limiterOptions make a Limiter shed by pressure and consult breakers,
+// and tell the overload controller of the decisions of its domains.
 func (s *shedder) limiterOptions() []limit.Option {
-	return []limit.Option{limit.WithShedder(s.gate), limit.WithBreakers(s.breakers)}
+	return []limit.Option{limit.WithShedder(s.gate), limit.WithBreakers(s.breakers), limit.WithAdmissions(s.ctl)}
+}
+
+// completed ends the flight of a verified ticket's request: the outcome
+// loop calls it for each ticket a completion brings (the access log's
+// final entry, ext_proc's end of stream; whichever comes first ends it).
+func (s *shedder) completed(t *ticket.Ticket) { s.ctl.Completed(t.Request()) }
+
+// Busy reports whether domain's upstream had at least its capacity in
+// flight at the controller's last count: an overload answer from it then
+// is not a failure (the breaker's rule). False for an upstream without a
+// controller.
+func (s *shedder) Busy(domain, upstream string) bool { return s.ctl.Busy(domain, upstream) }
+
+// controlDomains are the controller's domains of rs: each domain with
+// shedding.control, its plans, and its controlled upstreams: those
+// capacity lists, and with default_capacity those its rules name with an
+// exact value of the control's key.
+func controlDomains(rs *limit.RuleSet) []pressure.ControlDomain {
+	var out []pressure.ControlDomain
+	for _, d := range rs.Domains() {
+		if d.Shedding == nil || d.Shedding.Control == nil {
+			continue
+		}
+		c := d.Shedding.Control
+		cd := pressure.ControlDomain{Name: d.Name, Control: *c, Upstreams: map[string]int64{}}
+		if d.Tiers != nil {
+			for t := range d.Tiers.Plans {
+				cd.Tiers = append(cd.Tiers, t)
+			}
+			slices.Sort(cd.Tiers)
+		}
+		for name, v := range c.Capacity {
+			cd.Upstreams[name] = v
+		}
+		if c.DefaultCapacity > 0 {
+			for _, name := range valuesOf(d.Descriptors, c.KeyName()) {
+				if _, ok := cd.Upstreams[name]; !ok {
+					cd.Upstreams[name] = c.DefaultCapacity
+				}
+			}
+		}
+		out = append(out, cd)
+	}
+	return out
 }
 
 // interceptors count the decisions in flight, for the in-flight signal.
@@ -292,6 +353,9 @@ func (s *shedder) apply(rs *limit.RuleSet) error {
 			<-d.done
 		}
 		s.retire(old.breakers, next.breakers)
+	}
+	if err := s.ctl.Set(controlDomains(rs)...); err != nil {
+		errs = append(errs, fmt.Errorf("control: %w", err))
 	}
 	s.gate.Set(gate...)
 	s.breakers.Replace(next.breakers...)
@@ -380,7 +444,13 @@ func (s *shedder) domain(old *shedState, d *limit.Domain) (*shedDomain, error) {
 			}
 		}
 		sd.scopes[name] = ev
-		scopes = append(scopes, pressure.Scope{Name: name, Local: s.local(name), Evaluator: ev})
+		local := s.local(name)
+		if d.Shedding.Control != nil {
+			// The controller's load, in-flight over capacity, is a
+			// signal the steps can use beside the others.
+			local = append(local, s.ctl.Load(d.Name, name))
+		}
+		scopes = append(scopes, pressure.Scope{Name: name, Local: local, Evaluator: ev})
 	}
 	c, err := pressure.NewCombiner(pressure.CombinerConfig{
 		Board: s.board, Replica: s.name, Combine: s.combine, TTL: s.f.ttl, Clock: s.clock, Scopes: scopes,
@@ -405,7 +475,7 @@ func (s *shedder) domain(old *shedState, d *limit.Domain) (*shedDomain, error) {
 
 // local is this replica's signal for scope. It is never nil, so that
 // every replica shows on the board, at 0 when it has no signal.
-func (s *shedder) local(scope string) pressure.Signal {
+func (s *shedder) local(scope string) pressure.Signals {
 	sig := pressure.Signals{}
 	if scope == limit.ScopeGlobal {
 		if s.inflight != nil {
@@ -434,12 +504,15 @@ func (s *shedder) local(scope string) pressure.Signal {
 
 // modelsOf lists the exact values of the rules on limit.ModelKey, at any
 // depth: the models a domain names are the ones it gets scopes for.
-func modelsOf(rules []*limit.Rule) []string {
+func modelsOf(rules []*limit.Rule) []string { return valuesOf(rules, limit.ModelKey) }
+
+// valuesOf lists the exact values of the rules on key, at any depth.
+func valuesOf(rules []*limit.Rule, key string) []string {
 	var out []string
 	var walk func([]*limit.Rule)
 	walk = func(rs []*limit.Rule) {
 		for _, r := range rs {
-			if r.Key == limit.ModelKey && r.Value != "" && !strings.HasSuffix(r.Value, "*") && r.Value != limit.ScopeGlobal && !slices.Contains(out, r.Value) {
+			if r.Key == key && r.Value != "" && !strings.HasSuffix(r.Value, "*") && r.Value != limit.ScopeGlobal && !slices.Contains(out, r.Value) {
 				out = append(out, r.Value)
 			}
 			walk(r.Children)
@@ -472,6 +545,7 @@ func (s *shedder) stop() {
 	defer s.mu.Unlock()
 	s.stopped = true
 	s.cancel()
+	s.ctl.Stop()
 	if st := s.cur.Load(); st != nil {
 		for _, d := range st.domains {
 			<-d.done
@@ -599,6 +673,9 @@ type pressureView struct {
 	TTL      string              `json:"ttl"`
 	Domains  []domainPressure    `json:"domains"`
 	Breakers []breakerStatesView `json:"breakers"`
+	// Control is the overload controller's state per controlled
+	// upstream, as this replica holds it.
+	Control []pressure.ControlView `json:"control"`
 }
 
 type domainPressure struct {
@@ -622,7 +699,10 @@ type breakerStateView struct {
 func (s *shedder) view() pressureView {
 	v := pressureView{
 		Replica: s.name, Combine: s.combine.String(), Interval: s.f.interval.String(), TTL: s.f.ttl.String(),
-		Domains: []domainPressure{}, Breakers: []breakerStatesView{},
+		Domains: []domainPressure{}, Breakers: []breakerStatesView{}, Control: s.ctl.Snapshot(),
+	}
+	if v.Control == nil {
+		v.Control = []pressure.ControlView{}
 	}
 	st := s.cur.Load()
 	if st == nil {
@@ -658,6 +738,8 @@ type pressureCollector struct {
 	score, local, level, factor, stale, state *prometheus.Desc
 	transitions, untracked, promErrors        *prometheus.Desc
 	classes                                   *prometheus.Desc
+	// The overload controller's.
+	ctlFraction, ctlInflight, ctlCapacity, ctlChanges, ctlErrors, ctlDropped *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*pressureCollector)(nil)
@@ -676,11 +758,18 @@ func newPressureCollector(s *shedder) *pressureCollector {
 		untracked:   prometheus.NewDesc("tollgate_breaker_untracked_total", "Breaker names left out of tollgate_breaker_state because the tracked set was full.", nil, nil),
 		promErrors:  prometheus.NewDesc("tollgate_pressure_prom_errors_total", "Failed queries of --pressure-prom-query.", nil, nil),
 		classes:     prometheus.NewDesc("tollgate_breaker_outcomes_total", "Outcomes this replica's breakers classified (docs/outcome-classes.md), by breaker key and class: success, failure, overload (never opens a breaker) or neutral.", []string{"key", "class"}, nil),
+		ctlFraction: prometheus.NewDesc("tollgate_control_shed_fraction", "Share of the tier's requests to the upstream the overload controller sheds, in [0,1].", []string{"domain", "scope", "tier"}, nil),
+		ctlInflight: prometheus.NewDesc("tollgate_control_inflight", "Requests in flight to the upstream cluster-wide at the controller's last count.", ds, nil),
+		ctlCapacity: prometheus.NewDesc("tollgate_control_capacity", "The upstream's configured capacity (shedding.control.capacity).", ds, nil),
+		ctlChanges:  prometheus.NewDesc("tollgate_control_changes_total", "Changes of the upstream's shed fractions this replica has seen (every replica sees the cluster's).", ds, nil),
+		ctlErrors:   prometheus.NewDesc("tollgate_control_store_errors_total", "Failed calls of the overload controller to the shared store, by operation.", []string{"op"}, nil),
+		ctlDropped:  prometheus.NewDesc("tollgate_control_flights_dropped_total", "Flight begins and ends dropped because the queue to the store was full.", nil, nil),
 	}
 }
 
 func (c *pressureCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.score, c.local, c.level, c.factor, c.stale, c.state, c.transitions, c.untracked, c.promErrors, c.classes} {
+	for _, d := range []*prometheus.Desc{c.score, c.local, c.level, c.factor, c.stale, c.state, c.transitions, c.untracked, c.promErrors, c.classes,
+		c.ctlFraction, c.ctlInflight, c.ctlCapacity, c.ctlChanges, c.ctlErrors, c.ctlDropped} {
 		ch <- d
 	}
 }
@@ -742,4 +831,16 @@ func (c *pressureCollector) Collect(ch chan<- prometheus.Metric) {
 		promErrs = c.s.prom.State().Failures
 	}
 	ch <- prometheus.MustNewConstMetric(c.promErrors, prometheus.CounterValue, float64(promErrs))
+	for _, v := range c.s.ctl.Snapshot() {
+		for tier, f := range v.Shed {
+			gauge(c.ctlFraction, f, v.Domain, v.Scope, tier)
+		}
+		gauge(c.ctlInflight, float64(v.InFlight), v.Domain, v.Scope)
+		gauge(c.ctlCapacity, float64(v.Capacity), v.Domain, v.Scope)
+		ch <- prometheus.MustNewConstMetric(c.ctlChanges, prometheus.CounterValue, float64(v.Changes), v.Domain, v.Scope)
+	}
+	for op, n := range c.s.ctl.StoreErrors() {
+		ch <- prometheus.MustNewConstMetric(c.ctlErrors, prometheus.CounterValue, float64(n), op)
+	}
+	ch <- prometheus.MustNewConstMetric(c.ctlDropped, prometheus.CounterValue, float64(c.s.ctl.Dropped()))
 }

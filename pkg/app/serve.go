@@ -193,7 +193,7 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 	}
 	reloads.loaded()
 
-	sh, err := newShedder(ctx, f.pressure, shared.board, shared.breakers, log.Named("pressure"))
+	sh, err := newShedder(ctx, f.pressure, shared, log.Named("pressure"))
 	if err != nil {
 		return err
 	}
@@ -202,7 +202,7 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 		return fmt.Errorf("register pressure metrics: %w", err)
 	}
 	lim := limit.NewLimiter(store, limit.SystemClock{}, rules, append(sh.limiterOptions(), f.failure.option(failures, f.redisURL != "", health.replicas.get))...)
-	loop, err := outcome.New(ticketKeys, lim, log.Named("outcome"), reg, outcome.Options{})
+	loop, err := outcome.New(ticketKeys, lim, log.Named("outcome"), reg, outcome.Options{Completed: sh.completed})
 	if err != nil {
 		return err
 	}
@@ -332,20 +332,30 @@ type sharedState struct {
 	board    limit.Board
 	breakers breaker.Store
 	replicas peerBeater // nil for the in-memory store
+	// The overload controller's shared state (issue 13).
+	flights limit.Flights
+	meters  limit.Meters
+	cells   limit.Cells
 }
 
 // openStore returns the in-memory store for an empty URL, else a Redis
 // store, with the board and breaker store beside it; close releases them.
 func openStore(redisURL string, opts ...redisstore.Option) (store pingStore, shared sharedState, close func(), err error) {
 	if redisURL == "" {
-		return memstore.New(), sharedState{board: memstore.NewBoard(), breakers: memstore.NewBreakers()}, func() {}, nil
+		return memstore.New(), sharedState{
+			board: memstore.NewBoard(), breakers: memstore.NewBreakers(),
+			flights: memstore.NewFlights(), meters: memstore.NewMeters(), cells: memstore.NewCells(),
+		}, func() {}, nil
 	}
 	c, err := redisstore.NewClient(redisURL, opts...)
 	if err != nil {
 		return nil, sharedState{}, nil, fmt.Errorf("--redis-url: %w", err) // redisstore's errors never hold the password
 	}
 	s := redisstore.New(c)
-	return s, sharedState{board: redisstore.NewBoard(c), breakers: s.Breakers(), replicas: redisstore.NewReplicas(c)}, func() { _ = s.Close() }, nil
+	return s, sharedState{
+		board: redisstore.NewBoard(c), breakers: s.Breakers(), replicas: redisstore.NewReplicas(c),
+		flights: redisstore.NewFlights(c), meters: redisstore.NewMeters(c), cells: redisstore.NewCells(c),
+	}, func() { _ = s.Close() }, nil
 }
 
 // debugJSON serves what view returns as indented JSON.

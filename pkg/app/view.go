@@ -39,7 +39,39 @@ type sheddingView struct {
 	MinFactor  float64        `json:"min_factor,omitempty"`
 	Scope      string         `json:"scope"`
 	// BurstFloor is shown, in effect, when a step turns bursts down.
-	BurstFloor string `json:"burst_floor,omitempty"`
+	BurstFloor string       `json:"burst_floor,omitempty"`
+	Control    *controlView `json:"control,omitempty"`
+}
+
+// controlView is shedding.control with its defaults filled.
+type controlView struct {
+	Key             string           `json:"key"`
+	Capacity        map[string]int64 `json:"capacity"`
+	DefaultCapacity int64            `json:"default_capacity,omitempty"`
+	Target          float64          `json:"target"`
+	Sheddable       []string         `json:"sheddable"`
+	Interval        string           `json:"interval"`
+	Window          string           `json:"window"`
+	Dwell           string           `json:"dwell"`
+	Quantum         float64          `json:"quantum"`
+	Lease           string           `json:"lease"`
+	Grace           string           `json:"grace"`
+}
+
+func newControlView(c *limit.Control) *controlView {
+	if c == nil {
+		return nil
+	}
+	d := c.WithDefaults()
+	v := &controlView{
+		Key: d.Key, Capacity: map[string]int64{}, DefaultCapacity: d.DefaultCapacity, Target: d.Target, Sheddable: d.Sheddable,
+		Interval: d.Interval.String(), Window: d.Window.String(), Dwell: d.Dwell.String(), Quantum: d.Quantum,
+		Lease: d.Lease.String(), Grace: d.Grace.String(),
+	}
+	for k, n := range d.Capacity {
+		v.Capacity[k] = n
+	}
+	return v
 }
 
 type shedStepView struct {
@@ -55,7 +87,7 @@ func newSheddingView(s *limit.Shedding) *sheddingView {
 	if s == nil {
 		return nil
 	}
-	v := &sheddingView{Steps: []shedStepView{}, Hysteresis: s.Hysteresis, Shadow: s.Shadow, MinFactor: s.MinFactor, Scope: s.Scope}
+	v := &sheddingView{Steps: []shedStepView{}, Hysteresis: s.Hysteresis, Shadow: s.Shadow, MinFactor: s.MinFactor, Scope: s.Scope, Control: newControlView(s.Control)}
 	if v.Scope == "" {
 		v.Scope = limit.ScopeGlobal
 	}

@@ -50,6 +50,18 @@
 //	  min_factor: 0.1                  #   (Required with a continuous step) floor of the continuous factor, in (0,1]
 //	  scope: global                    #   (Optional) global|model: the pressure a request reads; default global
 //	  burst_floor: 1s                  #   (Optional) burst: false leaves a token bucket what it refills in this, at least 1; default 1s
+//	  control:                         #   (Optional) the overload controller (docs/overload-control.md); needs tiers
+//	    key: model                     #     (Optional) descriptor entry naming the upstream; default model
+//	    capacity: {gpt-4o: 32}         #     (Optional) upstream -> requests it serves at once (its slots), >= 1
+//	    default_capacity: 0            #     (Optional) capacity of upstreams the rules name with an exact value; default 0 (none)
+//	    target: 1                      #     (Optional) in-flight aimed at, a fraction of capacity in (0,4]; default 1
+//	    sheddable: [free, standard]    #     (Required) tiers it may shed, lowest first; plans of tiers
+//	    interval: 250ms                #     (Optional) how often it decides, 10ms..10s; default 250ms
+//	    window: 2s                     #     (Optional) span of the rates, 2..200 intervals; default 2s
+//	    dwell: 15s                     #     (Optional) a fraction loosens no sooner after the last change; default 15s
+//	    quantum: 0.1                   #     (Optional) the step of fractions, 0.01..0.5; default 0.1
+//	    lease: 2m                      #     (Optional) ends a flight whose completion was lost, >= 1s; default 2m
+//	    grace: 10s                     #     (Optional) the last state stands this long while the store fails; default 10s
 //	breakers:                          # (Optional) circuit breakers shared by all replicas; default none
 //	  - key: model                     #   (Required) one breaker per value of this descriptor entry; one per key
 //	    failure_threshold: 5           #   (Required) upstream failures (docs/outcome-classes.md) within window that open it
@@ -108,7 +120,8 @@ const (
 var (
 	fileKeys       = []string{"domain", "algorithm", "descriptors", "tiers", "shedding", "breakers", "store_failure"}
 	tiersKeys      = []string{"key", "default", "plans"}
-	sheddingKeys   = []string{"steps", "hysteresis", "hold", "shadow", "min_factor", "scope", "burst_floor"}
+	sheddingKeys   = []string{"steps", "hysteresis", "hold", "shadow", "min_factor", "scope", "burst_floor", "control"}
+	controlKeys    = []string{"key", "capacity", "default_capacity", "target", "sheddable", "interval", "window", "dwell", "quantum", "lease", "grace"}
 	stepKeys       = []string{"above", "shed", "admit_only", "limit_factor", "burst", "continuous"}
 	breakerKeys    = []string{"key", "failure_threshold", "failure_rate", "min_requests", "window", "open_for", "half_open_probes", "close_after", "probe_lease", "timeout", "cache"}
 	descriptorKeys = []string{
@@ -335,7 +348,7 @@ func (w *walker) domain(root *yaml.Node) (*limit.Domain, int) {
 		d.Descriptors = w.rules(n, "descriptors", 1)
 	}
 	if n, has := f["shedding"]; has {
-		d.Shedding = w.shedding(n)
+		d.Shedding = w.shedding(n, d.Tiers, f["tiers"] != nil)
 	}
 	if n, has := f["breakers"]; has {
 		d.Breakers = w.breakers(n)
@@ -930,7 +943,11 @@ func (w *walker) report(n *yaml.Node, base string, at fields, problems []limit.F
 
 // shedding reads the file's shedding policy and checks it with
 // limit.Shedding.Check. It returns nil when anything is wrong.
-func (w *walker) shedding(n *yaml.Node) *limit.Shedding {
+//
+// The controller sheds tiers, so it needs the domain's (tiers; hasTiers
+// says the file has a tiers: section, nil here when it was wrong) and
+// its sheddable tiers must be among their plans.
+func (w *walker) shedding(n *yaml.Node, tiers *limit.Tiers, hasTiers bool) *limit.Shedding {
 	const path = "shedding"
 	before := len(w.problems)
 	f, _ := w.mapping(n, path, sheddingKeys)
@@ -973,6 +990,22 @@ func (w *walker) shedding(n *yaml.Node) *limit.Shedding {
 		s.BurstFloor, _ = w.duration(v, path+".burst_floor")
 	}
 	s.Shadow = w.flag(f, "shadow", path)
+	if v, has := f["control"]; has {
+		at["control"] = w.resolve(v)
+		s.Control = w.control(v, path+".control", at)
+		switch {
+		case s.Control == nil:
+		case !hasTiers:
+			w.addf(w.resolve(v), path+".control", "the controller sheds tiers: the file needs tiers")
+		case tiers != nil:
+			for j, t := range s.Control.Sheddable {
+				if _, ok := tiers.Plans[t]; !ok && t != "" {
+					p := fmt.Sprintf("control.sheddable[%d]", j)
+					w.addf(at[p], path+"."+p, "%q is not a plan of tiers", t)
+				}
+			}
+		}
+	}
 	if len(w.problems) != before {
 		return nil
 	}
@@ -981,6 +1014,73 @@ func (w *walker) shedding(n *yaml.Node) *limit.Shedding {
 		return nil
 	}
 	return s
+}
+
+// control reads shedding.control; Shedding.Check checks its values.
+// Its nodes go in at under "control.<field>" for the report.
+func (w *walker) control(n *yaml.Node, path string, at fields) *limit.Control {
+	f, _ := w.mapping(n, path, controlKeys)
+	if f == nil {
+		return nil
+	}
+	c := &limit.Control{}
+	if v, has := f["key"]; has {
+		at["control.key"] = v
+		c.Key, _ = w.str(v, path+".key")
+	}
+	if v, has := f["capacity"]; has {
+		v = w.resolve(v)
+		at["control.capacity"] = v
+		if v.Kind != yaml.MappingNode {
+			w.addf(v, path+".capacity", "want a mapping of upstream to capacity, got %s", describe(v))
+		} else {
+			c.Capacity = map[string]int64{}
+			for i := 0; i+1 < len(v.Content); i += 2 {
+				k := w.resolve(v.Content[i])
+				name, ok := w.str(k, path+".capacity")
+				if !ok {
+					continue
+				}
+				p := path + ".capacity." + name
+				if _, dup := c.Capacity[name]; dup {
+					w.addf(k, p, "upstream listed twice")
+					continue
+				}
+				at["control.capacity."+name] = v.Content[i+1]
+				u, _ := w.uint(v.Content[i+1], p, 1, 1<<31)
+				c.Capacity[name] = int64(u)
+			}
+		}
+	}
+	if v, has := f["default_capacity"]; has {
+		at["control.default_capacity"] = v
+		u, _ := w.uint(v, path+".default_capacity", 0, 1<<31)
+		c.DefaultCapacity = int64(u)
+	}
+	for _, fl := range []struct {
+		key string
+		to  *float64
+	}{{"target", &c.Target}, {"quantum", &c.Quantum}} {
+		if v, has := f[fl.key]; has {
+			at["control."+fl.key] = v
+			*fl.to, _ = w.float(v, path+"."+fl.key)
+		}
+	}
+	for _, d := range []struct {
+		key string
+		to  *time.Duration
+	}{{"interval", &c.Interval}, {"window", &c.Window}, {"dwell", &c.Dwell}, {"lease", &c.Lease}, {"grace", &c.Grace}} {
+		if v, has := f[d.key]; has {
+			at["control."+d.key] = v
+			*d.to, _ = w.duration(v, path+"."+d.key)
+		}
+	}
+	if v, has := f["sheddable"]; has {
+		c.Sheddable = w.strings(v, path+".sheddable", "control.sheddable", at)
+	} else {
+		w.addf(w.resolve(n), path, "sheddable is required: the tiers the controller may shed, lowest first")
+	}
+	return c
 }
 
 func (w *walker) step(n *yaml.Node, path, rel string, at fields) limit.ShedStep {

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
@@ -324,6 +326,39 @@ testdata/bad/store_failure_bad.yaml:9: descriptors[0].descriptors[0].store_failu
 			name: "breaker tier key",
 			give: "breaker_tier_key.yaml",
 			want: `testdata/bad/breaker_tier_key.yaml:7: breakers[0].key: tier is the tiers.key; tier entries are removed before matching`,
+		},
+		{
+			name: "control unknown key",
+			give: "control_unknown_key.yaml",
+			want: `testdata/bad/control_unknown_key.yaml:7: shedding.control.dwel: unknown key; did you mean dwell?`,
+		},
+		{
+			name: "control out of range",
+			give: "control_ranges.yaml",
+			want: `testdata/bad/control_ranges.yaml:6: shedding.control.target: 5 is not in (0,4]
+testdata/bad/control_ranges.yaml:7: shedding.control.sheddable[1]: tier "free" listed twice
+testdata/bad/control_ranges.yaml:8: shedding.control.quantum: 0.9 is not in [0.01,0.5]
+testdata/bad/control_ranges.yaml:9: shedding.control.window: 100ms is not between 2 and 200 intervals of 250ms`,
+		},
+		{
+			name: "control without sheddable",
+			give: "control_no_sheddable.yaml",
+			want: `testdata/bad/control_no_sheddable.yaml:5: shedding.control: sheddable is required: the tiers the controller may shed, lowest first`,
+		},
+		{
+			name: "control without tiers",
+			give: "control_no_tiers.yaml",
+			want: `testdata/bad/control_no_tiers.yaml:4: shedding.control: the controller sheds tiers: the file needs tiers`,
+		},
+		{
+			name: "control sheds an unknown tier",
+			give: "control_unknown_tier.yaml",
+			want: `testdata/bad/control_unknown_tier.yaml:6: shedding.control.sheddable[0]: "bronze" is not a plan of tiers`,
+		},
+		{
+			name: "control capacity zero",
+			give: "control_capacity_zero.yaml",
+			want: `testdata/bad/control_capacity_zero.yaml:5: shedding.control.capacity.gpt-4o: 0 is less than 1`,
 		},
 		{
 			name: "breakers not list",
@@ -915,4 +950,24 @@ func ruleString(r *limit.Rule) string {
 		s += " replaces=" + strings.Join(r.Replaces, ",")
 	}
 	return s
+}
+
+func TestLoadControl(t *testing.T) {
+	t.Parallel()
+	rs, err := Load(filepath.Join("testdata", "good", "control.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &limit.Control{
+		Capacity: map[string]int64{"gpt-4o": 32}, Target: 1, Sheddable: []string{"free", "standard"},
+		Interval: 250 * time.Millisecond, Window: 2 * time.Second, Dwell: 10 * time.Second, Quantum: 0.1,
+		Lease: 2 * time.Minute, Grace: 10 * time.Second,
+	}
+	d := rs.Domain("inference")
+	if d == nil || d.Shedding == nil {
+		t.Fatal("no shedding")
+	}
+	if diff := cmp.Diff(want, d.Shedding.Control); diff != "" {
+		t.Errorf("control (-want +got):\n%s", diff)
+	}
 }

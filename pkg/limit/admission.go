@@ -116,6 +116,9 @@ type Shedding struct {
 	// stream does: a shared bucket then refuses the tiers it should
 	// serve (issue 13: 2-3% of premium got 429).
 	BurstFloor time.Duration
+	// Control, when set, sheds fractions of tiers toward an in-flight
+	// target per upstream, besides the steps (Optional).
+	Control *Control
 }
 
 // DefaultBurstFloor is Shedding.BurstFloor's default: one second of the
@@ -222,6 +225,17 @@ func (s *Shedding) Check() []FieldError {
 	}
 	if s.BurstFloor != 0 && s.BurstFloor < time.Millisecond {
 		bad("burst_floor", "%v is not at least 1ms", s.BurstFloor)
+	}
+	if c := s.Control; c != nil {
+		for _, f := range c.Check() {
+			f.Path = "control." + f.Path
+			out = append(out, f)
+		}
+		// The Limiter hands the Gate one scope: the upstream's, which the
+		// steps read too when they are per model.
+		if s.Scope == ScopeModel && c.Key != "" && c.Key != ModelKey {
+			bad("control.key", "%q must be %q when scope is model", c.Key, ModelKey)
+		}
 	}
 	return out
 }
@@ -351,6 +365,15 @@ func (d *Domain) checkAdmission() error {
 	if d.Shedding != nil {
 		if err := d.Shedding.Validate(); err != nil {
 			return fmt.Errorf("shedding: %w", err)
+		}
+		if c := d.Shedding.Control; c != nil && d.Tiers == nil {
+			return errors.New("shedding: control: the domain has no tiers to shed")
+		} else if c != nil {
+			for j, t := range c.Sheddable {
+				if _, ok := d.Tiers.Plans[t]; !ok {
+					return fmt.Errorf("shedding: control.sheddable[%d]: %q is not a plan of tiers", j, t)
+				}
+			}
 		}
 	}
 	for i, b := range d.Breakers {
@@ -515,7 +538,13 @@ func (l *Limiter) shed(dom *Domain, req *Request, dec *Decision) (adjust, bool) 
 		return noAdjust, false
 	}
 	scope := ScopeGlobal
-	if dom.Shedding.Scope == ScopeModel {
+	if c := dom.Shedding.Control; c != nil {
+		// The controller's fractions are per upstream; the Gate falls
+		// back to the global steps for an upstream without its own.
+		if u := valueOf(req, c.KeyName()); u != "" {
+			scope = u
+		}
+	} else if dom.Shedding.Scope == ScopeModel {
 		if m := valueOf(req, ModelKey); m != "" {
 			scope = m
 		}

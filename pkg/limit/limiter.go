@@ -131,6 +131,10 @@ type Decision struct {
 	// At is when the decision was made, by the Limiter's clock; zero for
 	// a domain the rules do not know.
 	At time.Time
+	// Flight is the ID an admitted request's flight began under (see
+	// Admissions), "" for none: the request's ticket carries it, so that
+	// its completion ends the flight.
+	Flight string
 }
 
 // Limiter matches requests against the current rules and applies the
@@ -145,6 +149,9 @@ type Limiter struct {
 	clock    Clock
 	shedder  Shedder
 	breakers Breakers
+	// admissions, when set, is told of the decisions of domains with a
+	// Control (WithAdmissions).
+	admissions Admissions
 	// failure, when set, bounds store calls and answers for a store that
 	// cannot (WithStoreFailure).
 	failure *FailurePolicy
@@ -199,8 +206,22 @@ type plan struct {
 // then refuse is released: the request never goes upstream, so no
 // outcome would ever free its slot before the lease ends.
 func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
+	dec, dom, settles, err := l.decide(ctx, req)
+	if err != nil || l.admissions == nil || dom == nil || settles || dom.Shedding == nil || dom.Shedding.Control == nil {
+		return dec, err
+	}
+	// Offered counts every question, shed or not: the controller's
+	// demand is what arrives, not what it let through.
+	dec.Flight = l.admissions.Decided(dom.Name, valueOf(req, dom.Shedding.Control.KeyName()), dec.Tier, dec.Code == CodeOK, req.ID)
+	return dec, nil
+}
+
+// decide is Decide without the report to Admissions; it also returns the
+// request's domain (nil: unknown) and whether the request only settles
+// an earlier one.
+func (l *Limiter) decide(ctx context.Context, req *Request) (*Decision, *Domain, bool, error) {
 	if err := checkRequest(req); err != nil {
-		return nil, err
+		return nil, nil, false, err
 	}
 	dec := newDecision(len(req.Descriptors))
 	for i := range dec.Statuses {
@@ -208,18 +229,18 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	}
 	dom := l.rules.Load().Domain(req.Domain)
 	if dom == nil {
-		return dec, nil
+		return dec, nil, false, nil
 	}
 	adj, shed := l.shed(dom, req, dec)
 	if shed && !maySettle(req) {
 		dec.Tier, _ = dom.plan(req)
 		refuse(dec, ReasonShed, dom.Shedding.RetryAfter())
-		return dec, nil
+		return dec, dom, false, nil
 	}
 	b := getBuilt()
 	defer putBuilt(b)
 	if err := build(b, dom, req, admit, dec.Statuses, adj); err != nil {
-		return nil, err
+		return nil, dom, false, err
 	}
 	dec.Tier = b.tier
 	// A request of refunds and cost reports only (Envoy's
@@ -233,7 +254,7 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	} else if shed {
 		clear(dec.Statuses)
 		refuse(dec, ReasonShed, dom.Shedding.RetryAfter())
-		return dec, nil
+		return dec, dom, settles, nil
 	}
 	now := l.clock.Now()
 	dec.At = now
@@ -250,13 +271,13 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 		}
 		if err != nil || !ok {
 			if err != nil {
-				return nil, err
+				return nil, dom, settles, err
 			}
-			return dec, nil
+			return dec, dom, settles, nil
 		}
 	}
 	if len(b.charges) == 0 {
-		return dec, nil
+		return dec, dom, settles, nil
 	}
 	res := b.results(len(b.charges))
 	sctx, cancel := l.storeCtx(ctx)
@@ -265,13 +286,13 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	if err != nil && l.failure != nil && !gaveUp(ctx, err) {
 		l.storeFailed(dom)
 		l.degrade(ctx, now, dom, req, b, dec)
-		return dec, nil
+		return dec, dom, settles, nil
 	}
 	if err != nil {
 		if len(dec.Probes) > 0 {
 			l.release(ctx, now, dom, dec)
 		}
-		return nil, fmt.Errorf("apply %d charges: %w", len(b.charges), err)
+		return nil, dom, settles, fmt.Errorf("apply %d charges: %w", len(b.charges), err)
 	}
 	if !admitted {
 		dec.Code, dec.Reason = CodeOverLimit, ReasonLimit
@@ -316,7 +337,7 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	if admitted && req.ID != "" && b.reserves {
 		dec.Reservation = &Reservation{ID: req.ID, At: now, Tokens: b.tokens}
 	}
-	return dec, nil
+	return dec, dom, settles, nil
 }
 
 // Settle settles a reservation that Decide made for req (the same

@@ -76,6 +76,11 @@ type Options struct {
 	Timeout time.Duration
 	// Clock tells the time tickets are checked at (Optional).
 	Clock limit.Clock
+	// Completed is told of every ticket Open verifies (Optional): Open
+	// runs when a request completes (the access log's final entry,
+	// ext_proc's end of stream), so this is where the overload
+	// controller ends the request's flight. It must not block.
+	Completed func(t *ticket.Ticket)
 }
 
 // Loop opens tickets and settles what they hold. Safe for concurrent use.
@@ -87,6 +92,7 @@ type Loop struct {
 	cpt     atomic.Uint64 // float64 bits: characters per token
 	log     *zap.Logger
 	m       *metrics
+	done    func(t *ticket.Ticket) // nil: none
 
 	mu   sync.Mutex
 	warn logpace.Pace // refused tickets' log lines
@@ -116,7 +122,7 @@ func New(keys *ticket.Keys, lim Limiter, log *zap.Logger, reg prometheus.Registe
 	if err != nil {
 		return nil, err
 	}
-	l := &Loop{sealer: sealer, lim: lim, clock: opts.Clock, timeout: opts.Timeout, log: log, m: m, warn: logpace.Pace{Every: 10 * time.Second}}
+	l := &Loop{sealer: sealer, lim: lim, clock: opts.Clock, timeout: opts.Timeout, log: log, m: m, done: opts.Completed, warn: logpace.Pace{Every: 10 * time.Second}}
 	l.SetCharsPerToken(4)
 	return l, nil
 }
@@ -133,7 +139,8 @@ func (l *Loop) SetCharsPerToken(c float64) {
 	}
 }
 
-// Open verifies a ticket that came by channel. A ticket that does not
+// Open verifies a ticket that came by channel, at its request's
+// completion, and tells Options.Completed of it. A ticket that does not
 // verify is counted and logged (its reason, never its text), and yields
 // nil: nothing may come of it.
 func (l *Loop) Open(channel, s string) *ticket.Ticket {
@@ -153,6 +160,9 @@ func (l *Loop) Open(channel, s string) *ticket.Ticket {
 		return nil
 	}
 	l.m.tickets.WithLabelValues(channel, resultVerified).Inc()
+	if l.done != nil {
+		l.done(t)
+	}
 	return t
 }
 

@@ -1,6 +1,7 @@
 package pressure
 
 import (
+	"math/rand/v2"
 	"sync/atomic"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
@@ -13,8 +14,15 @@ import (
 // A domain with Shedding.Scope model asks for the request's model; a model
 // the Gate has no Evaluator for falls back to the domain's global one, so
 // per-model scopes can be added for the models that need them.
+//
+// With a Controller (SetController), a request the steps admit is shed
+// with its tier's fraction for the request's upstream (the scope the
+// Limiter passes for a domain with a Control): one more atomic load and
+// a random draw, no lock.
 type Gate struct {
-	m atomic.Pointer[map[gateKey]*Evaluator]
+	m    atomic.Pointer[map[gateKey]*Evaluator]
+	ctl  atomic.Pointer[Controller]
+	draw func() float64 // in [0,1)
 }
 
 type gateKey struct{ domain, scope string }
@@ -22,8 +30,12 @@ type gateKey struct{ domain, scope string }
 var _ limit.Shedder = (*Gate)(nil)
 
 // NewGate returns a Gate that sheds nothing until Set.
-func NewGate() *Gate {
-	g := &Gate{}
+func NewGate() *Gate { return NewGateRand(rand.Float64) }
+
+// NewGateRand is NewGate drawing the controller's shedding from draw
+// (safe for concurrent use, in [0,1)): tests seed it.
+func NewGateRand(draw func() float64) *Gate {
+	g := &Gate{draw: draw}
 	m := map[gateKey]*Evaluator{}
 	g.m.Store(&m)
 	return g
@@ -48,16 +60,27 @@ func (g *Gate) Set(entries ...GateEntry) {
 	g.m.Store(&m)
 }
 
-// Shed implements limit.Shedder.
+// SetController makes the Gate shed by c's fractions too (nil: not).
+func (g *Gate) SetController(c *Controller) { g.ctl.Store(c) }
+
+// Shed implements limit.Shedder. A tier the steps shed stays shed; one
+// they admit is shed with the controller's fraction, in shadow mode when
+// the steps' policy is.
 func (g *Gate) Shed(domain, scope, tier string) limit.ShedState {
 	m := *g.m.Load()
 	e := m[gateKey{domain, scope}]
 	if e == nil && scope != limit.ScopeGlobal {
 		e = m[gateKey{domain, limit.ScopeGlobal}]
 	}
-	if e == nil {
-		return limit.ShedState{}
+	var st limit.ShedState
+	if e != nil {
+		o := e.out.Load()
+		st = limit.ShedState{Shed: o.Sheds(tier), Shadow: o.Shadow, Factor: o.Factor, NoBurst: o.NoBurst}
 	}
-	o := e.out.Load()
-	return limit.ShedState{Shed: o.Sheds(tier), Shadow: o.Shadow, Factor: o.Factor, NoBurst: o.NoBurst}
+	if c := g.ctl.Load(); c != nil && !st.Shed {
+		if f := c.Fraction(domain, scope, tier); f >= 1 || (f > 0 && g.draw() < f) {
+			st.Shed = true
+		}
+	}
+	return st
 }

@@ -109,13 +109,20 @@ func (s *Service) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReques
 }
 
 // ticket is the dynamic metadata holding an admitted request's ticket.
-// RLS calls carry no request ID, so the ticket gets a random one: it
-// makes every once-only use of the ticket (a breaker failure) count once.
+// RLS calls carry no request ID, so the ticket gets a random one (the
+// controller's flight ID, when it began one): it makes every once-only
+// use of the ticket (a breaker failure) count once.
 func (s *Service) ticket(req *limit.Request, dec *limit.Decision) *structpb.Struct {
-	var id [16]byte
-	_, _ = rand.Read(id[:]) // never fails (crypto/rand, Go 1.24+)
+	// A request the overload controller counts in flight carries its
+	// flight's ID, so that its completion ends the flight.
+	tid := dec.Flight
+	if tid == "" {
+		var id [16]byte
+		_, _ = rand.Read(id[:]) // never fails (crypto/rand, Go 1.24+)
+		tid = hex.EncodeToString(id[:])
+	}
 	t := ticket.Ticket{
-		ID:          hex.EncodeToString(id[:]),
+		ID:          tid,
 		Domain:      req.Domain,
 		Descriptors: req.Descriptors,
 		Tier:        dec.Tier,

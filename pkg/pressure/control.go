@@ -1,0 +1,354 @@
+package pressure
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+)
+
+// The control law of the overload controller (limit.Control): a pure
+// function from one upstream's state and a reading to its next state, so
+// that it is tested on a fake clock and every replica computes it alike.
+// Controller is the I/O around it.
+//
+// Every tick, with I the requests in flight cluster-wide, C the capacity,
+// T = target x C, the offered rate lambda_t of each tier and the admitted
+// rate alpha of all tiers over the window:
+//
+//   - L = mean(I) / theta estimates the latency by Little's law, with
+//     theta the completion rate (alpha less the growth of I) and both
+//     measured over the window (smoothed; the last estimate stands while
+//     nothing completes or is in flight);
+//   - R = max(T / L, theta) - max(0, mean(I) - T) / window: the rate
+//     the upstream takes with T in flight (what it completes, scaled to
+//     T, and at least what it completes), less what drains the excess
+//     over T within a window;
+//   - R goes to the tiers by priority: the tiers not sheddable get their
+//     demand first, then the sheddable ones from the highest; tier t is
+//     then shed by 1 - alloc_t / lambda_t, rounded up to the quantum;
+//   - a fraction rises at once; it falls only when I <= T, Dwell has
+//     passed since the last change and it is at least two quanta above
+//     what is wanted (or nothing is wanted): to one quantum above what is
+//     wanted, but no less than half of itself (rounded down to the
+//     quantum; a half of two quanta or less does not hold it), so a
+//     spike's end re-admits in two or three moves.
+//
+// The drain term stands in for "push the lowest tier a quantum further
+// every tick the queue builds": pushing per tick would count a change
+// every tick until the queue drained, far past the four a minute the
+// laws allow, and overshoot by the queue's drain time. (The drain is
+// over two windows: over one it overshot in TestLawHoldsASpike.) T / L alone
+// counts the queue twice above T, and theta alone lags a spike by a
+// window; each overshot (shedding all of free at a spike's start, then
+// loosening it a dwell later: two changes more, in TestLawHoldsASpike).
+// The two quanta of loosening hysteresis keep a fraction on a quantum's
+// edge from rising and falling every dwell.
+
+// ControlState is one upstream's controller state, the record replicas
+// share through limit.Cells.
+type ControlState struct {
+	// Fractions are the shed fractions of the Control's Sheddable tiers,
+	// in its order, each a multiple of the quantum in [0,1].
+	Fractions []float64 `json:"f"`
+	// Changed is when a fraction last changed.
+	Changed time.Time `json:"c"`
+	// Changes counts the changes since the record was made.
+	Changes uint64 `json:"n"`
+	// At is when the state was computed; zero: never.
+	At time.Time `json:"at"`
+	// InFlight is the count it was computed from.
+	InFlight int64 `json:"i"`
+	// Counts are the in-flight counts of the last recent ticks and the
+	// one before, newest last: the mean of the recent ones is the I of
+	// Little's law, over the span the rates are measured on, and the
+	// first and last give what stayed in flight. An instant count would swing the
+	// estimate with every burst; a longer or otherwise weighted mean lags
+	// differently from the rate and makes L jump as a queue drains.
+	Counts []int64 `json:"h"`
+	// Latency is the Little's law estimate, in seconds; 0: none yet.
+	// Mean and Done are the mean in flight and the completion rate it
+	// was computed from.
+	Latency float64 `json:"l"`
+	Mean    float64 `json:"m"`
+	Done    float64 `json:"d"`
+	// Rate is R, the admission rate aimed at, requests/s; +Inf is written
+	// as -1 (no estimate yet).
+	Rate float64 `json:"r"`
+	// Since is when the record began: rates are measured over a whole
+	// window only after it, so no latency is estimated before.
+	Since time.Time `json:"s"`
+	// By names the replica that computed it.
+	By string `json:"by,omitempty"`
+}
+
+// ControlReading is what one tick measured.
+type ControlReading struct {
+	// InFlight is the requests in flight cluster-wide.
+	InFlight int64
+	// Offered is, per tier, the requests/s that reached the decision,
+	// shed or not (Rates.Offered); Admitted is the requests/s admitted,
+	// of all tiers, over the recent ticks (half a window).
+	Offered  map[string]float64
+	Admitted float64
+}
+
+// law is a Control's law for one upstream.
+type law struct {
+	cfg      limit.Control // with defaults
+	capacity int64
+}
+
+// eps absorbs float error in comparisons of quantised fractions.
+const eps = 1e-9
+
+func newLaw(c limit.Control, capacity int64) (law, error) {
+	c = c.WithDefaults()
+	if f := c.Check(); len(f) > 0 {
+		return law{}, fmt.Errorf("control: %w", f[0])
+	}
+	if capacity < 1 {
+		return law{}, fmt.Errorf("control: capacity %d is not at least 1", capacity)
+	}
+	return law{cfg: c, capacity: capacity}, nil
+}
+
+// recentTicks is how many ticks the latency estimate spans: a window.
+func (w law) recentTicks() int {
+	return max(2, int(w.cfg.Window/w.cfg.Interval))
+}
+
+// target is T, the in-flight aimed at.
+func (w law) target() float64 { return w.cfg.Target * float64(w.capacity) }
+
+// next is the state after prev given reading r at now.
+func (w law) next(prev ControlState, r ControlReading, now time.Time) ControlState {
+	n := len(w.cfg.Sheddable)
+	cur := prev.Fractions
+	if len(cur) != n {
+		cur = make([]float64, n)
+	}
+	out := ControlState{
+		Fractions: slices.Clone(cur), Changed: prev.Changed, Changes: prev.Changes,
+		At: now, InFlight: r.InFlight, Latency: prev.Latency, Mean: prev.Mean, Done: prev.Done, Since: prev.Since,
+	}
+	if out.Since.IsZero() {
+		out.Since = now
+	}
+	in, t := float64(max(r.InFlight, 0)), w.target()
+	k := w.recentTicks()
+	out.Counts = append(slices.Clone(prev.Counts), max(r.InFlight, 0))
+	if len(out.Counts) > k+1 {
+		out.Counts = out.Counts[len(out.Counts)-k-1:]
+	}
+	// Before a whole window of counts, the admitted rate reads low and
+	// the latency high: an estimate then would shed at start-up. With
+	// nothing completed the last estimate stands.
+	if len(out.Counts) == k+1 && now.Sub(out.Since) >= w.cfg.Window {
+		var sum int64
+		for _, c := range out.Counts[1:] {
+			sum += c
+		}
+		mean := float64(sum) / float64(k)
+		// Completions are admissions less what stayed in flight: by
+		// Little's law over admissions, L would soar the moment
+		// shedding cuts them while a queue still drains.
+		span := float64(k) * w.cfg.Interval.Seconds()
+		done := r.Admitted - float64(out.Counts[k]-out.Counts[0])/span
+		out.Done, out.Mean = max(done, 0), mean
+		if done > 0 && mean > 0 {
+			// Smoothed over about two ticks: in the tick a spike's
+			// queue lands, the mean already holds it and the completions
+			// do not yet, and L would read as if the upstream had slowed.
+			l := mean / done
+			if out.Latency > 0 {
+				l = out.Latency + min(1, 2*w.cfg.Interval.Seconds()/w.cfg.Window.Seconds())*(l-out.Latency)
+			}
+			out.Latency = l
+		}
+	}
+	rate := math.Inf(1)
+	switch {
+	case out.Done == 0 && out.Mean > t:
+		// More than T in flight and nothing completes: the upstream
+		// takes nothing (or every completion is lost and the leases
+		// will tell).
+		rate = 0
+	case out.Latency > 0:
+		// T / L is what the upstream completes now, scaled to T in
+		// flight; not less than what it completes now, as a smoothed L
+		// can still hold a drained queue's wait, and a completion rate
+		// over the window still holds the time before a spike. Above T
+		// the excess drains within a window.
+		rate = max(t/out.Latency, out.Done) - max(0, out.Mean-t)/(2*w.cfg.Window.Seconds())
+		rate = max(rate, 0)
+	}
+	out.Rate = rate
+	want := w.allocate(rate, r.Offered)
+	tighten := false
+	for i := range want {
+		if want[i] > cur[i]+eps {
+			out.Fractions[i], tighten = want[i], true
+		}
+	}
+	if tighten {
+		out.Changed, out.Changes = now, out.Changes+1
+		return out
+	}
+	if in > t || now.Sub(prev.Changed) < w.cfg.Dwell {
+		return out
+	}
+	q := w.cfg.Quantum
+	loosen := false
+	for i := range want {
+		// Two quanta of slack, or nothing wanted at all: a fraction on a
+		// quantum's edge does not fall and rise every dwell.
+		if want[i] > 0 && want[i]+2*q > cur[i]+eps {
+			continue
+		}
+		if want[i] >= cur[i]-eps {
+			continue
+		}
+		floor := want[i]
+		if floor > 0 {
+			floor = min(cur[i], floor+q) // a quantum above the edge
+		}
+		half := floorQ(cur[i]/2, q)
+		if half <= 2*q+eps {
+			half = 0
+		}
+		out.Fractions[i], loosen = max(floor, half), true
+	}
+	if loosen {
+		out.Changed, out.Changes = now, out.Changes+1
+	}
+	return out
+}
+
+// Rates are one tier's counts at a tick: over the window (Win requests
+// in WinSecs), over its recent half (Half in HalfSecs) and over the last
+// tick (Last in LastSecs).
+type Rates struct {
+	Win, WinSecs   float64
+	Half, HalfSecs float64
+	Last, LastSecs float64
+}
+
+// Offered is the tier's offered rate: the window's mean, unless the last
+// tick's count is more than five Poisson deviations off what that mean
+// predicts (a spike's start or end: the last tick's rate), or the recent
+// half's is as far below it (a spike's end: the half's rate).
+// The window alone would take a window to see a spike come or go, in as
+// many changes; the last tick alone, or the larger of the two, would
+// shed on noise (a tick of 9 requests at 38/s is one deviation off in
+// three). The recent half sees an end the last tick no longer does while
+// the window still holds the spike.
+func (r Rates) Offered() float64 {
+	if r.WinSecs <= 0 {
+		return 0
+	}
+	mean := r.Win / r.WinSecs
+	far := func(n, secs float64) float64 {
+		if secs <= 0 {
+			return 0
+		}
+		expect := mean * secs
+		if d := n - expect; math.Abs(d) > 5*math.Sqrt(max(expect, 1)) {
+			return d
+		}
+		return 0
+	}
+	switch {
+	case far(r.Last, r.LastSecs) != 0:
+		return r.Last / r.LastSecs
+	case far(r.Half, r.HalfSecs) < 0:
+		return r.Half / r.HalfSecs
+	}
+	return mean
+}
+
+// allocate gives rate to the tiers by priority and returns the shed
+// fraction each sheddable tier needs, rounded up to the quantum.
+func (w law) allocate(rate float64, offered map[string]float64) []float64 {
+	want := make([]float64, len(w.cfg.Sheddable))
+	if math.IsInf(rate, 1) {
+		return want
+	}
+	left := rate
+	for tier, l := range offered {
+		if !slices.Contains(w.cfg.Sheddable, tier) && l > 0 {
+			left -= l
+		}
+	}
+	for i := len(w.cfg.Sheddable) - 1; i >= 0; i-- {
+		l := offered[w.cfg.Sheddable[i]]
+		if !(l > 0) {
+			continue
+		}
+		alloc := min(max(left, 0), l)
+		left -= alloc
+		want[i] = ceilQ(1-alloc/l, w.cfg.Quantum)
+	}
+	return want
+}
+
+// ceilQ rounds f in [0,1] up to a multiple of q.
+func ceilQ(f, q float64) float64 {
+	if f <= eps {
+		return 0
+	}
+	return min(1, math.Ceil(f/q-eps)*q)
+}
+
+// floorQ rounds f in [0,1] down to a multiple of q.
+func floorQ(f, q float64) float64 { return max(0, math.Floor(f/q+eps)*q) }
+
+// fraction is tier's shed fraction in s, 0 for a tier not sheddable.
+func (w law) fraction(s *ControlState, tier string) float64 {
+	i := slices.Index(w.cfg.Sheddable, tier)
+	if i < 0 || i >= len(s.Fractions) {
+		return 0
+	}
+	return s.Fractions[i]
+}
+
+// encodeState is the Cells record of s.
+func encodeState(s ControlState) []byte {
+	if math.IsInf(s.Rate, 0) || math.IsNaN(s.Rate) {
+		s.Rate = -1
+	}
+	b, _ := json.Marshal(s) // no value of ControlState fails to encode
+	return b
+}
+
+// errBadState is a Cells record that is not a ControlState of this law.
+var errBadState = errors.New("control: bad state record")
+
+// decodeState reads a record encodeState wrote for a law with n
+// sheddable tiers; anything else is errBadState, and a replica then
+// computes afresh rather than shed by a corrupt record.
+func decodeState(b []byte, n int) (ControlState, error) {
+	var s ControlState
+	if len(b) == 0 || len(b) > 8<<10 {
+		return s, errBadState
+	}
+	if err := json.Unmarshal(b, &s); err != nil {
+		return ControlState{}, fmt.Errorf("%w: %w", errBadState, err)
+	}
+	if len(s.Fractions) != n || s.At.IsZero() || !(s.Latency >= 0) || !(s.Mean >= 0) || !(s.Done >= 0) || s.InFlight < 0 || len(s.Counts) > 200 || slices.ContainsFunc(s.Counts, func(c int64) bool { return c < 0 }) {
+		return ControlState{}, errBadState
+	}
+	for _, f := range s.Fractions {
+		if math.IsNaN(f) || f < 0 || f > 1 {
+			return ControlState{}, errBadState
+		}
+	}
+	if s.Rate < 0 {
+		s.Rate = math.Inf(1)
+	}
+	return s, nil
+}
