@@ -33,14 +33,18 @@ type alsLogger struct {
 	tick    func(time.Duration) (<-chan time.Time, func())
 }
 
-func newALSLogger(g *Gateway, instance int, cc *grpc.ClientConn, tick func(time.Duration) (<-chan time.Time, func())) *alsLogger {
+func newALSLogger(g *Gateway, instance int, cc *grpc.ClientConn, tick func(time.Duration) (<-chan time.Time, func()), unbuffered bool) *alsLogger {
+	queue := 1024
+	if unbuffered {
+		queue = 0
+	}
 	l := &alsLogger{
 		g:  g,
 		cc: cc,
 		// The bootstraps set no node; Envoy then reports the node it was
 		// started with (--service-node), named here after the instance.
 		node:    &corev3.Node{Id: "envoysim-" + strconv.Itoa(instance), UserAgentName: "envoy"},
-		entries: make(chan *datav3.HTTPAccessLogEntry, 1024),
+		entries: make(chan *datav3.HTTPAccessLogEntry, queue),
 		done:    make(chan error, 1),
 		tick:    tick,
 	}

@@ -65,6 +65,9 @@ type Config struct {
 
 	// tick makes the access log flush timer; tests replace it.
 	tick func(time.Duration) (<-chan time.Time, func())
+	// unbufferedLog makes a logged entry's handover wait for the logger,
+	// so that a test's tick finds it in the batch.
+	unbufferedLog bool
 }
 
 // Gateway is the simulated fleet of Envoy instances.
@@ -148,7 +151,7 @@ func New(cfg Config) (*Gateway, error) {
 			// Instance i's stream lands on replica i mod R: Envoy's round
 			// robin picks a host when the stream opens, and instances
 			// start at different points of it.
-			in.logger = newALSLogger(g, i, in.conns[i%len(in.conns)], cfg.tick)
+			in.logger = newALSLogger(g, i, in.conns[i%len(in.conns)], cfg.tick, cfg.unbufferedLog)
 		}
 		g.instances = append(g.instances, in)
 	}
