@@ -369,3 +369,22 @@ func TestClientTimeout(t *testing.T) {
 		t.Errorf("ClientTimeouts = %d, want 1", s.ClientTimeouts)
 	}
 }
+
+// BenchmarkDo is one admitted request end to end: Check, upstream,
+// ext_proc, access log, against the in-process fakes (their cost
+// included).
+func BenchmarkDo(b *testing.B) {
+	f := startFake(b)
+	f.check = func(*authv3.CheckRequest) (*authv3.CheckResponse, error) {
+		return okResponse(map[string]string{"x-tollgate-tenant": "acme"}, map[string]any{"tollgate_reservation": "ticket-1"}), nil
+	}
+	up := upstreamFunc(b, func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(usageJSON)) })
+	g := newGateway(b, Config{Bootstrap: authzBootstrap, Replicas: []string{f.addr}, Upstream: up.URL})
+	req := chatRequest(`{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if res := g.Do(context.Background(), req); res.Status != 200 {
+			b.Fatalf("result = %+v", res)
+		}
+	}
+}
