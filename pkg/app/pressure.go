@@ -212,6 +212,9 @@ func newShedder(ctx context.Context, f pressureFlags, shared sharedState, log *z
 		return nil, err
 	}
 	s.gate.SetController(s.ctl)
+	// A 503/504 while the upstream is at its capacity is overload, not a
+	// failure: it must shed, not open the breaker.
+	s.busy = s.ctl.Busy
 	if f.capacity > 0 {
 		s.inflight = pressure.NewInFlight(f.capacity)
 	}
