@@ -574,8 +574,9 @@ func WriteTable(w io.Writer, laws []Law) error {
 		if l.Pass {
 			pass = "pass"
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s %g %s | %s | %s | %s |\n", l.Scenario, l.Name, l.Cmp, l.Threshold, l.Unit, m, pass,
-			strings.ReplaceAll(l.Definition, "|", "\\|"))
+		esc := func(s string) string { return strings.ReplaceAll(s, "|", "\\|") }
+		fmt.Fprintf(&b, "| %s | %s | %s %g %s | %s | %s | %s |\n", esc(l.Scenario), esc(l.Name), l.Cmp, l.Threshold, l.Unit, esc(m), pass,
+			esc(l.Definition))
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
