@@ -1,4 +1,4 @@
-package closedloop
+package closedloop_test
 
 import (
 	"bytes"
@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/test/closedloop"
 	"github.com/tollgate-dev/tollgate/test/tollgatetest"
 )
 
@@ -20,17 +21,20 @@ const serviceTime = 240 * time.Millisecond
 // testBench is the one place that picks the bench's parts: until the
 // model upstream (test/closedloop/upstream) and the Envoy-faithful gateway
 // (test/closedloop/envoysim) are merged, the fake upstream and Direct.
-// Plugging them in is these lines, with Mode ModeExtAuthz.
-func testBench(t testing.TB, out string) Bench {
-	return Bench{
-		NewUpstream: func(c UpstreamConfig) Upstream { return newFakeUpstream(c, serviceTime) },
-		NewGateway:  NewDirectGateway,
-		Mode:        ModeDirect,
+// Plugging them in is these lines, with Mode ModeExtAuthz; this file is
+// package closedloop_test so that it may import both.
+func testBench(t testing.TB, out string) closedloop.Bench {
+	return closedloop.Bench{
+		NewUpstream: func(c closedloop.UpstreamConfig) closedloop.Upstream {
+			return closedloop.NewFakeUpstream(c, serviceTime)
+		},
+		NewGateway:  closedloop.NewDirectGateway,
+		Mode:        closedloop.ModeDirect,
 		Bin:         tollgatetest.Build(t),
 		Out:         out,
 		Replicas:    3,
 		MaxInFlight: 2000,
-		Spend:       RedisSpend,
+		Spend:       closedloop.RedisSpend,
 	}
 }
 
@@ -46,25 +50,25 @@ func TestSmoke(t *testing.T) {
 	t.Parallel()
 	out := t.TempDir()
 	b := testBench(t, out)
-	sc := Scenario{Name: "smoke", StreamFraction: 0.3, RateScale: 0.25, Warmup: time.Second, ScrapeEvery: 500 * time.Millisecond, Laws: SpikeLaws,
-		Phases: []Phase{
-			{Name: PhaseSteady, Duration: 6 * time.Second},
-			{Name: PhaseSpike, Duration: 8 * time.Second, Scale: map[string]float64{"free": SpikeFactor}},
-			{Name: PhaseAfter, Duration: 6 * time.Second},
+	sc := closedloop.Scenario{Name: "smoke", StreamFraction: 0.3, RateScale: 0.25, Warmup: time.Second, ScrapeEvery: 500 * time.Millisecond, Laws: closedloop.SpikeLaws,
+		Phases: []closedloop.Phase{
+			{Name: closedloop.PhaseSteady, Duration: 6 * time.Second},
+			{Name: closedloop.PhaseSpike, Duration: 8 * time.Second, Scale: map[string]float64{"free": closedloop.SpikeFactor}},
+			{Name: closedloop.PhaseAfter, Duration: 6 * time.Second},
 		}}
 	began := time.Now()
-	laws, run := RunScenario(t, b, sc)
-	t.Logf("smoke run in %v:\n%s", time.Since(began).Round(time.Millisecond), Summary(run))
+	laws, run := closedloop.RunScenario(t, b, sc)
+	t.Logf("smoke run in %v:\n%s", time.Since(began).Round(time.Millisecond), closedloop.Summary(run))
 
-	for _, name := range []string{PhaseSteady, PhaseSpike, PhaseAfter} {
+	for _, name := range []string{closedloop.PhaseSteady, closedloop.PhaseSpike, closedloop.PhaseAfter} {
 		if _, _, ok := run.PhaseWindow(name); !ok {
 			t.Errorf("phase %s was not marked", name)
 		}
 	}
-	s0, s1, _ := run.PhaseWindow(PhaseSteady)
-	k0, k1, _ := run.PhaseWindow(PhaseSpike)
+	s0, s1, _ := run.PhaseWindow(closedloop.PhaseSteady)
+	k0, k1, _ := run.PhaseWindow(closedloop.PhaseSpike)
 	for _, tier := range []string{"premium", "standard", "free"} {
-		if g := goodput(run, tier, s0, k1); g <= 0 {
+		if g := closedloop.Goodput(run, tier, s0, k1); g <= 0 {
 			t.Errorf("%s goodput over steady and spike = %v, want > 0", tier, g)
 		}
 	}
@@ -112,14 +116,14 @@ func TestSmoke(t *testing.T) {
 	if len(rows) < 20 || rows[0][0] != "t" || !strings.HasPrefix(strings.Join(rows[0], ","), "t,phase,premium_sent") {
 		t.Errorf("smoke.csv: %d lines, header %v", len(rows), rows[0])
 	}
-	for _, p := range []string{PlotGoodput, PlotP99, PlotUpstream, PlotShed, PlotBreaker} {
+	for _, p := range []string{closedloop.PlotGoodput, closedloop.PlotP99, closedloop.PlotUpstream, closedloop.PlotShed, closedloop.PlotBreaker} {
 		data, err := os.ReadFile(filepath.Join(out, "smoke-"+p+".png"))
 		if err != nil || !bytes.HasPrefix(data, []byte("\x89PNG")) {
 			t.Errorf("smoke-%s.png: %d bytes, %v", p, len(data), err)
 		}
 	}
 	var table bytes.Buffer
-	if err := WriteTable(&table, laws); err != nil {
+	if err := closedloop.WriteTable(&table, laws); err != nil {
 		t.Fatal(err)
 	}
 	if len(laws) != 8 {
@@ -154,15 +158,15 @@ func TestScenarios(t *testing.T) {
 	}
 	b := testBench(t, out)
 	only := os.Getenv("TOLLGATE_E2E_ONLY")
-	var all []Law
-	for _, sc := range Scaled(scale) {
+	var all []closedloop.Law
+	for _, sc := range closedloop.Scaled(scale) {
 		if only != "" && !strings.Contains(","+only+",", ","+sc.Name+",") {
 			continue
 		}
 		t.Run(sc.Name, func(t *testing.T) {
 			began := time.Now()
-			laws, run := RunScenario(t, b, sc)
-			t.Logf("%s in %v:\n%s", sc.Name, time.Since(began).Round(time.Second), Summary(run))
+			laws, run := closedloop.RunScenario(t, b, sc)
+			t.Logf("%s in %v:\n%s", sc.Name, time.Since(began).Round(time.Second), closedloop.Summary(run))
 			all = append(all, laws...)
 			for _, l := range laws {
 				if !l.Pass && !sc.Comparison {
@@ -172,7 +176,7 @@ func TestScenarios(t *testing.T) {
 		})
 	}
 	var table bytes.Buffer
-	if err := WriteTable(&table, all); err != nil {
+	if err := closedloop.WriteTable(&table, all); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(out, "laws.md"), table.Bytes(), 0o644); err != nil {
