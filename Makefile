@@ -12,7 +12,7 @@ GOTEST_FLAGS ?= -race -timeout 9m
 
 .PHONY: help
 help: ## List the targets.
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
 build: ## Build bin/tollgate and bin/tollgate-load.
@@ -48,6 +48,19 @@ test: redis prometheus ## Vet, then run every test (with the race detector) agai
 .PHONY: bench
 bench: redis ## Go benchmarks of the decision path on memstore and Redis (ns/op, allocs/op).
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./pkg/...
+
+# The closed-loop scenarios of issue 13 (test/closedloop, docs/closed-loop.md).
+E2E_OUT ?= test/closedloop/out
+TOLLGATE_E2E_SCALE ?= 1
+TOLLGATE_E2E_ONLY ?=
+
+.PHONY: e2e
+e2e: redis ## Closed-loop scenarios (3 replicas, one Redis): CSVs, PNGs and laws.md into E2E_OUT; TOLLGATE_E2E_SCALE=0.5 halves durations, TOLLGATE_E2E_ONLY=spike,steady picks.
+	TOLLGATE_E2E=1 TOLLGATE_E2E_SCALE='$(TOLLGATE_E2E_SCALE)' TOLLGATE_E2E_ONLY='$(TOLLGATE_E2E_ONLY)' E2E_OUT='$(abspath $(E2E_OUT))' \
+	  $(GO) test -run '^TestScenarios$$' -count=1 -v -timeout 20m ./test/closedloop
+
+.PHONY: test-e2e
+test-e2e: e2e ## Alias of e2e.
 
 # bench-compare, bench-ghz and bench-memory: see scripts/ and docs/benchmarks.md.
 BASE ?= HEAD
