@@ -447,13 +447,10 @@ func (s *shedder) domain(old *shedState, d *limit.Domain) (*shedDomain, error) {
 			}
 		}
 		sd.scopes[name] = ev
-		local := s.local(name)
-		if d.Shedding.Control != nil {
-			// The controller's load, in-flight over capacity, is a
-			// signal the steps can use beside the others.
-			local = append(local, s.ctl.Load(d.Name, name))
-		}
-		scopes = append(scopes, pressure.Scope{Name: name, Local: local, Evaluator: ev})
+		// The controller's load (in-flight over capacity) is not one of
+		// the steps' signals: the controller acts on it already, and at
+		// its target it reads 1, which would hold every step.
+		scopes = append(scopes, pressure.Scope{Name: name, Local: s.local(name), Evaluator: ev})
 	}
 	c, err := pressure.NewCombiner(pressure.CombinerConfig{
 		Board: s.board, Replica: s.name, Combine: s.combine, TTL: s.f.ttl, Clock: s.clock, Scopes: scopes,

@@ -32,11 +32,14 @@ import (
 //     demand first, then the sheddable ones from the highest; tier t is
 //     then shed by 1 - alloc_t / lambda_t, rounded up to the quantum;
 //   - a fraction rises at once; it falls only when I <= T, Dwell has
-//     passed since the last change and it is at least two quanta above
-//     what is wanted (or nothing is wanted): to one quantum above what is
-//     wanted, but no less than half of itself (rounded down to the
-//     quantum; a half of two quanta or less does not hold it), so a
-//     spike's end re-admits in two or three moves.
+//     passed since the last change and it is at least a quantum above
+//     what is wanted at 80% of R (or nothing is wanted): to that, but no
+//     less than half of itself (rounded down to the quantum; a half of
+//     two quanta or less does not hold it), so a spike's end re-admits
+//     in two or three moves (Little's law extrapolates a light load's
+//     latency to T, and a GPU batch serves each request more slowly the
+//     fuller it is: the headroom keeps a noisy or optimistic R from
+//     loosening into an overload).
 //
 // The drain term stands in for "push the lowest tier a quantum further
 // every tick the queue builds": pushing per tick would count a change
@@ -46,8 +49,8 @@ import (
 // counts the queue twice above T, and theta alone lags a spike by a
 // window; each overshot (shedding all of free at a spike's start, then
 // loosening it a dwell later: two changes more, in TestLawHoldsASpike).
-// The two quanta of loosening hysteresis keep a fraction on a quantum's
-// edge from rising and falling every dwell.
+// The 10% headroom of loosening keeps a fraction on a quantum's edge from
+// rising and falling every dwell.
 
 // ControlState is one upstream's controller state, the record replicas
 // share through limit.Cells.
@@ -102,6 +105,9 @@ type law struct {
 	cfg      limit.Control // with defaults
 	capacity int64
 }
+
+// loosenHeadroom is the share of the rate R a loosening may count on.
+const loosenHeadroom = 0.8
 
 // eps absorbs float error in comparisons of quantised fractions.
 const eps = 1e-9
@@ -192,7 +198,15 @@ func (w law) next(prev ControlState, r ControlReading, now time.Time) ControlSta
 	tighten := false
 	for i := range want {
 		if want[i] > cur[i]+eps {
-			out.Fractions[i], tighten = want[i], true
+			f := want[i]
+			if in > t {
+				// A queue is building, which the drain term sees only
+				// as the window's mean catches up: a quantum more now
+				// is one change, where catching up tick by tick is two
+				// or three (and one more to loosen a dwell later).
+				f = min(1, f+w.cfg.Quantum)
+			}
+			out.Fractions[i], tighten = f, true
 		}
 	}
 	if tighten {
@@ -204,24 +218,28 @@ func (w law) next(prev ControlState, r ControlReading, now time.Time) ControlSta
 	}
 	q := w.cfg.Quantum
 	loosen := false
+	// A fraction falls only to what is wanted at loosenHeadroom of the
+	// rate, and a quantum or more: on a quantum's edge it neither falls
+	// and rises every dwell nor falls into an overload a noisy rate
+	// estimate did not see.
+	want = w.allocate(rate*loosenHeadroom, r.Offered)
 	for i := range want {
-		// Two quanta of slack, or nothing wanted at all: a fraction on a
-		// quantum's edge does not fall and rise every dwell.
-		if want[i] > 0 && want[i]+2*q > cur[i]+eps {
+		if want[i] > 0 && want[i]+q > cur[i]+eps {
 			continue
 		}
 		if want[i] >= cur[i]-eps {
 			continue
 		}
-		floor := want[i]
-		if floor > 0 {
-			floor = min(cur[i], floor+q) // a quantum above the edge
-		}
+		// To what is wanted, but no less than half of itself (rounded
+		// down to the quantum; a half of two quanta or less does not
+		// hold it), so a spike's end re-admits in two or three moves.
 		half := floorQ(cur[i]/2, q)
 		if half <= 2*q+eps {
 			half = 0
 		}
-		out.Fractions[i], loosen = max(floor, half), true
+		if f := max(want[i], half); f < cur[i]-eps {
+			out.Fractions[i], loosen = f, true
+		}
 	}
 	if loosen {
 		out.Changed, out.Changes = now, out.Changes+1

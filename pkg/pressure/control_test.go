@@ -57,10 +57,22 @@ func TestLawNext(t *testing.T) {
 		},
 		{
 			// 52 in flight, 133.3/s completed: R = 133.3 - 20/4s = 128.3,
-			// and free gets 72.3 of 380 where 133.3 would give it 77.3.
+			// and free gets 72.3 of 380 where 133.3 would give it 77.3:
+			// shed 0.81, rounded up to 0.9, and a quantum more while the
+			// queue builds.
 			name:    "a queue above target drains",
 			prev:    ControlState{Since: t0.Add(-time.Minute), Counts: []int64{52, 52, 52, 52, 52, 52, 52, 52, 52}, Latency: 0.24, Fractions: []float64{0.8, 0}, Changed: t0.Add(-time.Second)},
 			give:    ControlReading{InFlight: 52, Offered: spike, Admitted: 133.3},
+			want:    []float64{1, 0},
+			changed: true,
+		},
+		{
+			// R = 133.3; at 80% of it free gets 106.7 - 56 = 50.7 of 380:
+			// 0.867 -> 0.9, where the whole R would loosen it to 0.8.
+			name:    "a fraction loosens to what 80% of the rate allows",
+			prev:    ControlState{Since: t0.Add(-time.Minute), Counts: []int64{20, 20, 20, 20, 20, 20, 20, 20, 20}, Latency: 0.24, Fractions: []float64{1, 0}, Changed: t0},
+			give:    ControlReading{InFlight: 20, Offered: spike, Admitted: 83},
+			at:      t0.Add(time.Minute),
 			want:    []float64{0.9, 0},
 			changed: true,
 		},
@@ -235,10 +247,10 @@ func (u *queueSim) inFlight() int64 { return int64(len(u.slots) + len(u.queue)) 
 // TestLawHoldsASpike runs the law against queueSim through the issue's
 // spike (steady 94/s, then free x10 for 40s) and checks the laws the
 // closed-loop bench asserts, on a fake clock, for 40 seeds. Every seed
-// must keep every law but one: at most 4 changes a minute, which 11 of
-// the 40 break today by one or two changes (a spike's start overshoots
-// to shedding all of free, which a dwell later loosens:
-// docs/overload-control.md, "Known limits"); the bound is 12, so that a
+// must keep every law but one: at most 4 changes a minute, which 2 of
+// the 40 break today by one change (a loosening mid-spike that noise in
+// the rates let through, tightened back a tick later:
+// docs/overload-control.md, "Known limits"); the bound is 6, so that a
 // change making it worse fails.
 func TestLawHoldsASpike(t *testing.T) {
 	t.Parallel()
@@ -254,8 +266,8 @@ func TestLawHoldsASpike(t *testing.T) {
 			})
 		}
 	})
-	if n := over.Load(); n > 12 {
-		t.Errorf("%d of %d seeds changed a fraction more than 4 times in a minute, want at most 12", n, seeds)
+	if n := over.Load(); n > 6 {
+		t.Errorf("%d of %d seeds changed a fraction more than 4 times in a minute, want at most 6", n, seeds)
 	} else {
 		t.Logf("%d of %d seeds changed a fraction more than 4 times in a minute", n, seeds)
 	}

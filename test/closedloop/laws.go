@@ -214,7 +214,7 @@ func SpikeLaws(run *Run, p LawParams) []Law {
 		"per replica, changes of its shedding state (every tollgate_pressure_level and tollgate_control_shed_fraction series, fractions to 2 decimals) between scrapes, counted in the 60 s after each change; the most of any replica and window",
 		"<=", 4, maxChangesPerMinute(run), "changes"))
 	laws = append(laws, newLaw("replicas agree within 2 s",
-		"for each change of a replica's shedding state at a scrape, every other replica's time to show the same state (0 when it already did); the longest (the run's rest when it never does)",
+		"the longest span in which the replicas' shedding states differ, each replica's state being its last scrape's (every tollgate_pressure_level and tollgate_control_shed_fraction series, fractions to 2 decimals), on the time grid of all scrapes",
 		"<=", 2, agreeLag(run).Seconds(), "s"))
 	laws = append(laws, newLaw("full admission within 30 s after the spike",
 		"from the spike's end to the later of: the last shed denial, and the first scrape from which every replica sheds nothing to the run's end",
@@ -247,36 +247,48 @@ func maxChangesPerMinute(run *Run) float64 {
 	return float64(most)
 }
 
+// agreeLag is the longest span in which the replicas' shedding states
+// differ: on the time grid of every replica's scrapes, each replica's
+// state is its last scrape's at or before that time, and a span runs
+// from the first grid time the states differ to the first at which they
+// agree again (the run's end when they never do). A state that one
+// replica shows for a scrape and another passes between its scrapes
+// counts only for as long as they differ, not as a state never shown.
 func agreeLag(run *Run) time.Duration {
+	var grid []time.Time
+	for _, samples := range run.Reps {
+		for _, s := range samples {
+			grid = append(grid, s.At)
+		}
+	}
+	slices.SortFunc(grid, func(a, b time.Time) int { return a.Compare(b) })
 	var worst time.Duration
-	for i, samples := range run.Reps {
-		for _, c := range shedChanges(samples) {
-			for j, other := range run.Reps {
-				if j == i {
-					continue
-				}
-				worst = max(worst, lagTo(other, c, run.End))
+	var from time.Time
+	apart := false
+	for _, t := range grid {
+		agree, first, seen := true, "", false
+		for _, samples := range run.Reps {
+			st, ok := stateAt(samples, t)
+			if !ok {
+				continue
+			}
+			if !seen {
+				first, seen = st, true
+			} else if st != first {
+				agree = false
 			}
 		}
+		switch {
+		case !agree && !apart:
+			from, apart = t, true
+		case agree && apart:
+			worst, apart = max(worst, t.Sub(from)), false
+		}
+	}
+	if apart {
+		worst = max(worst, run.End.Sub(from))
 	}
 	return worst
-}
-
-// lagTo is how long after c other shows c's state: 0 when it already
-// does at c's time, else the time to its first sample that does.
-func lagTo(other []RepSample, c change, end time.Time) time.Duration {
-	if st, ok := stateAt(other, c.at); ok && st == c.state {
-		return 0
-	}
-	for _, s := range other {
-		if !s.At.After(c.at) || s.Err != nil {
-			continue
-		}
-		if st, _ := shedState(s.Values); st == c.state {
-			return s.At.Sub(c.at)
-		}
-	}
-	return end.Sub(c.at)
 }
 
 func fullAdmission(run *Run, spikeEnd time.Time) time.Duration {

@@ -146,7 +146,7 @@ func Traffic(sc *Scenario) ([]Class, map[string][]Tenant) {
 	}
 	mk := func(tier string, rate float64, ts []Tenant) Class {
 		return Class{Name: tier, Tier: tier, Tenants: ts, Model: Model, Rate: rate * rs, StreamFraction: sc.StreamFraction,
-			PromptTokens: Range{Min: 50, Max: 400}, MaxTokens: Range{Min: 32, Max: 256}, Timeout: 10 * time.Second}
+			PromptTokens: Range{Min: 50, Max: 150}, MaxTokens: Range{Min: 64, Max: 64}, Timeout: 10 * time.Second}
 	}
 	classes := []Class{
 		mk("premium", PremiumRate, tenants["premium"]),

@@ -14,22 +14,14 @@ import (
 	"github.com/tollgate-dev/tollgate/test/tollgatetest"
 )
 
-// serviceTime is the fake upstream's service time: 32 slots / 240ms is
-// the issue's ~134 requests/s.
-const serviceTime = 240 * time.Millisecond
-
-// testBench is the one place that picks the bench's parts: until the
-// model upstream (test/closedloop/upstream) and the Envoy-faithful gateway
-// (test/closedloop/envoysim) are merged, the fake upstream and Direct.
-// Plugging them in is these lines, with Mode ModeExtAuthz; this file is
-// package closedloop_test so that it may import both.
+// testBench is the one place that picks the bench's parts: the model
+// upstream of test/closedloop/upstream and envoysim's Envoy-faithful
+// gateway on the shipped envoy/envoy-ext-authz.yaml.
 func testBench(t testing.TB, out string) closedloop.Bench {
 	return closedloop.Bench{
-		NewUpstream: func(c closedloop.UpstreamConfig) closedloop.Upstream {
-			return closedloop.NewFakeUpstream(c, serviceTime)
-		},
-		NewGateway:  closedloop.NewDirectGateway,
-		Mode:        closedloop.ModeDirect,
+		NewUpstream: newRealUpstream,
+		NewGateway:  newEnvoyGateway,
+		Mode:        closedloop.ModeExtAuthz,
 		Bin:         tollgatetest.Build(t),
 		Out:         out,
 		Replicas:    3,
