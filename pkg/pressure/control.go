@@ -33,10 +33,11 @@ import (
 //     then shed by 1 - alloc_t / lambda_t, rounded up to the quantum;
 //   - a fraction rises at once; it falls only when I <= T, Dwell has
 //     passed since the last change and it is at least a quantum above
-//     what is wanted at 80% of R (or nothing is wanted): to that, but no
-//     less than half of itself (rounded down to the quantum; a half of
-//     two quanta or less does not hold it), so a spike's end re-admits
-//     in two or three moves (Little's law extrapolates a light load's
+//     what is wanted at 80% of R (or nothing is wanted): by one quantum
+//     while what is wanted is above half of it, and else to what is
+//     wanted but no lower than half of itself (rounded down to the
+//     quantum; a half of two quanta or less does not hold it), so a
+//     spike's end re-admits in two or three moves (Little's law extrapolates a light load's
 //     latency to T, and a GPU batch serves each request more slowly the
 //     fuller it is: the headroom keeps a noisy or optimistic R from
 //     loosening into an overload).
@@ -237,7 +238,17 @@ func (w law) next(prev ControlState, r ControlReading, now time.Time) ControlSta
 		if half <= 2*q+eps {
 			half = 0
 		}
-		if f := max(want[i], half); f < cur[i]-eps {
+		f := max(want[i], half)
+		if want[i] > half {
+			// Still wanted near where it is (the spike goes on): one
+			// quantum a move.
+			// A quantum of a spiking tier is a large share of capacity,
+			// and R extrapolated from a light load reads high (a batch
+			// serves faster the emptier it is), so larger moves loosen
+			// into an overload and tighten back.
+			f = max(want[i], cur[i]-q)
+		}
+		if f < cur[i]-eps {
 			out.Fractions[i], loosen = f, true
 		}
 	}
