@@ -345,6 +345,39 @@ type breakerSpan struct {
 	opens    int
 }
 
+// opensIn is how many times the breaker went to open within sp, from the
+// replicas' transition counters: each replica's last scrape at or before
+// sp's start to its first at or after its end. A probe that fails at
+// once spends milliseconds half-open, which no scrape sees; the counters
+// do.
+func opensIn(run *Run, sp breakerSpan) int {
+	n := 0.0
+	for _, samples := range run.Reps {
+		var before, after float64
+		haveAfter := false
+		for _, s := range samples {
+			if s.Err != nil {
+				continue
+			}
+			v := 0.0
+			for k, x := range s.Values {
+				if strings.HasPrefix(k, "tollgate_breaker_transitions_total") && strings.Contains(k, "to=open") {
+					v += x
+				}
+			}
+			if !s.At.After(sp.from) {
+				before = v
+			} else if !s.At.Before(sp.to) && !haveAfter {
+				after, haveAfter = v, true
+			}
+		}
+		if haveAfter {
+			n += after - before
+		}
+	}
+	return int(n)
+}
+
 // breakerSpans merges the replicas' scrapes in time order.
 func breakerSpans(run *Run) []breakerSpan {
 	type ev struct {
@@ -421,11 +454,11 @@ func OutageLaws(run *Run, p LawParams) []Law {
 				retries += r.Attempts - 1
 			}
 		}
-		extra = max(extra, probes-sp.opens)
+		extra = max(extra, probes-max(sp.opens, opensIn(run, sp)))
 	}
 	laws = append(laws,
 		newLaw("one probe per open interval, cluster-wide",
-			"for each span in which any replica shows its breaker not closed: requests sent upstream (sent in the span) minus the times the cluster's highest state entered open in it; the most of any span",
+			"for each span in which any replica shows its breaker not closed: requests sent upstream (sent in the span) minus the open intervals in it (the increase of tollgate_breaker_transitions_total{to=open} summed over replicas, each transition counted once by the replica that made it; at least the times a scrape saw the cluster's highest state enter open); the most of any span",
 			"<=", 0, float64(extra), "requests"),
 		newLaw("retries 0 while open",
 			"retries (attempts beyond the first) of requests sent while any replica shows the breaker not closed",

@@ -44,6 +44,7 @@ var ScrapedMetrics = []string{
 	"tollgate_pressure_score",
 	"tollgate_pressure_level",
 	"tollgate_breaker_state",
+	"tollgate_breaker_transitions_total",
 	"tollgate_control_shed_fraction",
 	"tollgate_control_inflight",
 	"tollgate_store_circuit_state",
