@@ -120,7 +120,7 @@ func TestExplainExampleRules(t *testing.T) {
 		},
 		{
 			name:        "global model bucket at pressure, standard",
-			give:        []string{"--descriptor", "model=gpt-4o", "--descriptor", "tier=standard", "--pressure", "0.85"},
+			give:        []string{"--descriptor", "model=gpt-4o", "--descriptor", "tier=standard", "--pressure", "0.97"},
 			wantRules:   []string{"model_gpt-4o", ""},
 			wantTier:    "standard",
 			wantMult:    2,
@@ -129,22 +129,22 @@ func TestExplainExampleRules(t *testing.T) {
 			wantVerdict: "refused first if the breaker model=gpt-4o is open",
 		},
 		{
-			name:        "free is shed at 0.7",
-			give:        []string{"--descriptor", "tenant=acme,tier=free", "--pressure", "0.7"},
+			name:        "free is shed at 0.9",
+			give:        []string{"--descriptor", "tenant=acme,tier=free", "--pressure", "0.9"},
 			wantRules:   []string{""},
 			wantTier:    "free",
 			wantMult:    1,
 			wantRefused: true,
-			wantVerdict: "refused: shed at pressure 0.7 (tier free); OVER_LIMIT with retry-after 30s, nothing charged",
+			wantVerdict: "refused: shed at pressure 0.9 (tier free); OVER_LIMIT with retry-after 15s, nothing charged",
 		},
 		{
-			name:        "only premium at 0.95",
-			give:        []string{"--descriptor", "tenant=acme,tier=standard", "--pressure", "0.95"},
+			name:        "only premium at 0.99",
+			give:        []string{"--descriptor", "tenant=acme,tier=standard", "--pressure", "0.99"},
 			wantRules:   []string{""},
 			wantTier:    "standard",
 			wantMult:    2,
 			wantRefused: true,
-			wantVerdict: "refused: shed at pressure 0.95 (tier standard)",
+			wantVerdict: "refused: shed at pressure 0.99 (tier standard)",
 		},
 		{
 			name:        "shadow rule",
@@ -421,7 +421,7 @@ descriptors:
 func TestExplainText(t *testing.T) {
 	t.Parallel()
 	code, out, errOut := runExplainCmd(t, "--config", exampleRules, "--domain", "inference",
-		"--descriptor", "tenant=acme,model=gpt-4o,tier=premium", "--descriptor", "model=gpt-4o", "--pressure", "0.85")
+		"--descriptor", "tenant=acme,model=gpt-4o,tier=premium", "--descriptor", "model=gpt-4o", "--pressure", "0.97")
 	if code != ExitOK {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
@@ -430,7 +430,7 @@ func TestExplainText(t *testing.T) {
 	k3 := key(limit.Requests, limit.TokenBucket, time.Minute, "model", "gpt-4o")
 	want := `domain inference (../../config/inference.yaml)
 tier: premium (x3), named by the request
-pressure: 0.85 on scope global: shedding level 1 (step above 0.8) active, sheds free, limits x0.7, bursts down to their floor
+pressure: 0.97 on scope global: shedding level 1 (step above 0.95) active, sheds free, limits x0.7, bursts down to their floor
   the request reads scope global
 descriptor 1: tenant=acme,model=gpt-4o,tier=premium
   matched as: tenant=acme,model=gpt-4o (tier entries removed)
