@@ -33,8 +33,9 @@ import (
 //     then shed by 1 - alloc_t / lambda_t, rounded up to the quantum;
 //   - a fraction rises at once; it falls only when I <= T, Dwell has
 //     passed since the last change and it is at least a quantum above
-//     what is wanted at 80% of R (or nothing is wanted): by one quantum
-//     while what is wanted is above half of it, and else to what is
+//     what is wanted at 80% of R (or nothing is wanted): by one quantum,
+//     four dwells after the last change, while what is wanted is above
+//     half of it, and else to what is
 //     wanted but no lower than half of itself (rounded down to the
 //     quantum; a half of two quanta or less does not hold it), so a
 //     spike's end re-admits in two or three moves (Little's law extrapolates a light load's
@@ -109,6 +110,12 @@ type law struct {
 
 // loosenHeadroom is the share of the rate R a loosening may count on.
 const loosenHeadroom = 0.8
+
+// creepDwells is how many dwells a fraction that is still wanted near
+// where it is waits before it falls by a quantum: probing for capacity
+// during a sustained overload is slow, re-admitting once demand has
+// fallen is not.
+const creepDwells = 4
 
 // eps absorbs float error in comparisons of quantised fractions.
 const eps = 1e-9
@@ -241,11 +248,15 @@ func (w law) next(prev ControlState, r ControlReading, now time.Time) ControlSta
 		f := max(want[i], half)
 		if want[i] > half {
 			// Still wanted near where it is (the spike goes on): one
-			// quantum a move.
-			// A quantum of a spiking tier is a large share of capacity,
-			// and R extrapolated from a light load reads high (a batch
-			// serves faster the emptier it is), so larger moves loosen
-			// into an overload and tighten back.
+			// quantum a move, and no sooner than creepDwells dwells
+			// after the last change. A quantum of a spiking tier is a
+			// large share of capacity, and R extrapolated from a light
+			// load reads high (a batch serves faster the emptier it is):
+			// such a probe may run into an overload and tighten back,
+			// two changes, which must stay rare.
+			if now.Sub(prev.Changed) < creepDwells*w.cfg.Dwell {
+				continue
+			}
 			f = max(want[i], cur[i]-q)
 		}
 		if f < cur[i]-eps {

@@ -67,6 +67,15 @@ func TestLawNext(t *testing.T) {
 			changed: true,
 		},
 		{
+			// As below, but half a minute after the last change: a
+			// fraction still wanted near where it is waits four dwells.
+			name: "a fraction still wanted near it waits four dwells",
+			prev: ControlState{Since: t0.Add(-time.Minute), Counts: []int64{20, 20, 20, 20, 20, 20, 20, 20, 20}, Latency: 0.24, Fractions: []float64{1, 0}, Changed: t0},
+			give: ControlReading{InFlight: 20, Offered: spike, Admitted: 83},
+			at:   t0.Add(30 * time.Second),
+			want: []float64{1, 0},
+		},
+		{
 			// R = 133.3; at 80% of it free gets 106.7 - 56 = 50.7 of 380:
 			// 0.867 -> 0.9, where the whole R would loosen it to 0.8.
 			name:    "a fraction loosens to what 80% of the rate allows",
@@ -247,11 +256,7 @@ func (u *queueSim) inFlight() int64 { return int64(len(u.slots) + len(u.queue)) 
 // TestLawHoldsASpike runs the law against queueSim through the issue's
 // spike (steady 94/s, then free x10 for 40s) and checks the laws the
 // closed-loop bench asserts, on a fake clock, for 40 seeds. Every seed
-// must keep every law but one: at most 4 changes a minute, which 2 of
-// the 40 break today by one change (a loosening mid-spike that noise in
-// the rates let through, tightened back a tick later:
-// docs/overload-control.md, "Known limits"); the bound is 6, so that a
-// change making it worse fails.
+// must keep every law, at most 4 changes a minute included.
 func TestLawHoldsASpike(t *testing.T) {
 	t.Parallel()
 	const seeds = 40
@@ -266,8 +271,8 @@ func TestLawHoldsASpike(t *testing.T) {
 			})
 		}
 	})
-	if n := over.Load(); n > 6 {
-		t.Errorf("%d of %d seeds changed a fraction more than 4 times in a minute, want at most 6", n, seeds)
+	if n := over.Load(); n > 0 {
+		t.Errorf("%d of %d seeds changed a fraction more than 4 times in a minute, want none", n, seeds)
 	} else {
 		t.Logf("%d of %d seeds changed a fraction more than 4 times in a minute", n, seeds)
 	}
