@@ -378,6 +378,60 @@ func opensIn(run *Run, sp breakerSpan) int {
 	return int(n)
 }
 
+// closedBy is the last scrape time, of any replica, before the first
+// scrape within sp at which the replicas' summed
+// tollgate_breaker_transitions_total{to=closed} has risen: the breaker
+// closed after it. sp.to when it never rises.
+func closedBy(run *Run, sp breakerSpan) time.Time {
+	type pt struct {
+		at  time.Time
+		rep int
+		v   float64
+	}
+	var pts []pt
+	for r, samples := range run.Reps {
+		for _, s := range samples {
+			if s.Err != nil {
+				continue
+			}
+			v := 0.0
+			for k, x := range s.Values {
+				if strings.HasPrefix(k, "tollgate_breaker_transitions_total") && strings.Contains(k, "to=closed") {
+					v += x
+				}
+			}
+			pts = append(pts, pt{s.At, r, v})
+		}
+	}
+	slices.SortFunc(pts, func(a, b pt) int { return a.at.Compare(b.at) })
+	cur := make([]float64, len(run.Reps))
+	var base float64
+	last := sp.from
+	for _, p := range pts {
+		sum := func() float64 {
+			t := 0.0
+			for _, v := range cur {
+				t += v
+			}
+			return t
+		}
+		if !p.at.After(sp.from) {
+			cur[p.rep] = p.v
+			base = sum()
+			continue
+		}
+		if !p.at.Before(sp.to) {
+			break
+		}
+		cur[p.rep] = p.v
+		if sum() > base {
+			return last
+		}
+		last = p.at
+	}
+	return sp.to
+}
+
 // breakerSpans merges the replicas' scrapes in time order.
 func breakerSpans(run *Run) []breakerSpan {
 	type ev struct {
@@ -433,7 +487,10 @@ func OutageLaws(run *Run, p LawParams) []Law {
 	for _, samples := range run.Reps {
 		seen := false
 		for _, s := range samples {
-			if s.Err == nil && !s.At.Before(o0) && !s.At.After(o1) && breakerState(s.Values) == 2 {
+			// Open, or half-open: a replica shows half-open only after
+			// the breaker opened and its open period ended, which a
+			// scrape may have missed (open_for 1s, scrapes every 250ms).
+			if s.Err == nil && !s.At.Before(o0) && !s.At.After(o1) && breakerState(s.Values) >= 1 {
 				worst, seen = max(worst, s.At.Sub(o0)), true
 				break
 			}
@@ -443,13 +500,14 @@ func OutageLaws(run *Run, p LawParams) []Law {
 		}
 	}
 	laws := []Law{newLaw("breaker opens on all replicas within 1 s",
-		"from the outage's start to the last replica's first scrape that shows a tollgate_breaker_state of 2 (open); the outage's length when one never does",
+		"from the outage's start to the last replica's first scrape that shows a tollgate_breaker_state of 2 (open) or 1 (half-open, which follows open); the outage's length when one never does",
 		"<=", 1, worst.Seconds(), "s")}
 	extra, retries := 0, 0
 	for _, sp := range breakerSpans(run) {
 		probes := 0
+		to := closedBy(run, sp)
 		for _, r := range run.Records {
-			if !r.Dropped && r.Attempts > 0 && !r.Sent.Before(sp.from) && r.Sent.Before(sp.to) {
+			if !r.Dropped && r.Attempts > 0 && !r.Sent.Before(sp.from) && r.Sent.Before(to) {
 				probes++
 				retries += r.Attempts - 1
 			}
@@ -458,7 +516,7 @@ func OutageLaws(run *Run, p LawParams) []Law {
 	}
 	laws = append(laws,
 		newLaw("one probe per open interval, cluster-wide",
-			"for each span in which any replica shows its breaker not closed: requests sent upstream (sent in the span) minus the open intervals in it (the increase of tollgate_breaker_transitions_total{to=open} summed over replicas, each transition counted once by the replica that made it; at least the times a scrape saw the cluster's highest state enter open); the most of any span",
+			"for each span in which any replica shows its breaker not closed: requests sent upstream from the span's start to the last scrape before the breaker's closing transition (the span's end when it never closes; requests after a close are not probes) minus the open intervals in it (the increase of tollgate_breaker_transitions_total{to=open} summed over replicas, each transition counted once by the replica that made it; at least the times a scrape saw the cluster's highest state enter open); the most of any span",
 			"<=", 0, float64(extra), "requests"),
 		newLaw("retries 0 while open",
 			"retries (attempts beyond the first) of requests sent while any replica shows the breaker not closed",
