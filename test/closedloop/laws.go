@@ -630,12 +630,41 @@ func RedisLaws(run *Run, p LawParams) []Law {
 		"<=", 1, rec, "s").noted(note))
 }
 
-// BudgetLaws: every tenant's settled spend is within one request's
-// estimate error of the upstream's real usage.
-func BudgetLaws(run *Run, p LawParams) []Law {
-	if p.Spend == nil || p.Usage == nil {
-		return []Law{newLaw("settled spend within one estimate error of real usage", "", "<=", 1, math.NaN(), "x").noted("spend or usage not read")}
+// SpendTenants is who the budget law compares: every tenant that sent a
+// request in run (drops excluded) and every name the upstream accounted
+// usage to, sorted. A tenant whose requests were all denied is in it too:
+// its spend must come back to 0, so a reservation never returned shows.
+func SpendTenants(run *Run, usage map[string]int64) []string {
+	set := map[string]struct{}{}
+	for _, r := range run.Records {
+		if !r.Dropped {
+			set[r.Tenant] = struct{}{}
+		}
 	}
+	for t := range usage {
+		set[t] = struct{}{}
+	}
+	out := make([]string, 0, len(set))
+	for t := range set {
+		out = append(out, t)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// BudgetLaws: every tenant's settled spend is within one request's
+// estimate error of the upstream's real usage. Every tenant of
+// SpendTenants is compared, and one whose spend was not read makes the
+// law unmeasured: a law over no tenant, or over some only, would pass on
+// nothing.
+func BudgetLaws(run *Run, p LawParams) []Law {
+	const name = "settled spend within one estimate error of real usage"
+	if p.Spend == nil || p.Usage == nil {
+		return []Law{newLaw(name, "", "<=", 1, math.NaN(), "x").noted("spend or usage not read")}
+	}
+	// A tenant's bound is the largest |estimate - actual| of one of its
+	// answered requests; with none (all denied), 1 token, so its spend
+	// must be what the upstream billed (0 for requests it never served).
 	maxErr := map[string]int64{}
 	for _, r := range run.Records {
 		if r.Dropped || r.Source != SourceUpstream || r.Status/100 != 2 {
@@ -644,21 +673,46 @@ func BudgetLaws(run *Run, p LawParams) []Law {
 		e := r.Estimate - (r.PromptTokens + r.CompletionTokens)
 		maxErr[r.Tenant] = max(maxErr[r.Tenant], e, -e)
 	}
-	worst := 0.0
-	who := ""
-	for tenant, used := range p.Usage {
-		d := p.Spend[tenant] - used
+	tenants := SpendTenants(run, p.Usage)
+	for t := range p.Spend {
+		if _, ok := slices.BinarySearch(tenants, t); !ok {
+			tenants = append(tenants, t)
+		}
+	}
+	slices.Sort(tenants)
+	if len(tenants) == 0 {
+		return []Law{newLaw(name, "", "<=", 1, math.NaN(), "x").noted("no tenant compared: none sent a request")}
+	}
+	var unread []string
+	worst, who := -1.0, ""
+	var exact int
+	var spent, used int64
+	for _, tenant := range tenants {
+		s, ok := p.Spend[tenant]
+		if !ok {
+			unread = append(unread, tenant)
+			continue
+		}
+		u := p.Usage[tenant]
+		spent, used = spent+s, used+u
+		d := s - u
 		if d < 0 {
 			d = -d
 		}
-		q := float64(d) / float64(max(maxErr[tenant], 1))
-		if q > worst {
-			worst, who = q, tenant
+		if d == 0 {
+			exact++
+		}
+		bound := max(maxErr[tenant], 1)
+		if q := float64(d) / float64(bound); q > worst {
+			worst, who = q, fmt.Sprintf("%s: spend %d, usage %d, bound %d", tenant, s, u, bound)
 		}
 	}
-	return []Law{newLaw("settled spend within one estimate error of real usage",
-		fmt.Sprintf("per tenant, |settled token spend in Tollgate - the upstream's real usage| over that tenant's largest |estimate - actual| of one request; the most of any tenant (%s)", who),
-		"<=", 1, worst, "x")}
+	def := fmt.Sprintf("per tenant (every one that sent a request or that the upstream billed), |settled token spend in Tollgate - the upstream's real usage| over that tenant's largest |estimate - actual| of one answered request (1 without one); the most of any tenant. %d tenants compared, %d exactly; spend %d, usage %d in all; the most: %s",
+		len(tenants)-len(unread), exact, spent, used, who)
+	if len(unread) > 0 {
+		return []Law{newLaw(name, def, "<=", 1, math.NaN(), "x").noted(fmt.Sprintf("spend of %d tenants not read, %s first", len(unread), unread[0]))}
+	}
+	return []Law{newLaw(name, def, "<=", 1, worst, "x")}
 }
 
 // WriteTable writes laws as a markdown table.

@@ -173,16 +173,63 @@ func TestRedisAndBudgetLaws(t *testing.T) {
 		}
 	}
 
-	// Budgets: a's estimate error is 100 at most; spend is 60 off.
-	bb := newRun(10, PhaseSteady, 0.0)
-	bb.rec(Record{Tenant: "a", Estimate: 500, Result: Result{Status: 200, Source: SourceUpstream, Attempts: 1, PromptTokens: 100, CompletionTokens: 300}})
-	bb.rec(Record{Tenant: "a", Estimate: 420, Result: Result{Status: 200, Source: SourceUpstream, Attempts: 1, PromptTokens: 100, CompletionTokens: 300}})
-	l := BudgetLaws(bb.run, LawParams{Spend: map[string]int64{"a": 860}, Usage: map[string]int64{"a": 800}})[0]
-	if l.Measured != 0.6 || !l.Pass {
-		t.Errorf("budget: measured %v pass %v, want 0.6 pass", l.Measured, l.Pass)
+}
+
+// TestBudgetLaws: the budget law compares every tenant that sent a
+// request, whatever the upstream accounted, and is not measured when it
+// would compare none. The last e2e printed "0 x ()": a law that only
+// looped over the upstream's usage passed on an empty map.
+func TestBudgetLaws(t *testing.T) {
+	t.Parallel()
+	served := func(tenant string, estimate, prompt, completion int64) Record {
+		return Record{Tenant: tenant, Estimate: estimate,
+			Result: Result{Status: 200, Source: SourceUpstream, Attempts: 1, PromptTokens: prompt, CompletionTokens: completion}}
 	}
-	if l := BudgetLaws(bb.run, LawParams{})[0]; l.Pass || !math.IsNaN(l.Measured) {
-		t.Errorf("budget without spend: %+v, want n/a and not passed", l)
+	// a's estimate error is 100 at most (500 - 400), b's 20.
+	sent := []Record{served("a", 500, 100, 300), served("a", 420, 100, 300), served("b", 120, 50, 50)}
+	denied := Record{Tenant: "c", Estimate: 300, Result: Result{Status: 429, Source: SourceTollgate, Reason: "rate_limited"}}
+	dropped := Record{Tenant: "d", Estimate: 300, Dropped: true}
+	tests := []struct {
+		name         string
+		give         []Record
+		spend, usage map[string]int64
+		want         float64 // NaN: not measured
+		wantWho      string
+	}{
+		{"within one estimate error", sent, map[string]int64{"a": 860, "b": 100}, map[string]int64{"a": 800, "b": 100}, 0.6, "a: spend 860"},
+		{"exact", sent, map[string]int64{"a": 800, "b": 100}, map[string]int64{"a": 800, "b": 100}, 0, "a: spend 800"},
+		{"over one estimate error", sent, map[string]int64{"a": 800, "b": 150}, map[string]int64{"a": 800, "b": 100}, 2.5, "b: spend 150"},
+		{"the upstream accounted no tenant", sent, map[string]int64{"a": 800, "b": 100}, map[string]int64{}, 8, "a: spend 800"},
+		{"a denied tenant's reservation kept", append([]Record{denied}, sent...), map[string]int64{"a": 800, "b": 100, "c": 300}, map[string]int64{"a": 800, "b": 100}, 300, "c: spend 300"},
+		{"a denied tenant's reservation returned", append([]Record{denied}, sent...), map[string]int64{"a": 800, "b": 100, "c": 0}, map[string]int64{"a": 800, "b": 100}, 0, ""},
+		{"a drop sent nothing", append([]Record{dropped}, sent...), map[string]int64{"a": 800, "b": 100}, map[string]int64{"a": 800, "b": 100}, 0, ""},
+		{"usage billed to no sender", sent, map[string]int64{"a": 800, "b": 100, "(other)": 0}, map[string]int64{"a": 800, "b": 100, "(other)": 70}, 70, "(other): spend 0"},
+		{"a spend not read", sent, map[string]int64{"a": 800}, map[string]int64{"a": 800, "b": 100}, math.NaN(), ""},
+		{"no tenant", nil, map[string]int64{}, map[string]int64{}, math.NaN(), ""},
+		{"only drops", []Record{dropped}, map[string]int64{}, map[string]int64{}, math.NaN(), ""},
+		{"spend not read at all", sent, nil, map[string]int64{"a": 800}, math.NaN(), ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			b := newRun(10, PhaseSteady, 0.0)
+			for _, r := range tt.give {
+				b.rec(r)
+			}
+			l := BudgetLaws(b.run, LawParams{Spend: tt.spend, Usage: tt.usage})[0]
+			if math.IsNaN(tt.want) {
+				if !math.IsNaN(l.Measured) || l.Pass || l.Note == "" {
+					t.Errorf("law = %+v, want not measured, with a note, and not passed", l)
+				}
+				return
+			}
+			if math.Abs(l.Measured-tt.want) > 1e-9 || l.Pass != (tt.want <= 1) {
+				t.Errorf("measured %v pass %v, want %v", l.Measured, l.Pass, tt.want)
+			}
+			if !strings.Contains(l.Definition, "the most: "+tt.wantWho) {
+				t.Errorf("definition %q does not name %q", l.Definition, tt.wantWho)
+			}
+		})
 	}
 }
 

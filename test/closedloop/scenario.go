@@ -239,7 +239,10 @@ func RunScenario(t testing.TB, b Bench, sc Scenario) ([]Law, *Run) {
 		params.Usage = up.Stats().Usage
 		if b.Spend != nil {
 			params.Spend = map[string]int64{}
-			for tenant := range params.Usage {
+			// Every tenant that sent a request, not only those the
+			// upstream billed: a charge never settled shows as spend
+			// against no usage.
+			for _, tenant := range SpendTenants(run, params.Usage) {
 				s, err := b.Spend(ctx, cluster, tenant)
 				if err != nil {
 					t.Errorf("read %s's spend: %v", tenant, err)
