@@ -346,8 +346,8 @@ type breakerSpan struct {
 }
 
 // opensIn is how many times the breaker went to open within sp, from the
-// replicas' transition counters: each replica's last scrape at or before
-// sp's start to its first at or after its end. A probe that fails at
+// replicas' transition counters: each replica's last scrape before sp's
+// start to its first at or after its end. A probe that fails at
 // once spends milliseconds half-open, which no scrape sees; the counters
 // do.
 func opensIn(run *Run, sp breakerSpan) int {
@@ -365,7 +365,10 @@ func opensIn(run *Run, sp breakerSpan) int {
 					v += x
 				}
 			}
-			if !s.At.After(sp.from) {
+			// The span starts at the scrape that shows the opening,
+			// whose counter already holds it: before is the scrape
+			// before that.
+			if s.At.Before(sp.from) {
 				before = v
 			} else if !s.At.Before(sp.to) && !haveAfter {
 				after, haveAfter = v, true
@@ -378,18 +381,16 @@ func opensIn(run *Run, sp breakerSpan) int {
 	return int(n)
 }
 
-// closedBy is the last scrape time, of any replica, before the first
-// scrape within sp at which the replicas' summed
-// tollgate_breaker_transitions_total{to=closed} has risen: the breaker
-// closed after it. sp.to when it never rises.
+// closedBy bounds when the breaker of sp closed: the replica whose
+// tollgate_breaker_transitions_total{to=closed} rose first within sp made
+// the transition after its previous scrape, whose time closedBy returns
+// (no earlier than sp.from); sp.to when none rose.
 func closedBy(run *Run, sp breakerSpan) time.Time {
-	type pt struct {
-		at  time.Time
-		rep int
-		v   float64
-	}
-	var pts []pt
-	for r, samples := range run.Reps {
+	var first time.Time
+	at := sp.to
+	for _, samples := range run.Reps {
+		base, have := 0.0, false
+		prev := sp.from
 		for _, s := range samples {
 			if s.Err != nil {
 				continue
@@ -400,36 +401,27 @@ func closedBy(run *Run, sp breakerSpan) time.Time {
 					v += x
 				}
 			}
-			pts = append(pts, pt{s.At, r, v})
-		}
-	}
-	slices.SortFunc(pts, func(a, b pt) int { return a.at.Compare(b.at) })
-	cur := make([]float64, len(run.Reps))
-	var base float64
-	last := sp.from
-	for _, p := range pts {
-		sum := func() float64 {
-			t := 0.0
-			for _, v := range cur {
-				t += v
+			if !s.At.After(sp.from) || !have {
+				base, have = v, true
+				if !s.At.After(sp.from) {
+					continue
+				}
 			}
-			return t
+			// The scrape that ends the span may be the one that shows
+			// the close.
+			if s.At.After(sp.to) {
+				break
+			}
+			if v > base {
+				if first.IsZero() || s.At.Before(first) {
+					first, at = s.At, prev
+				}
+				break
+			}
+			prev = s.At
 		}
-		if !p.at.After(sp.from) {
-			cur[p.rep] = p.v
-			base = sum()
-			continue
-		}
-		if !p.at.Before(sp.to) {
-			break
-		}
-		cur[p.rep] = p.v
-		if sum() > base {
-			return last
-		}
-		last = p.at
 	}
-	return sp.to
+	return at
 }
 
 // breakerSpans merges the replicas' scrapes in time order.

@@ -149,6 +149,48 @@ func TestOutageLaws(t *testing.T) {
 	}
 }
 
+// TestOutageProbesByTransitions: the open intervals of a span come from
+// the transition counters (a probe that fails at once is half-open for
+// milliseconds no scrape sees), and requests sent after the breaker
+// closed (between the closing replica's last two scrapes) are not probes.
+func TestOutageProbesByTransitions(t *testing.T) {
+	t.Parallel()
+	const (
+		toOpen   = "tollgate_breaker_transitions_total{from=half_open,to=open}"
+		toClosed = "tollgate_breaker_transitions_total{from=half_open,to=closed}"
+	)
+	for _, tt := range []struct {
+		name  string
+		extra []float64 // sends besides one probe a second in [11, 15]
+		want  float64
+	}{
+		{"a probe per open interval", nil, 0},
+		{"after the close", []float64{40.5, 40.8}, 0},
+		{"a second request while open", []float64{20}, 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			b := newRun(60, PhaseSteady, 0.0, PhaseOutage, 10.0, PhaseRecover, 40.0)
+			// Replica 0 makes every transition: the first opening and
+			// four reopenings by failed probes (5 opens), then the close
+			// after its scrape at 40. Its scrapes never see half-open.
+			for _, s := range []struct{ sec, state, opens, closes float64 }{
+				{9, 0, 0, 0}, {10.5, 2, 1, 0}, {16, 2, 5, 0}, {40, 2, 5, 0}, {41, 0, 5, 1}, {43, 0, 5, 1},
+			} {
+				b.scrape(0, s.sec, map[string]float64{brk: s.state, toOpen: s.opens, toClosed: s.closes})
+				b.scrape(1, s.sec, map[string]float64{brk: s.state})
+			}
+			for _, sec := range append([]float64{11, 12, 13, 14, 15}, tt.extra...) {
+				b.rec(Record{Sent: at(sec), Tier: "premium", Result: Result{Status: 500, Source: SourceUpstream, Attempts: 1}})
+			}
+			l := findLaw(t, OutageLaws(b.run, LawParams{}), "one probe")
+			if l.Measured != tt.want {
+				t.Errorf("measured %v, want %v (%s)", l.Measured, tt.want, l.Definition)
+			}
+		})
+	}
+}
+
 func TestRedisAndBudgetLaws(t *testing.T) {
 	t.Parallel()
 	b := newRun(60, PhaseSteady, 0.0, PhaseRedisOff, 10.0, PhaseRedisOn, 30.0)
