@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"image/color"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -260,5 +261,50 @@ func WriteFiles(dir, name string, run *Run) ([]string, error) {
 	if err := f.Close(); err != nil {
 		return nil, fmt.Errorf("close %s: %w", path, err)
 	}
+	if err := writeScrapes(filepath.Join(dir, name+"-scrapes.csv"), run); err != nil {
+		return nil, err
+	}
 	return WritePlots(dir, name, run)
+}
+
+// writeScrapes writes every change of a scraped series, at the scrape's
+// own time (ms since the run began), per replica: the per-second CSV
+// keeps only each second's last scrape, which hides what the laws on
+// breaker and shedding timing measure.
+func writeScrapes(path string, run *Run) (err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("create %s: %w", path, err)
+	}
+	defer func() {
+		if cerr := f.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("close %s: %w", path, cerr)
+		}
+	}()
+	w := csv.NewWriter(f)
+	_ = w.Write([]string{"ms", "replica", "series", "value"})
+	for _, m := range run.Phases {
+		_ = w.Write([]string{strconv.FormatInt(m.At.Sub(run.Start).Milliseconds(), 10), "", "phase " + m.Name, ""})
+	}
+	for r, samples := range run.Reps {
+		last := map[string]float64{}
+		for _, s := range samples {
+			if s.Err != nil {
+				continue
+			}
+			keys := slices.Sorted(maps.Keys(s.Values))
+			for _, k := range keys {
+				if v, ok := last[k]; ok && v == s.Values[k] {
+					continue
+				}
+				last[k] = s.Values[k]
+				_ = w.Write([]string{strconv.FormatInt(s.At.Sub(run.Start).Milliseconds(), 10), strconv.Itoa(r), k, strconv.FormatFloat(s.Values[k], 'g', -1, 64)})
+			}
+		}
+	}
+	w.Flush()
+	if err := w.Error(); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
 }

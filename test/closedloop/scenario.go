@@ -108,7 +108,7 @@ func Scaled(scale float64) []Scenario {
 		{Name: "steady", StreamFraction: 0.3, Phases: []Phase{{Name: PhaseSteady, Duration: d(40)}},
 			ScrapeEvery: time.Second, Laws: SteadyLaws},
 		{Name: "spike", StreamFraction: 0.3, Phases: spike, ScrapeEvery: 500 * time.Millisecond, Laws: SpikeLaws},
-		{Name: "outage", StreamFraction: 0.3, ScrapeEvery: 250 * time.Millisecond, Laws: OutageLaws, Phases: []Phase{
+		{Name: "outage", StreamFraction: 0.3, ScrapeEvery: 100 * time.Millisecond, Laws: OutageLaws, Phases: []Phase{
 			{Name: PhaseSteady, Duration: d(10), Scale: low},
 			{Name: PhaseOutage, Duration: d(30), Scale: low, Enter: func(e *Env) {
 				e.Upstream.SetMode(UpstreamMode{Kind: UpstreamFail, FailFraction: 1, FailStatus: 500})
