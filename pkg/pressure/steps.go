@@ -97,11 +97,15 @@ func (c *Combiner) step(ctx context.Context, i int, st *ScopeState, now time.Tim
 	if math.IsNaN(st.Combined) {
 		return // as Update: a NaN reading changes nothing
 	}
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Interval)
 	defer cancel()
 	key := c.keys[i]
 	val, ver, err := c.cfg.Cells.Load(ctx, now, key)
 	if err != nil {
+		if parent.Err() != nil {
+			return // the Combiner is stopping (a reload): not the store's failure
+		}
 		c.fail(s.Name, fmt.Errorf("load step cell: %w", err))
 		c.alone(e, st)
 		return
@@ -125,6 +129,9 @@ func (c *Combiner) step(ctx context.Context, i int, st *ScopeState, now time.Tim
 	next := e.next(prev, st.Combined, now)
 	next.By = c.cfg.Replica
 	swapped, _, err := c.cfg.Cells.Swap(ctx, now, key, ver, encodeStep(next), stepTTL(c.cfg.Interval))
+	if err != nil && parent.Err() != nil {
+		return
+	}
 	if err != nil {
 		// Computed from the cluster's last state, but not shared.
 		c.fail(s.Name, fmt.Errorf("swap step cell: %w", err))
@@ -141,6 +148,8 @@ func (c *Combiner) step(ctx context.Context, i int, st *ScopeState, now time.Tim
 				e.adopt(won)
 				return
 			}
+		} else if parent.Err() != nil {
+			return
 		} else {
 			c.fail(s.Name, fmt.Errorf("load step cell: %w", err))
 		}

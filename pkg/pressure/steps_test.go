@@ -501,3 +501,43 @@ func TestStepsLostSwap(t *testing.T) {
 		})
 	}
 }
+
+// ctxCells fails calls whose context has ended, as Redis calls do.
+type ctxCells struct{ limit.Cells }
+
+func (c ctxCells) Load(ctx context.Context, now time.Time, key string) ([]byte, uint64, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	return c.Cells.Load(ctx, now, key)
+}
+
+// TestStepsStopping: a tick whose context ends (a reload stops the
+// Combiner) is not the store failing: no fallback, no error, no change.
+func TestStepsStopping(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewFakeClock(t0)
+	e, err := NewEvaluator(designPolicy(), clock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errs atomic.Int64
+	c, err := NewCombiner(CombinerConfig{
+		Board: memstore.NewBoard(), Replica: "r", TTL: time.Second, Clock: clock, Cells: ctxCells{memstore.NewCells()}, Domain: "d", Interval: stepInterval,
+		Scopes: []Scope{{Name: "global", Local: fixed(0.75), Evaluator: e}},
+		OnError: func(_ string, err error) {
+			if strings.Contains(err.Error(), "step cell") { // the board's are told as before
+				errs.Add(1)
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	c.Tick(ctx)
+	if s := c.Snapshot()[0]; s.StepsLocal || e.Fallbacks() != 0 || errs.Load() != 0 || s.Outcome.Level != -1 {
+		t.Errorf("a stopped tick: local %v, %d fallbacks, %d errors, level %d; want none and -1", s.StepsLocal, e.Fallbacks(), errs.Load(), s.Outcome.Level)
+	}
+}
