@@ -135,6 +135,7 @@ type shedder struct {
 	name    string // replica
 	combine pressure.Combine
 	board   limit.Board
+	cells   limit.Cells // the steps' shared step and hold
 	brStore breaker.Store
 	clock   limit.Clock
 	log     *zap.Logger
@@ -195,7 +196,7 @@ func newShedder(ctx context.Context, f pressureFlags, shared sharedState, log *z
 		return nil, err
 	}
 	s := &shedder{
-		f: f, name: f.replica(), combine: combine, board: shared.board, brStore: shared.breakers, clock: limit.SystemClock{},
+		f: f, name: f.replica(), combine: combine, board: shared.board, cells: shared.cells, brStore: shared.breakers, clock: limit.SystemClock{},
 		log: log, gate: pressure.NewGate(), breakers: breaker.NewSet(),
 		retired: map[[2]breaker.State]uint64{}, retiredClasses: map[breakerClass]uint64{},
 	}
@@ -454,6 +455,9 @@ func (s *shedder) domain(old *shedState, d *limit.Domain) (*shedDomain, error) {
 	}
 	c, err := pressure.NewCombiner(pressure.CombinerConfig{
 		Board: s.board, Replica: s.name, Combine: s.combine, TTL: s.f.ttl, Clock: s.clock, Scopes: scopes,
+		// The replicas share each scope's step and hold, so they shed
+		// alike (docs/overload-control.md, "Steps across replicas").
+		Cells: s.cells, Domain: d.Name, Interval: s.f.interval,
 		OnError: func(scope string, err error) {
 			// Stale readings show in tollgate_pressure_board_stale; one
 			// line a tick per scope would drown the log while the store
@@ -736,6 +740,7 @@ func (s *shedder) view() pressureView {
 type pressureCollector struct {
 	s                                         *shedder
 	score, local, level, factor, stale, state *prometheus.Desc
+	stepsAlone                                *prometheus.Desc
 	transitions, untracked, promErrors        *prometheus.Desc
 	classes                                   *prometheus.Desc
 	// The overload controller's.
@@ -753,6 +758,7 @@ func newPressureCollector(s *shedder) *pressureCollector {
 		level:       prometheus.NewDesc("tollgate_pressure_level", "Index of the domain's active shedding step for the scope, -1 when none is.", ds, nil),
 		factor:      prometheus.NewDesc("tollgate_pressure_factor", "What the active shedding steps scale limits by, in (0,1].", ds, nil),
 		stale:       prometheus.NewDesc("tollgate_pressure_board_stale", "1 when the last reading could not read the store's board and used the local score alone.", ds, nil),
+		stepsAlone:  prometheus.NewDesc("tollgate_pressure_steps_fallbacks_total", "Readings whose shedding step this replica evaluated alone, because the shared step and hold could not be read or written or the board could not be read.", ds, nil),
 		state:       prometheus.NewDesc("tollgate_breaker_state", "Circuit breaker state as this replica last saw it: 0 closed, 1 half-open, 2 open.", []string{"domain", "key", "breaker"}, nil),
 		transitions: prometheus.NewDesc("tollgate_breaker_transitions_total", "Breaker state changes made by this replica's store calls.", []string{"from", "to"}, nil),
 		untracked:   prometheus.NewDesc("tollgate_breaker_untracked_total", "Breaker names left out of tollgate_breaker_state because the tracked set was full.", nil, nil),
@@ -768,7 +774,7 @@ func newPressureCollector(s *shedder) *pressureCollector {
 }
 
 func (c *pressureCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.score, c.local, c.level, c.factor, c.stale, c.state, c.transitions, c.untracked, c.promErrors, c.classes,
+	for _, d := range []*prometheus.Desc{c.score, c.local, c.level, c.factor, c.stale, c.stepsAlone, c.state, c.transitions, c.untracked, c.promErrors, c.classes,
 		c.ctlFraction, c.ctlInflight, c.ctlCapacity, c.ctlChanges, c.ctlErrors, c.ctlDropped} {
 		ch <- d
 	}
@@ -802,6 +808,9 @@ func (c *pressureCollector) Collect(ch chan<- prometheus.Metric) {
 				gauge(c.level, float64(sc.Outcome.Level), d.name, sc.Scope)
 				gauge(c.factor, sc.Outcome.Factor, d.name, sc.Scope)
 				gauge(c.stale, stale, d.name, sc.Scope)
+				if ev := d.combiner.Evaluator(sc.Scope); ev != nil {
+					ch <- prometheus.MustNewConstMetric(c.stepsAlone, prometheus.CounterValue, float64(ev.Fallbacks()), d.name, sc.Scope)
+				}
 			}
 		}
 		now := c.s.clock.Now()

@@ -243,6 +243,7 @@ func TestPressureShedsTiers(t *testing.T) {
 		`tollgate_pressure_level{domain="shed",scope="global"} 1`,
 		`tollgate_pressure_local_score{domain="shed",scope="global"} 0`,
 		`tollgate_pressure_board_stale{domain="shed",scope="global"} 0`,
+		`tollgate_pressure_steps_fallbacks_total{domain="shed",scope="global"} 0`,
 		`tollgate_pressure_factor{domain="shed",scope="global"} 1`,
 		`tollgate_pressure_prom_errors_total 0`,
 		`tollgate_breaker_transitions_total{from="closed",to="open"} 0`,
@@ -308,6 +309,15 @@ func TestPressureAcrossReplicas(t *testing.T) {
 		got := b.admitted("premium", "free")
 		return got["premium"] && !got["free"]
 	})
+	// The step and its hold are one record on Redis: both replicas hold
+	// the same step, entered at the same instant by one of them.
+	a.poll("A and B to share the step and its hold", func() bool {
+		sa, sb := a.global(), b.global()
+		return sa.Level == 0 && sb.Level == 0 && sa.Since.Equal(sb.Since) && sa.StepBy != "" && sa.StepBy == sb.StepBy
+	})
+	if _, metrics := a.get("/metrics"); !strings.Contains(metrics, `tollgate_pressure_steps_fallbacks_total{domain="shed",scope="global"} 0`) {
+		t.Errorf("/metrics counts fallbacks with Redis up: %s", grepLines(metrics, "tollgate_pressure_steps_fallbacks_total"))
+	}
 	a.push("0")
 	// On Redis the over-limit cache sits in front of the store.
 	if _, metrics := b.get("/metrics"); !strings.Contains(metrics, "tollgate_store_local_denials_total ") {

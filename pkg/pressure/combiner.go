@@ -73,6 +73,18 @@ type CombinerConfig struct {
 	// OnError is told of each failed publish or read (Optional); the
 	// composition root logs and counts them.
 	OnError func(scope string, err error)
+	// Cells, when set, shares each scope's step and hold among the
+	// replicas (steps.go): one computes them per Interval and the others
+	// adopt them, so they shed alike (Optional; nil: each replica keeps
+	// its own, as Evaluator.Update does).
+	Cells limit.Cells
+	// Domain names the domain in the cells' keys (Optional; required in
+	// effect when several domains share Cells and a scope name).
+	Domain string
+	// Interval is how often Tick runs (Required with Cells): a shared
+	// step computed within it is adopted, an older one is computed
+	// afresh, and each cell call is bounded by it.
+	Interval time.Duration
 }
 
 // ScopeState is a scope's last reading.
@@ -96,13 +108,21 @@ type ScopeState struct {
 	Stale bool
 	// Outcome is the Evaluator's outcome after the reading.
 	Outcome Outcome
+	// Step is the Evaluator's step and hold after the reading.
+	Step StepState
+	// StepsLocal: with Cells, this reading's step was evaluated on this
+	// replica alone (the cell could not be read or written, or the board
+	// could not be read); Evaluator.Fallbacks counts them.
+	StepsLocal bool
 }
 
 // Combiner publishes this replica's scores and feeds the combined ones to
-// each scope's Evaluator, once per Tick.
+// each scope's Evaluator, once per Tick; with Cells, through the scope's
+// shared step (steps.go).
 type Combiner struct {
 	cfg   CombinerConfig
 	state []atomic.Pointer[ScopeState]
+	keys  []string // each scope's step cell, with Cells
 }
 
 // NewCombiner checks cfg and returns a Combiner.
@@ -122,6 +142,9 @@ func NewCombiner(cfg CombinerConfig) (*Combiner, error) {
 	}
 	if len(cfg.Scopes) == 0 {
 		errs = append(errs, errors.New("combiner: no scopes"))
+	}
+	if cfg.Cells != nil && cfg.Interval < time.Millisecond {
+		errs = append(errs, fmt.Errorf("combiner: interval %v is under 1ms", cfg.Interval))
 	}
 	for i, s := range cfg.Scopes {
 		switch {
@@ -143,7 +166,10 @@ func NewCombiner(cfg CombinerConfig) (*Combiner, error) {
 	cfg.Scopes = slices.Clone(cfg.Scopes)
 	c := &Combiner{cfg: cfg, state: make([]atomic.Pointer[ScopeState], len(cfg.Scopes))}
 	for i, s := range cfg.Scopes {
-		c.state[i].Store(&ScopeState{Scope: s.Name, Stale: true, Outcome: s.Evaluator.Outcome()})
+		c.state[i].Store(&ScopeState{Scope: s.Name, Stale: true, Outcome: s.Evaluator.Outcome(), Step: s.Evaluator.state()})
+		if cfg.Cells != nil {
+			c.keys = append(c.keys, stepKey(cfg.Domain, s.Name, &s.Evaluator.policy))
+		}
 	}
 	return c, nil
 }
@@ -196,8 +222,13 @@ func (c *Combiner) tick(ctx context.Context, i int) {
 			st.Combined = max(st.Combined, st.Pushed)
 		}
 	}
-	s.Evaluator.Update(st.Combined)
+	if c.cfg.Cells != nil {
+		c.step(ctx, i, st, now)
+	} else {
+		s.Evaluator.Update(st.Combined)
+	}
 	st.Outcome = s.Evaluator.Outcome()
+	st.Step = s.Evaluator.state()
 	c.state[i].Store(st)
 }
 

@@ -173,6 +173,12 @@ type ScopeView struct {
 	NoBurst   bool               `json:"no_burst"`
 	Shed      []string           `json:"shed"`
 	AdmitOnly []string           `json:"admit_only,omitempty"`
+	// Since is when the active step was entered or left (the hold runs
+	// from it); StepBy the replica that computed the step when shared;
+	// StepsLocal that this reading's step was evaluated alone.
+	Since      time.Time `json:"since"`
+	StepBy     string    `json:"step_by,omitempty"`
+	StepsLocal bool      `json:"steps_local"`
 }
 
 // View renders s. Shed lists the tiers the active steps name in shed or,
@@ -183,6 +189,7 @@ func (s ScopeState) View(tiers []string) ScopeView {
 		Scope: s.Scope, Combined: s.Combined, Local: s.Local, Replicas: map[string]float64{},
 		At: s.At, Stale: s.Stale, Level: s.Outcome.Level, Shadow: s.Outcome.Shadow,
 		Factor: s.Outcome.Factor, NoBurst: s.Outcome.NoBurst, Shed: []string{},
+		Since: s.Step.Since, StepBy: s.Step.By, StepsLocal: s.StepsLocal,
 	}
 	if tiers == nil {
 		v.Shed = append(v.Shed, s.Outcome.shed...)

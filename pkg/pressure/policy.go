@@ -12,7 +12,8 @@
 //     max with a pushed score, and feeds the scope's Evaluator.
 //   - Evaluator: applies a Policy (pure data) with hysteresis and a hold
 //     time, and keeps the Outcome that the decision path reads with one
-//     atomic load.
+//     atomic load. With limit.Cells the Combiner shares each scope's step
+//     and hold among the replicas (steps.go), so they step alike.
 //   - Handler: PUT /v1/pressure to push a score, GET to read the state.
 //
 // The package imports the standard library and pkg/limit only. Metrics
@@ -106,11 +107,29 @@ type Evaluator struct {
 	levels []level
 	clock  limit.Clock
 
-	mu    sync.Mutex // serializes Update
-	cur   int        // active step, -1 none
-	since time.Time  // when cur was entered or left
+	mu sync.Mutex // serializes Update and adopt
+	st StepState  // the step in force
 
 	out atomic.Pointer[Outcome]
+	// fallbacks counts the readings a Combiner with Cells evaluated
+	// here alone, the shared step being out of reach.
+	fallbacks atomic.Uint64
+}
+
+// StepState is a scope's active step and its hold: what an Evaluator
+// keeps, and what the replicas share through a Combiner's Cells so that
+// they step alike.
+type StepState struct {
+	// Level is the active step, -1 when none is.
+	Level int `json:"level"`
+	// Since is when Level was entered or left: the hold runs from it.
+	Since time.Time `json:"since"`
+	// Pressure is the score Level was computed from.
+	Pressure float64 `json:"pressure"`
+	// At is when the state was computed; zero before the first reading.
+	At time.Time `json:"at"`
+	// By is the replica that computed it, when shared.
+	By string `json:"by,omitempty"`
 }
 
 // NewEvaluator returns an Evaluator of p (which it copies; Validate it
@@ -119,7 +138,7 @@ func NewEvaluator(p *Policy, clock limit.Clock) (*Evaluator, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	e := &Evaluator{policy: *p, clock: clock, cur: -1, since: clock.Now()}
+	e := &Evaluator{policy: *p, clock: clock, st: StepState{Level: -1, Since: clock.Now()}}
 	e.policy.Steps = slices.Clone(p.Steps)
 	var acc level
 	acc.factor = 1
@@ -150,7 +169,7 @@ func NewEvaluator(p *Policy, clock limit.Clock) (*Evaluator, error) {
 		acc.noBurst = acc.noBurst || s.NoBurst
 		e.levels = append(e.levels, acc)
 	}
-	e.publish(0)
+	e.publish()
 	return e, nil
 }
 
@@ -163,10 +182,17 @@ func (e *Evaluator) Update(pressure float64) {
 	if math.IsNaN(pressure) {
 		return
 	}
-	pressure = min(max(pressure, 0), 1)
 	now := e.clock.Now()
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.st = e.next(e.st, pressure, now)
+	e.publish()
+}
+
+// next is the state that follows prev at pressure (not NaN) and now, by
+// Update's rules. It reads only the immutable policy.
+func (e *Evaluator) next(prev StepState, pressure float64, now time.Time) StepState {
+	pressure = min(max(pressure, 0), 1)
 	up, down := -1, -1 // the highest step reached, and held by hysteresis
 	for i, s := range e.policy.Steps {
 		if pressure >= s.Above {
@@ -176,21 +202,51 @@ func (e *Evaluator) Update(pressure float64) {
 			down = i
 		}
 	}
+	st := StepState{Level: prev.Level, Since: prev.Since, Pressure: pressure, At: now}
 	switch {
-	case up > e.cur:
-		e.cur, e.since = up, now
-	case down < e.cur && now.Sub(e.since) >= e.policy.Hold:
-		e.cur, e.since = down, now
+	case up > prev.Level:
+		st.Level, st.Since = up, now
+	case down < prev.Level && now.Sub(prev.Since) >= e.policy.Hold:
+		st.Level, st.Since = down, now
 	}
-	e.publish(pressure)
+	return st
 }
 
-// publish stores the outcome of e.cur at pressure; e.mu is held (or e is
-// not yet shared).
-func (e *Evaluator) publish(pressure float64) {
-	o := &Outcome{Level: e.cur, Pressure: pressure, Shadow: e.policy.Shadow, Factor: 1}
-	if e.cur >= 0 {
-		l := &e.levels[e.cur]
+// state returns the step in force.
+func (e *Evaluator) state() StepState {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.st
+}
+
+// adopt puts st in force as it is (validStep checked it).
+func (e *Evaluator) adopt(st StepState) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.st = st
+	e.publish()
+}
+
+// validStep reports whether st can be this policy's state: a level it
+// has, a pressure in [0,1], and a hold that starts no later than the
+// state was computed.
+func (e *Evaluator) validStep(st StepState) bool {
+	return st.Level >= -1 && st.Level < len(e.policy.Steps) && st.Pressure >= 0 && st.Pressure <= 1 &&
+		!st.At.IsZero() && !st.Since.IsZero() && !st.Since.After(st.At)
+}
+
+// Fallbacks counts the readings a Combiner with Cells evaluated on this
+// replica alone because the shared step could not be read or written
+// (Combiner's doc says when).
+func (e *Evaluator) Fallbacks() uint64 { return e.fallbacks.Load() }
+
+// publish stores the outcome of e.st; e.mu is held (or e is not yet
+// shared).
+func (e *Evaluator) publish() {
+	pressure := e.st.Pressure
+	o := &Outcome{Level: e.st.Level, Pressure: pressure, Shadow: e.policy.Shadow, Factor: 1}
+	if e.st.Level >= 0 {
+		l := &e.levels[e.st.Level]
 		o.shed, o.admitOnly, o.restricted, o.NoBurst = l.shed, l.admitOnly, l.restricted, l.noBurst
 		o.Factor = l.factor
 		if l.contBase > 0 {
