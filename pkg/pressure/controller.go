@@ -126,11 +126,17 @@ type ctlScope struct {
 	count atomic.Uint64                // changes this replica has seen
 
 	// The tick goroutine's own.
-	pending  map[string]int64 // counts an Add failed to send
+	pending  []pendingCounts // counts Adds failed to send, oldest first
 	lastGood time.Time
 	local    ControlState // the last state computed or adopted
 
 	flightKey, meterKey, cellKey string
+}
+
+// pendingCounts are one tick's counts an Add failed to send.
+type pendingCounts struct {
+	at     time.Time
+	counts map[string]int64
 }
 
 type flightOp struct {
@@ -491,11 +497,16 @@ func (c *Controller) tick(ctx context.Context, sc *ctlScope) {
 	c.adopt(sc, next, now)
 }
 
-// addCounts adds this replica's counts since the last tick to the Meters,
-// keeping them for the next tick if the Add fails.
+// addCounts adds this replica's counts since the last tick to the Meters.
+// Counts an Add failed to send are sent again later, each to the bucket
+// of the tick that counted them, and only while that bucket is still in
+// the window the rates are read over. Adding them to the bucket of the
+// tick the store answers again would read a whole outage's requests as
+// one tick's: after Redis came back from 20 s down, every tier's offered
+// rate read 80x, premium's took all of R, and free and standard were
+// shed whole for the dwell (TestControllerRedisRestart).
 func (c *Controller) addCounts(ctx context.Context, now time.Time, sc *ctlScope) {
-	counts := sc.pending
-	sc.pending = nil
+	var counts map[string]int64
 	for i, t := range sc.tiers {
 		for _, m := range [2]struct {
 			n    *atomic.Int64
@@ -509,13 +520,27 @@ func (c *Controller) addCounts(ctx context.Context, now time.Time, sc *ctlScope)
 			}
 		}
 	}
-	if len(counts) == 0 {
-		return
-	}
 	cfg := &sc.law.cfg
-	if err := c.cfg.Meters.Add(ctx, now, sc.meterKey, cfg.Interval, cfg.Window+2*cfg.Interval, counts); err != nil {
-		c.fail(OpAdd, err)
-		sc.pending = counts
+	keep := cfg.Window + 2*cfg.Interval
+	// Past the window a bucket is no longer read: its counts are dropped.
+	sc.pending = slices.DeleteFunc(sc.pending, func(p pendingCounts) bool { return now.Sub(p.at) >= cfg.Window })
+	if len(counts) > 0 {
+		if err := c.cfg.Meters.Add(ctx, now, sc.meterKey, cfg.Interval, keep, counts); err != nil {
+			// The earlier ones wait too: a store that failed now would
+			// most likely fail them as well, each call bounded only by
+			// the tick's interval.
+			c.fail(OpAdd, err)
+			sc.pending = append(sc.pending, pendingCounts{at: now, counts: counts})
+			return
+		}
+	}
+	for len(sc.pending) > 0 {
+		p := sc.pending[0]
+		if err := c.cfg.Meters.Add(ctx, p.at, sc.meterKey, cfg.Interval, keep, p.counts); err != nil {
+			c.fail(OpAdd, err)
+			return
+		}
+		sc.pending = sc.pending[1:]
 	}
 }
 
