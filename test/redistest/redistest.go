@@ -365,7 +365,9 @@ func (s *Server) Kill() {
 }
 
 // Restart kills the server if it runs and starts it again on the same
-// address. Its data is gone: nothing is persisted. A cluster node keeps
+// address and directory. Its data is gone unless it was started with
+// persistence (WithArgs("--appendonly", "yes")): nothing is persisted by
+// default. A cluster node keeps
 // its identity and slots (nodes.conf survives) and rejoins, as a crashed
 // node without persistence does. Call it from the test's goroutine; it
 // fails the test when the server does not come back.
