@@ -359,12 +359,7 @@ func opensIn(run *Run, sp breakerSpan) int {
 			if s.Err != nil {
 				continue
 			}
-			v := 0.0
-			for k, x := range s.Values {
-				if strings.HasPrefix(k, "tollgate_breaker_transitions_total") && strings.Contains(k, "to=open") {
-					v += x
-				}
-			}
+			v := transitions(s.Values, "open")
 			// The span starts at the scrape that shows the opening,
 			// whose counter already holds it: before is the scrape
 			// before that.
@@ -395,12 +390,7 @@ func closedBy(run *Run, sp breakerSpan) time.Time {
 			if s.Err != nil {
 				continue
 			}
-			v := 0.0
-			for k, x := range s.Values {
-				if strings.HasPrefix(k, "tollgate_breaker_transitions_total") && strings.Contains(k, "to=closed") {
-					v += x
-				}
-			}
+			v := transitions(s.Values, "closed")
 			if !s.At.After(sp.from) || !have {
 				base, have = v, true
 				if !s.At.After(sp.from) {
@@ -424,22 +414,43 @@ func closedBy(run *Run, sp breakerSpan) time.Time {
 	return at
 }
 
-// breakerSpans merges the replicas' scrapes in time order.
-func breakerSpans(run *Run) []breakerSpan {
-	type ev struct {
-		at    time.Time
-		rep   int
-		state float64
-	}
-	var evs []ev
+// breakerEvent is one replica's breaker state at one of its scrapes.
+type breakerEvent struct {
+	at    time.Time
+	rep   int
+	state float64
+}
+
+// breakerEvents are every replica's good scrapes' breaker states, in time
+// order.
+func breakerEvents(run *Run) []breakerEvent {
+	var evs []breakerEvent
 	for r, samples := range run.Reps {
 		for _, s := range samples {
 			if s.Err == nil {
-				evs = append(evs, ev{s.At, r, breakerState(s.Values)})
+				evs = append(evs, breakerEvent{s.At, r, breakerState(s.Values)})
 			}
 		}
 	}
-	slices.SortFunc(evs, func(a, b ev) int { return a.at.Compare(b.at) })
+	slices.SortFunc(evs, func(a, b breakerEvent) int { return a.at.Compare(b.at) })
+	return evs
+}
+
+// transitions sums a scrape's tollgate_breaker_transitions_total series
+// into state to ("open", "closed").
+func transitions(values map[string]float64, to string) float64 {
+	v := 0.0
+	for k, x := range values {
+		if strings.HasPrefix(k, "tollgate_breaker_transitions_total") && strings.Contains(k, "to="+to) {
+			v += x
+		}
+	}
+	return v
+}
+
+// breakerSpans merges the replicas' scrapes in time order.
+func breakerSpans(run *Run) []breakerSpan {
+	evs := breakerEvents(run)
 	cur := make([]float64, len(run.Reps))
 	var spans []breakerSpan
 	var open *breakerSpan
@@ -523,20 +534,7 @@ func OutageLaws(run *Run, p LawParams) []Law {
 }
 
 func firstAllClosed(run *Run, from time.Time) time.Time {
-	type ev struct {
-		at    time.Time
-		rep   int
-		state float64
-	}
-	var evs []ev
-	for r, samples := range run.Reps {
-		for _, s := range samples {
-			if s.Err == nil {
-				evs = append(evs, ev{s.At, r, breakerState(s.Values)})
-			}
-		}
-	}
-	slices.SortFunc(evs, func(a, b ev) int { return a.at.Compare(b.at) })
+	evs := breakerEvents(run)
 	cur := make([]float64, len(run.Reps))
 	for i := range cur {
 		cur[i] = 2
