@@ -50,10 +50,7 @@ func (e sharedEnv) at(ms int64) time.Time { return e.t0.Add(time.Duration(ms) * 
 
 // RunFlights runs the limit.Flights conformance suite.
 func RunFlights(t *testing.T, newFlights func(testing.TB) limit.Flights) {
-	tests := []struct {
-		name string
-		run  func(*testing.T, limit.Flights, sharedEnv)
-	}{
+	runSuite(t, newFlights, 0, []suiteCase[limit.Flights]{
 		{name: "Lease", run: testFlightsLease},
 		{name: "Renew", run: testFlightsRenew},
 		{name: "EndIdempotent", run: testFlightsEnd},
@@ -61,11 +58,22 @@ func RunFlights(t *testing.T, newFlights func(testing.TB) limit.Flights) {
 		{name: "ScopesIndependent", run: testFlightsScopes},
 		{name: "Bad", run: testFlightsBad},
 		{name: "Concurrent", run: testFlightsConcurrent},
-	}
-	for day, tt := range tests {
+	})
+}
+
+// suiteCase is one case of a shared-state suite.
+type suiteCase[S any] struct {
+	name string
+	run  func(*testing.T, S, sharedEnv)
+}
+
+// runSuite runs cases in parallel, each on a fresh store and its own day
+// (day0 + its index), so that no two share keys or times.
+func runSuite[S any](t *testing.T, newStore func(testing.TB) S, day0 int, cases []suiteCase[S]) {
+	for i, tt := range cases {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			tt.run(t, newFlights(t), newSharedEnv(t, day))
+			tt.run(t, newStore(t), newSharedEnv(t, day0+i))
 		})
 	}
 }
@@ -325,23 +333,14 @@ func testFlightsConcurrent(t *testing.T, f limit.Flights, e sharedEnv) {
 
 // RunMeters runs the limit.Meters conformance suite.
 func RunMeters(t *testing.T, newMeters func(testing.TB) limit.Meters) {
-	tests := []struct {
-		name string
-		run  func(*testing.T, limit.Meters, sharedEnv)
-	}{
+	runSuite(t, newMeters, 10, []suiteCase[limit.Meters]{
 		{name: "WholeAndPartial", run: testMetersSum},
 		{name: "Keep", run: testMetersKeep},
 		{name: "ZeroCounts", run: testMetersZero},
 		{name: "WidthsAndScopes", run: testMetersApart},
 		{name: "Bad", run: testMetersBad},
 		{name: "Concurrent", run: testMetersConcurrent},
-	}
-	for day, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			tt.run(t, newMeters(t), newSharedEnv(t, 10+day))
-		})
-	}
+	})
 }
 
 type meters struct {
@@ -550,23 +549,14 @@ func testMetersConcurrent(t *testing.T, m limit.Meters, e sharedEnv) {
 
 // RunCells runs the limit.Cells conformance suite.
 func RunCells(t *testing.T, newCells func(testing.TB) limit.Cells) {
-	tests := []struct {
-		name string
-		run  func(*testing.T, limit.Cells, sharedEnv)
-	}{
+	runSuite(t, newCells, 20, []suiteCase[limit.Cells]{
 		{name: "Swap", run: testCellsSwap},
 		{name: "Expiry", run: testCellsExpiry},
 		{name: "KeysIndependent", run: testCellsKeys},
 		{name: "Bad", run: testCellsBad},
 		{name: "OneWinner", run: testCellsOneWinner},
 		{name: "CounterByCAS", run: testCellsCounter},
-	}
-	for day, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			tt.run(t, newCells(t), newSharedEnv(t, 20+day))
-		})
-	}
+	})
 }
 
 type cells struct {
