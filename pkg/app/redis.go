@@ -3,9 +3,23 @@ package app
 import (
 	"errors"
 	"flag"
+	"sync/atomic"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit/redisstore"
+	"github.com/tollgate-dev/tollgate/pkg/limit/storeguard"
 )
+
+// recoveries passes the Redis client's news that an address answers again
+// to the store circuit, which is made after the client.
+type recoveries struct {
+	guard atomic.Pointer[storeguard.Guard]
+}
+
+func (r *recoveries) retry() {
+	if g := r.guard.Load(); g != nil {
+		g.Retry()
+	}
+}
 
 // redisFlags are serve's TLS settings for the connection to Redis; the
 // URL's scheme (rediss://, rediss+sentinel://, rediss+cluster://) turns

@@ -124,7 +124,11 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 	}
 	log.Info("rules loaded", zap.String("path", f.config), zap.Int("domains", len(rules.Domains())))
 
-	store, shared, closeStore, err := openStore(f.redisURL, f.redis.options()...)
+	// The client learns first that Redis is back (its probe, every
+	// redisstore.RedialInterval); the store circuit, made below, then
+	// probes at once instead of at the end of its backoff (issue 13).
+	var recovered recoveries
+	store, shared, closeStore, err := openStore(f.redisURL, append(f.redis.options(), redisstore.WithRecovered(recovered.retry))...)
 	if err != nil {
 		return err
 	}
@@ -150,6 +154,7 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 		// drained, before the client closes: hence not the serve
 		// context, which ends before draining starts.
 		guard = storeguard.New(store, storeguard.Options{OnChange: health.circuitChanged}) // a down Redis fails decisions fast (issue 6)
+		recovered.guard.Store(guard)
 		local = overlimit.New(guard, overlimit.Options{})
 		var outer limit.Store
 		var stopLeases func()

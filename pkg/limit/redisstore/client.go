@@ -78,18 +78,25 @@ func NewClient(rawURL string, opts ...Option) (redis.UniversalClient, error) {
 	if err != nil {
 		return nil, err
 	}
-	return spec.client(tc), nil
+	return spec.client(tc, newRedialer(spec.dialTimeout, tc, o.onUp)), nil
 }
 
 // Option configures NewClient beyond what its URL says.
 type Option func(*options)
 
 type options struct {
-	tls TLS
+	tls  TLS
+	onUp func()
 }
 
 // WithTLS sets the TLS files and server name of a rediss:// URL.
 func WithTLS(t TLS) Option { return func(o *options) { o.tls = t } }
+
+// WithRecovered has f called each time a Redis address the client knew
+// to be down answers again (see RedialInterval): a circuit in front of
+// the store can then probe at once rather than at the end of its
+// backoff. f must not block.
+func WithRecovered(f func()) Option { return func(o *options) { o.onUp = f } }
 
 // TLS is how a rediss://, rediss+sentinel:// or rediss+cluster:// client
 // verifies the servers and proves itself to them. The same settings hold
@@ -185,13 +192,15 @@ func (s *clientSpec) idle() int {
 	return s.minIdleConns
 }
 
-// client makes the client; tc is nil without TLS.
-func (s *clientSpec) client(tc *tls.Config) redis.UniversalClient {
+// client makes the client; tc is nil without TLS. Every connection, to
+// a node or a sentinel, is dialled by rd.
+func (s *clientSpec) client(tc *tls.Config, rd *redialer) redis.UniversalClient {
 	switch s.topology {
 	case sentinel:
 		return redis.NewFailoverClient(&redis.FailoverOptions{
 			MasterName:            s.master,
 			SentinelAddrs:         s.addrs,
+			Dialer:                rd.Dial,
 			Username:              s.user,
 			Password:              s.pass,
 			DB:                    s.db,
@@ -220,6 +229,7 @@ func (s *clientSpec) client(tc *tls.Config) redis.UniversalClient {
 		return redis.NewClusterClient(&redis.ClusterOptions{
 			ClusterStateReloadInterval: ClusterStateReloadInterval,
 			Addrs:                      s.addrs,
+			Dialer:                     rd.Dial,
 			Username:                   s.user,
 			Password:                   s.pass,
 			DialTimeout:                s.dialTimeout,
@@ -235,6 +245,7 @@ func (s *clientSpec) client(tc *tls.Config) redis.UniversalClient {
 	return redis.NewClient(&redis.Options{
 		Network:               s.network,
 		Addr:                  s.addrs[0],
+		Dialer:                rd.Dial,
 		Username:              s.user,
 		Password:              s.pass,
 		DB:                    s.db,

@@ -141,6 +141,19 @@ func (g *Guard) Since() (State, time.Time) {
 	return g.state, g.since
 }
 
+// Retry lets the next call probe at once when the circuit is open: the
+// store is known to answer again (the Redis client's own probe saw it
+// back), so waiting out the backoff, up to MaxBackoff, would only delay
+// recovery. The probe still decides: if it fails, the circuit opens again
+// with the next backoff.
+func (g *Guard) Retry() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.state == Open {
+		g.openUntil = g.opt.Clock.Now()
+	}
+}
+
 // Refused counts the calls refused while the circuit was open.
 func (g *Guard) Refused() uint64 { return g.refused.Load() }
 

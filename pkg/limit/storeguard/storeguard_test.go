@@ -306,3 +306,50 @@ func TestCancellationIsNotAFailure(t *testing.T) {
 		t.Errorf("next probe = %v, state %v; want through and closed", err, g.State())
 	}
 }
+
+// TestRetryProbesAtOnce: Retry, told the store answers again, lets the
+// next call probe before the backoff ends; a closed circuit, or one
+// already half-open, is left as it is.
+func TestRetryProbesAtOnce(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name      string
+		give      func(*Guard)
+		wantState State
+	}{
+		{name: "no retry: refused in the backoff", give: func(*Guard) {}, wantState: Open},
+		{name: "retry: the next call probes and closes", give: (*Guard).Retry, wantState: Closed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			g, s, clk := newGuard(t)
+			openIt(t, g, s, clk)
+			// A long backoff, as after a long outage.
+			for range 4 {
+				clk.Advance(time.Second)
+				_ = apply(g)
+			}
+			clk.Advance(time.Millisecond)
+			s.fail(nil)
+			tt.give(g)
+			calls := s.calls.Load()
+			err := apply(g)
+			if got := g.State(); got != tt.wantState {
+				t.Errorf("state = %v (err %v), want %v", got, err, tt.wantState)
+			}
+			wantCalls := calls
+			if tt.wantState == Closed {
+				wantCalls++
+			}
+			if got := s.calls.Load(); got != wantCalls {
+				t.Errorf("store calls = %d, want %d", got, wantCalls)
+			}
+		})
+	}
+	g, s, _ := newGuard(t)
+	g.Retry() // closed: nothing to do
+	if err := apply(g); err != nil || g.State() != Closed || s.calls.Load() != 1 {
+		t.Errorf("closed after Retry: %v, %v, %d calls; want closed, 1 call", err, g.State(), s.calls.Load())
+	}
+}
