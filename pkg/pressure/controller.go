@@ -49,6 +49,16 @@ type Controller struct {
 	dropped atomic.Uint64
 	errs    [nStoreOps]atomic.Uint64
 
+	// retry holds the ends a failed store call did not deliver, sent
+	// again with the next flush (only the flusher touches it): a flight
+	// whose end is lost while the store is down would otherwise count as
+	// in flight until its lease, and a store that kept its data (Redis
+	// with an append-only file) comes back with every such flight still
+	// counted, which the law reads as load and sheds for.
+	retry       []retryEnds
+	retryCount  int
+	resendAfter time.Time // no resend before: the last one failed
+
 	mu      sync.Mutex // Set, Start, Stop
 	base    context.Context
 	cancel  context.CancelFunc
@@ -401,17 +411,75 @@ func (c *Controller) Flush(ctx context.Context) {
 		}
 	}
 	now := c.cfg.Clock.Now()
+	failed := false
 	for sc, b := range batches {
 		if len(b.begin) > 0 {
 			if _, err := c.cfg.Flights.Begin(ctx, now, sc.flightKey, b.begin, sc.law.cfg.Lease); err != nil {
 				c.fail(OpBegin, err)
+				failed = true
 			}
 		}
 		if len(b.end) > 0 {
 			if _, err := c.cfg.Flights.End(ctx, now, sc.flightKey, b.end); err != nil {
 				c.fail(OpEnd, err)
+				c.keepEnds(sc, b.end, now)
+				failed = true
 			}
 		}
+	}
+	if !failed {
+		c.resendEnds(ctx, now)
+	}
+}
+
+// retryEnds are ends of one upstream that a failed call did not deliver.
+type retryEnds struct {
+	scope *ctlScope
+	ids   []string
+	at    time.Time
+}
+
+// maxRetryEnds bounds the ends kept for a store that is down (about 2 MB
+// of IDs); past it the oldest go, left to their leases.
+const maxRetryEnds = 1 << 15
+
+// resendBackoff spaces the resends of kept ends while the store fails.
+const resendBackoff = 100 * time.Millisecond
+
+// keepEnds keeps ids to send again.
+func (c *Controller) keepEnds(sc *ctlScope, ids []string, now time.Time) {
+	c.retry = append(c.retry, retryEnds{scope: sc, ids: ids, at: now})
+	c.retryCount += len(ids)
+	for c.retryCount > maxRetryEnds && len(c.retry) > 0 {
+		c.retryCount -= len(c.retry[0].ids)
+		c.dropped.Add(uint64(len(c.retry[0].ids)))
+		c.retry = c.retry[1:]
+	}
+}
+
+// resendEnds sends the kept ends again, oldest first, each group until
+// the store takes it, and drops groups older than their upstream's lease
+// (those flights have ended by it). It stops at the first failure: the
+// store is still down, and one call a flush is enough to find out (Flush
+// calls it only when its own calls went through).
+func (c *Controller) resendEnds(ctx context.Context, now time.Time) {
+	if now.Before(c.resendAfter) {
+		return
+	}
+	for len(c.retry) > 0 {
+		r := c.retry[0]
+		if now.Sub(r.at) >= r.scope.law.cfg.Lease {
+			c.retryCount -= len(r.ids)
+			c.retry = c.retry[1:]
+			continue
+		}
+		if _, err := c.cfg.Flights.End(ctx, now, r.scope.flightKey, r.ids); err != nil {
+			c.fail(OpEnd, err)
+			c.resendAfter = now.Add(resendBackoff)
+			return
+		}
+		c.retryCount -= len(r.ids)
+		c.retry = c.retry[1:]
 	}
 }
 

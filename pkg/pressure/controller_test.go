@@ -269,6 +269,60 @@ func TestControllerReplicasAgree(t *testing.T) {
 	}
 }
 
+// TestControllerEndsAfterOutage: completions that came while the store
+// was down end their flights once it is back, so a store that kept its
+// data does not come back counting them (and the law shedding for them)
+// until their leases end; ends older than the lease are dropped.
+func TestControllerEndsAfterOutage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := storetest.NewFakeClock(t0)
+	s := newShared()
+	c := newTestController(t, s, clock, "a")
+	count := func() int64 {
+		t.Helper()
+		n, err := s.Count(ctx, clock.Now(), []string{"inference|m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n[0]
+	}
+	end := func(id string) {
+		c.Completed(&limit.Request{Domain: "inference", ID: id, Model: "m"})
+	}
+	for _, id := range []string{"r1", "r2", "r3"} {
+		c.Decided("inference", "m", "free", true, id)
+	}
+	c.Flush(ctx)
+	if got := count(); got != 3 {
+		t.Fatalf("%d in flight before the outage, want 3", got)
+	}
+	s.down.Store(true)
+	end("r1")
+	end("r2")
+	c.Flush(ctx)
+	clock.Advance(time.Second)
+	c.Flush(ctx) // a flush with nothing new tries the kept ends again, and fails
+	s.down.Store(false)
+	clock.Advance(resendBackoff)
+	c.Flush(ctx)
+	if got := count(); got != 1 {
+		t.Errorf("%d in flight after the store came back, want 1 (r3)", got)
+	}
+
+	// Ends kept past the lease are dropped, not sent: their flights are
+	// gone by then.
+	s.down.Store(true)
+	end("r3")
+	c.Flush(ctx)
+	clock.Advance(limit.DefaultControlLease)
+	s.down.Store(false)
+	c.Flush(ctx)
+	if len(c.retry) != 0 || c.retryCount != 0 {
+		t.Errorf("kept ends past the lease: %d groups, %d ids", len(c.retry), c.retryCount)
+	}
+}
+
 func TestControllerStoreDown(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
