@@ -54,7 +54,7 @@ type owedKey struct {
 	units   int64   // window: units not sent yet
 	until   int64   // window: Unix ms after which the units count in no window
 	sending int64   // window: units in a write-back under way
-	debt    float64 // token bucket: ms the bucket owes at At, not sent yet
+	debt    float64 // token bucket: ms owed as of at, not sent yet
 	at      int64   // token bucket: Unix ms of debt
 	sendMs  float64 // token bucket: ms in a write-back under way
 	busy    bool    // a write-back is under way
@@ -74,16 +74,13 @@ func (k *owedKey) empty(ms int64) bool {
 // add notes that c, a window or token bucket charge, was kept locally at
 // now.
 func (o *owed) add(now time.Time, c *Charge) {
-	if c.Cost <= 0 || c.Algorithm > TokenBucket {
-		return
+	if c.Cost <= 0 || c.Algorithm > TokenBucket || c.Algorithm == TokenBucket && c.Amount == 0 {
+		return // a bucket of 0 has no price per unit, and admitted nothing
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.m == nil {
 		o.m = make(map[string]owedKey)
-	}
-	if c.Algorithm == TokenBucket && c.Amount == 0 {
-		return // no price per unit; nothing local was admitted on it
 	}
 	k, ok := o.m[c.Key]
 	if !ok && len(o.m) >= maxOwedKeys {
@@ -101,9 +98,9 @@ func (o *owed) add(now time.Time, c *Charge) {
 	o.keys.Store(int64(len(o.m)))
 }
 
-// take returns, for the keys of charges that are owed units, a Force
-// charge of them (ahead of the decision's own), and marks them as being
-// sent; nil when none is owed.
+// take returns, for the keys of charges that are owed a debt, a Force
+// charge of it (ahead of the decision's own; a token bucket's priced at
+// that charge's T), and marks them as being sent; nil when none is owed.
 func (o *owed) take(now time.Time, charges []Charge) []Charge {
 	ms := now.UnixMilli()
 	var out []Charge
@@ -171,7 +168,7 @@ func (o *owed) settle(now time.Time, sent []Charge, done bool) {
 	o.keys.Store(int64(len(o.m)))
 }
 
-// applyOwed is Decide's store call: charges, preceded by the units owed
+// applyOwed is Decide's store call: charges, preceded by the debts owed
 // on their keys, if any.
 func (l *Limiter) applyOwed(ctx context.Context, now time.Time, charges []Charge, res []Result) (bool, error) {
 	if l.failure == nil || l.failure.owed.keys.Load() == 0 {
