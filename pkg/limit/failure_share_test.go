@@ -160,7 +160,11 @@ func (s *flakyStore) Apply(ctx context.Context, now time.Time, cs []limit.Charge
 // random schedules: N replicas on one store, each losing it and getting
 // it back at random (some calls charged though they failed), never admit
 // more than the limit plus DefaultOvershoot of it in any window, on a
-// sliding window, a fixed window and a token bucket of tokens.
+// sliding window, a fixed window, a sliding window of tokens, and a token
+// bucket under mixed plans. A token bucket's limit is in time: in any
+// interval of length d, the admissions' costs (T = Window/Amount of the
+// plan each was admitted under, which the multiplier scales) add up to at
+// most B x T + d, the same for every plan.
 func TestDegradedBoundAcrossReplicas(t *testing.T) {
 	t.Parallel()
 	const (
@@ -174,10 +178,16 @@ func TestDegradedBoundAcrossReplicas(t *testing.T) {
 		name string
 		lim  *limit.Limit
 		cost uint64 // tokens per call; 0: a request limit
+		// tiers draws each call's plan: premium x3, standard x2, free x1.
+		tiers bool
 	}{
 		{name: "sliding window", lim: &limit.Limit{Kind: limit.Requests, Amount: limitAmount, Unit: limit.Minute}},
 		{name: "fixed window", lim: &limit.Limit{Kind: limit.Requests, Amount: limitAmount, Unit: limit.Minute, Algorithm: limit.FixedWindow}},
 		{name: "tokens", lim: &limit.Limit{Kind: limit.Tokens, Amount: 100 * limitAmount, Unit: limit.Minute}, cost: 70},
+		// 6.7/s free, burst 60 (9 s): each replica keeps 13 a minute,
+		// burst 2, and the calls come at about 50/s.
+		{name: "token bucket, mixed plans", tiers: true, lim: &limit.Limit{Kind: limit.Requests, Amount: 2 * limitAmount,
+			Unit: limit.Minute, Algorithm: limit.TokenBucket, Burst: 60}},
 	}
 	for _, tt := range tests {
 		for seed := range uint64(seeds) {
@@ -189,7 +199,13 @@ func TestDegradedBoundAcrossReplicas(t *testing.T) {
 				} else {
 					rule.RateLimit = tt.lim
 				}
-				rs, err := limit.NewRuleSet(&limit.Domain{Name: "b", Descriptors: []*limit.Rule{rule}})
+				dom := &limit.Domain{Name: "b", Descriptors: []*limit.Rule{rule}}
+				plans := map[string]float64{"premium": 3, "standard": 2, "free": 1}
+				names := []string{"premium", "standard", "free"}
+				if tt.tiers {
+					dom.Tiers = &limit.Tiers{Key: "tier", Default: "free", Plans: plans}
+				}
+				rs, err := limit.NewRuleSet(dom)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -205,8 +221,10 @@ func TestDegradedBoundAcrossReplicas(t *testing.T) {
 					}))
 				}
 				var admitted []time.Time // with their cost, for tokens
-				var costs []uint64
+				var costs []float64
 				degraded := 0
+				// T is a token bucket's price of one request under a plan, ms.
+				T := func(m float64) float64 { return float64(window.Milliseconds()) / (float64(tt.lim.Amount) * m) }
 				for range calls {
 					i := rng.IntN(replicas)
 					if rng.IntN(20) == 0 { // a replica loses or regains the store
@@ -219,6 +237,11 @@ func TestDegradedBoundAcrossReplicas(t *testing.T) {
 						c = tt.cost/2 + rng.Uint64N(tt.cost)
 						r.Tokens, r.TokensSet = c, true
 					}
+					w := float64(c)
+					if tt.tiers {
+						r.Tier = names[rng.IntN(len(names))]
+						w = T(plans[r.Tier])
+					}
 					dec, err := lims[i].Decide(context.Background(), r)
 					if err != nil {
 						t.Fatal(err)
@@ -228,29 +251,37 @@ func TestDegradedBoundAcrossReplicas(t *testing.T) {
 					}
 					if dec.Code == limit.CodeOK {
 						admitted = append(admitted, clk.Now())
-						costs = append(costs, c)
+						costs = append(costs, w)
 					}
 					clk.Advance(time.Duration(rng.IntN(40)) * time.Millisecond)
 				}
 				// The goal (issue 12): the limit plus a tenth, whatever
 				// fails where. DefaultOvershoot is what keeps it.
-				bound := tt.lim.Amount + tt.lim.Amount/10
+				bound := func(time.Duration) float64 { return float64(tt.lim.Amount + tt.lim.Amount/10) }
+				if tt.lim.Algorithm == limit.TokenBucket {
+					// B x T + d, and a tenth of it, in ms; and one free
+					// request's price for where the interval's ends fall.
+					bound = func(d time.Duration) float64 {
+						return 1.1*(float64(tt.lim.Burst)*T(1)+float64(d.Milliseconds())) + T(1)
+					}
+				}
 				// A sliding window and a token bucket promise every
 				// interval of a window; a fixed window, each window aligned
 				// to the epoch.
-				worst := uint64(0)
+				worst, over := 0.0, 0.0 // the largest sum over its bound, and the most by which one passed it
 				for a := range admitted {
-					var sum uint64
+					var sum float64
 					for b := a; b < len(admitted) && admitted[b].Sub(admitted[a]) < window; b++ {
 						if tt.lim.Algorithm == limit.FixedWindow && admitted[b].UnixMilli()/window.Milliseconds() != admitted[a].UnixMilli()/window.Milliseconds() {
 							break
 						}
 						sum += costs[b]
+						worst = max(worst, sum/bound(admitted[b].Sub(admitted[a])))
+						over = max(over, sum-bound(admitted[b].Sub(admitted[a])))
 					}
-					worst = max(worst, sum)
 				}
-				if worst > bound {
-					t.Errorf("%d admitted in one window (%d calls, %d degraded), want at most %d", worst, calls, degraded, bound)
+				if over > 0 {
+					t.Errorf("one interval admitted %.0f over its bound, the worst %.3f of it (%d calls, %d degraded)", over, worst, calls, degraded)
 				}
 				if degraded == 0 || len(admitted) == 0 {
 					t.Errorf("%d degraded, %d admitted: the schedule shows nothing", degraded, len(admitted))
