@@ -63,7 +63,7 @@ const (
 	DefaultFailures   = 3
 	DefaultFailFor    = 50 * time.Millisecond
 	DefaultMinBackoff = 100 * time.Millisecond
-	DefaultMaxBackoff = time.Second
+	DefaultMaxBackoff = 250 * time.Millisecond
 )
 
 // Options tune a Guard; zero values take the defaults.
@@ -82,7 +82,9 @@ type Options struct {
 	OnChange func(from, to State, err error)
 	// MinBackoff is how long the circuit stays open before the first
 	// probe (Optional, default 100ms); each failed probe doubles it, up to
-	// MaxBackoff (Optional, default 1s).
+	// MaxBackoff (Optional, default 250ms: a store that comes back serves
+	// decisions again within about that, and a probe that fails costs a
+	// call that fails fast while the Redis client knows the store down).
 	MinBackoff, MaxBackoff time.Duration
 	// Clock is the time source (Optional, default the wall clock).
 	Clock limit.Clock

@@ -211,7 +211,7 @@ func TestBackoffDoublesToMax(t *testing.T) {
 	t.Parallel()
 	g, s, clk := newGuard(t)
 	openIt(t, g, s, clk)
-	for _, want := range []time.Duration{100, 200, 400, 800, 1000, 1000} {
+	for _, want := range []time.Duration{100, 200, 250, 250} {
 		want *= time.Millisecond
 		clk.Advance(want - time.Millisecond)
 		if err := apply(g); !errors.Is(err, ErrOpen) {
