@@ -30,21 +30,29 @@ const (
 // Registerer the caller passes in.
 type metrics struct {
 	decisions *prometheus.CounterVec
-	detailed  *prometheus.CounterVec
+	detailed  *detailedSeries
 	duration  prometheus.Histogram
 	invalid   prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, o options) (*metrics, error) {
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_rls_decisions_total",
 			Help: "Descriptor decisions answered over RLS, by domain (\"unknown\" for domains not in the rules), matched rule ID (\"none\", \"override\"), tier (a plan of the domain's tiers, \"none\" without tiers) and result (ok, over_limit, shadow_over, unknown when no rule matched; shed and breaker_open when tier shedding or a circuit breaker refused the request before any limit, shadow_shed when a shadow shedding policy would have).",
 		}, []string{"domain", "rule", "tier", "result"}),
-		detailed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tollgate_rls_detailed_decisions_total",
-			Help: "Descriptor decisions of rules with detailed_metric, labelled with the descriptor's key=value entries.",
-		}, []string{"domain", "rule", "descriptor", "result"}),
+		detailed: &detailedSeries{
+			vec: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "tollgate_rls_detailed_decisions_total",
+				Help: "Descriptor decisions of rules with detailed_metric, labelled with the descriptor's key=value entries; past the cap of series per domain and rule (--detailed-metric-series), descriptor=\"overflow\".",
+			}, []string{"domain", "rule", "descriptor", "result"}),
+			overflow: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "tollgate_rls_detailed_overflow_total",
+				Help: "Decisions of rules with detailed_metric counted under descriptor=\"overflow\" because the rule already had its cap of series (--detailed-metric-series).",
+			}, []string{"domain", "rule"}),
+			limit: o.detailedCap,
+			rules: map[ruleKey]*ruleSeries{},
+		},
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "tollgate_rls_decision_duration_seconds",
 			Help:    "Time to answer one ShouldRateLimit call, store round trip included.",
@@ -55,7 +63,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "ShouldRateLimit calls rejected as malformed (InvalidArgument).",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.detailed, m.duration, m.invalid} {
+	for _, c := range []prometheus.Collector{m.decisions, m.detailed.vec, m.detailed.overflow, m.duration, m.invalid} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register rls metrics: %w", err)
 		}
@@ -89,7 +97,7 @@ func (m *metrics) observe(domain string, known bool, req *limit.Request, dec *li
 		}
 		m.decisions.WithLabelValues(domain, rule, tier, result).Inc()
 		if st.Rule != nil && st.Rule.DetailedMetric && i < len(req.Descriptors) {
-			m.detailed.WithLabelValues(domain, rule, descriptorLabel(req.Descriptors[i].Entries), result).Inc()
+			m.detailed.inc(domain, rule, descriptorLabel(req.Descriptors[i].Entries), result)
 		}
 	}
 }

@@ -49,14 +49,18 @@ var _ rlsv3.RateLimitServiceServer = (*Service)(nil)
 // New returns a Service over d that logs to log (nil: nowhere) and
 // registers its metrics on reg (Required). It fails when reg already
 // holds metrics of the same names.
-func New(d Decider, log *zap.Logger, reg prometheus.Registerer) (*Service, error) {
+func New(d Decider, log *zap.Logger, reg prometheus.Registerer, opts ...Option) (*Service, error) {
 	if d == nil || reg == nil {
 		return nil, errors.New("rls: a Decider and a Registerer are required")
 	}
 	if log == nil {
 		log = zap.NewNop()
 	}
-	m, err := newMetrics(reg)
+	o := options{detailedCap: DefaultDetailedSeriesCap}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	m, err := newMetrics(reg, o)
 	if err != nil {
 		return nil, err
 	}

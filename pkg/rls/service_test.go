@@ -485,6 +485,7 @@ func TestMetrics(t *testing.T) {
 		`tollgate_rls_decisions_total{domain="ai",result="shadow_over",rule="shadow",tier="none"}`:                                     1,
 		`tollgate_rls_decisions_total{domain="unknown",result="unknown",rule="none",tier="none"}`:                                      1,
 		`tollgate_rls_detailed_decisions_total{descriptor="tenant=b,model=gpt-4o",domain="ai",result="ok",rule="tenant.model_gpt-4o"}`: 1,
+		`tollgate_rls_detailed_overflow_total{domain="ai",rule="tenant.model_gpt-4o"}`:                                                 0,
 		`tollgate_rls_invalid_requests_total`:                                                                                          1,
 		`tollgate_rls_decision_duration_seconds_count`:                                                                                 float64(len(calls) + 2),
 	}
