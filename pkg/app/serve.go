@@ -45,6 +45,7 @@ type serveFlags struct {
 	protect   protectFlags
 	failure   failureFlags
 	tickets   ticketFlags
+	metrics   metricFlags
 }
 
 func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
@@ -67,6 +68,7 @@ func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
 	f.failure.register(fs)
 	f.protect.register(fs)
 	f.tickets.register(fs)
+	f.metrics.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: tollgate serve [flags]\n\nEvery flag can also be set with TOLLGATE_<FLAG> (--grpc-addr: TOLLGATE_GRPC_ADDR); the flag wins.\n\n")
 		fs.PrintDefaults()
@@ -74,7 +76,7 @@ func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
 	if err := a.parseFlags(fs, args); err != nil {
 		return nil, err
 	}
-	for _, check := range []func() error{f.tls.check, func() error { return f.callers.check(f.tls) }, f.pressure.check, f.lease.check, f.protect.check, f.failure.check, func() error { return f.redis.check(f.redisURL) }} {
+	for _, check := range []func() error{f.tls.check, func() error { return f.callers.check(f.tls) }, f.pressure.check, f.lease.check, f.protect.check, f.failure.check, func() error { return f.redis.check(f.redisURL) }, f.metrics.check} {
 		if err := check(); err != nil {
 			fmt.Fprintf(fs.Output(), "tollgate serve: %v\n", err)
 			return nil, errUsage
@@ -211,7 +213,7 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 	if err != nil {
 		return err
 	}
-	rlsSvc, err := rls.New(lim, log.Named("rls"), reg)
+	rlsSvc, err := rls.New(lim, log.Named("rls"), reg, f.metrics.rlsOptions()...)
 	if err != nil {
 		return err
 	}
