@@ -197,8 +197,8 @@ func TestDetailedSeriesCapUnforgeable(t *testing.T) {
 // a rule past its cap and lose no decision.
 func TestDetailedSeriesCapConcurrent(t *testing.T) {
 	t.Parallel()
-	const workers, each, limit = 8, 300, 100
-	svc, reg := newDetailedService(t, newCountStore(), WithDetailedSeriesCap(limit))
+	const workers, each, seriesCap = 8, 300, 100
+	svc, reg := newDetailedService(t, newCountStore(), WithDetailedSeriesCap(seriesCap))
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
 	for w := range workers {
@@ -218,10 +218,10 @@ func TestDetailedSeriesCapConcurrent(t *testing.T) {
 	}
 	got := gatherDetailed(t, reg)
 	want := detailedCounts{
-		series:   map[string]int{"team": limit},
-		spilled:  map[string]float64{"team/ok": workers*each - limit},
+		series:   map[string]int{"team": seriesCap},
+		spilled:  map[string]float64{"team/ok": workers*each - seriesCap},
 		total:    map[string]float64{"team/ok": workers * each},
-		overflow: map[string]float64{"team": workers*each - limit},
+		overflow: map[string]float64{"team": workers*each - seriesCap},
 	}
 	if diff := cmp.Diff(want, got, cmp.AllowUnexported(detailedCounts{})); diff != "" {
 		t.Errorf("detailed metrics (-want +got):\n%s", diff)
