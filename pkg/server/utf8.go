@@ -62,8 +62,11 @@ func (c *utf8Codec) register(r prometheus.Registerer) error {
 // difference.
 func (c *utf8Codec) Name() string { return protocodec.Name }
 
+// Marshal is grpc-go's: replies are built from repaired requests.
 func (c *utf8Codec) Marshal(v any) (mem.BufferSlice, error) { return c.base.Marshal(v) }
 
+// Unmarshal is grpc-go's, but repairs a message that is refused only for
+// invalid UTF-8.
 func (c *utf8Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	m := messageOf(v)
 	if m == nil {
@@ -119,7 +122,8 @@ var errRepair = errors.New("repair utf8: malformed message")
 // many values it escaped. It follows message fields (maps and repeated
 // ones included) by the descriptor and copies every other field, unknown
 // ones too, byte for byte. Valid strings are left alone, so a message
-// that unmarshals as it is repairs to itself. Bytes inside
+// that unmarshals as it is repairs to itself. A string with a bytes twin
+// (see bytesTwin) moves there instead of being escaped. Bytes inside
 // google.protobuf.Any values are not followed: their type is known only
 // to whoever unpacks them.
 func RepairUTF8(b []byte, md protoreflect.MessageDescriptor) ([]byte, int, error) {
@@ -141,6 +145,7 @@ type repairWalk struct {
 	sizes  []int // new length of each nested message, in pre-order
 	next   int   // write's position in sizes
 	values int   // strings escaped
+	scans  int   // messages scanned for a bytes twin
 }
 
 // field is one field of a message on the wire, as both passes see it.
@@ -176,29 +181,43 @@ func bytesTwin(fd protoreflect.FieldDescriptor) protoreflect.FieldDescriptor {
 	return t
 }
 
-// moveToTwin says whether invalid string field f of message msg (the
-// whole message's bytes) goes to its bytes twin: only when msg does not
-// carry that twin already, which then wins.
-func moveToTwin(f field, msg []byte) (protoreflect.FieldDescriptor, bool) {
+// twinScan answers, for one message, whether an invalid string goes to
+// its bytes twin: only when the message does not carry that twin already,
+// which then wins. It scans the message at most once per twin, however
+// many times the string field repeats on the wire, so a message that
+// repeats it cannot make the walk quadratic.
+type twinScan struct {
+	msg     []byte
+	scanned protowire.Number // the twin the last scan looked for (0: none yet)
+	present bool
+	scans   *int // counts scans, for the walk's tests
+}
+
+func (t *twinScan) target(f field) (protoreflect.FieldDescriptor, bool) {
 	twin := bytesTwin(f.fd)
 	if twin == nil {
 		return nil, false
 	}
-	for b := msg; len(b) > 0; {
-		num, typ, tn := protowire.ConsumeTag(b)
-		if tn < 0 {
-			return nil, false
+	if t.scanned != twin.Number() {
+		t.scanned, t.present = twin.Number(), false
+		*t.scans++
+		for b := t.msg; len(b) > 0; {
+			num, typ, tn := protowire.ConsumeTag(b)
+			if tn < 0 {
+				break
+			}
+			vn := protowire.ConsumeFieldValue(num, typ, b[tn:])
+			if vn < 0 {
+				break
+			}
+			if num == twin.Number() {
+				t.present = true
+				break
+			}
+			b = b[tn+vn:]
 		}
-		vn := protowire.ConsumeFieldValue(num, typ, b[tn:])
-		if vn < 0 {
-			return nil, false
-		}
-		if num == twin.Number() {
-			return nil, false
-		}
-		b = b[tn+vn:]
 	}
-	return twin, true
+	return twin, !t.present
 }
 
 // nextField reads the first field of b; its kind is 0 for a field
@@ -241,21 +260,22 @@ func (w *repairWalk) size(b []byte, md protoreflect.MessageDescriptor, depth int
 	}
 	fields := md.Fields()
 	total := 0
-	for msg := b; len(b) > 0; {
+	twins := twinScan{msg: b, scans: &w.scans}
+	for len(b) > 0 {
 		f, err := nextField(b, fields)
 		if err != nil {
 			return 0, err
 		}
 		switch f.kind {
 		case protoreflect.StringKind:
-			switch twin, ok := moveToTwin(f, msg); {
-			case utf8.Valid(f.value):
+			if utf8.Valid(f.value) {
 				total += f.n // write copies it as it came
-			case ok:
-				w.values++
+				break
+			}
+			w.values++
+			if twin, ok := twins.target(f); ok {
 				total += protowire.SizeTag(twin.Number()) + protowire.SizeBytes(len(f.value))
-			default:
-				w.values++
+			} else {
 				total += protowire.SizeTag(f.num) + protowire.SizeBytes(len(utf8esc.Bytes(f.value)))
 			}
 		case protoreflect.MessageKind:
@@ -279,13 +299,14 @@ func (w *repairWalk) size(b []byte, md protoreflect.MessageDescriptor, depth int
 // it cannot fail.
 func (w *repairWalk) write(out, b []byte, md protoreflect.MessageDescriptor) []byte {
 	fields := md.Fields()
-	for msg := b; len(b) > 0; {
+	twins := twinScan{msg: b, scans: &w.scans}
+	for len(b) > 0 {
 		f, _ := nextField(b, fields)
 		switch f.kind {
 		case protoreflect.StringKind:
 			if utf8.Valid(f.value) {
 				out = append(out, b[:f.n]...)
-			} else if twin, ok := moveToTwin(f, msg); ok {
+			} else if twin, ok := twins.target(f); ok {
 				out = protowire.AppendTag(out, twin.Number(), protowire.BytesType)
 				out = protowire.AppendBytes(out, f.value)
 			} else {

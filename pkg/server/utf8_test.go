@@ -153,6 +153,54 @@ func TestRepairUTF8Malformed(t *testing.T) {
 	}
 }
 
+// TestRepairUTF8RepeatedBody: a body field repeated on the wire (the
+// last one wins) has the message scanned for raw_body once per pass, not
+// once per repeat, which would make a 4 MiB message quadratic.
+func TestRepairUTF8RepeatedBody(t *testing.T) {
+	t.Parallel()
+	md := (&authv3.AttributeContext_HttpRequest{}).ProtoReflect().Descriptor()
+	body := md.Fields().ByName("body").Number()
+	tests := []struct {
+		name    string
+		give    int // times the body repeats
+		raw     bool
+		want    int // scans
+		wantRaw string
+	}{
+		{name: "once", give: 1, want: 2, wantRaw: "b\xff"},
+		{name: "ten thousand times", give: 10000, want: 2, wantRaw: "b\xff"},
+		{name: "with raw_body", give: 10000, raw: true, want: 2, wantRaw: "raw"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var b []byte
+			if tt.raw {
+				b = protowire.AppendBytes(protowire.AppendTag(b, md.Fields().ByName("raw_body").Number(), protowire.BytesType), []byte("raw"))
+			}
+			for range tt.give {
+				b = protowire.AppendBytes(protowire.AppendTag(b, body, protowire.BytesType), []byte("b\xff"))
+			}
+			var w repairWalk
+			size, err := w.size(b, md, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := w.write(make([]byte, 0, size), b, md)
+			if w.scans != tt.want {
+				t.Errorf("scanned %d times, want %d", w.scans, tt.want)
+			}
+			got := &authv3.AttributeContext_HttpRequest{}
+			if err := proto.Unmarshal(out, got); err != nil {
+				t.Fatal(err)
+			}
+			if string(got.GetRawBody()) != tt.wantRaw {
+				t.Errorf("raw_body = %q, want %q", got.GetRawBody(), tt.wantRaw)
+			}
+		})
+	}
+}
+
 // TestUTF8CodecUnmarshal: the codec repairs only an invalid UTF-8 error,
 // keeps any other, and counts what it repaired.
 func TestUTF8CodecUnmarshal(t *testing.T) {
