@@ -208,6 +208,10 @@ func New(cfg Config) (*Server, error) {
 	if err := s.protect.register(cfg.Registerer); err != nil {
 		return nil, err
 	}
+	codec := newUTF8Codec()
+	if err := codec.register(cfg.Registerer); err != nil {
+		return nil, err
+	}
 	unary := []grpc.UnaryServerInterceptor{recoverUnary(s.log)}
 	stream := []grpc.StreamServerInterceptor{recoverStream(s.log)}
 	if cfg.Callers != nil {
@@ -229,6 +233,7 @@ func New(cfg Config) (*Server, error) {
 	s.grpc = grpc.NewServer(append(creds,
 		grpc.ChainUnaryInterceptor(append(append(unary, s.protect.unary()), cfg.UnaryInterceptors...)...),
 		grpc.ChainStreamInterceptor(stream...),
+		grpc.ForceServerCodecV2(codec),
 		grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSize),
 		grpc.MaxConcurrentStreams(cfg.MaxConcurrentStreams),
 		grpc.ConnectionTimeout(cfg.ConnectionTimeout),
