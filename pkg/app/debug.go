@@ -6,12 +6,13 @@ import (
 	"net"
 	"os"
 	"strings"
+
+	"github.com/tollgate-dev/tollgate/pkg/pressure"
 )
 
 // MinAdminTokenBytes is the shortest token --admin-token-file and
-// --pressure-token-file accept: 32 bytes, as many as a random 256-bit key,
-// so that guessing it over the network is hopeless.
-const MinAdminTokenBytes = 32
+// --pressure-token-file accept, the pressure handler's own minimum.
+const MinAdminTokenBytes = pressure.MinTokenBytes
 
 // debugFlags are serve's diagnostics on the admin port. Both are off by
 // default: /debug/config shows the rules and the store's address, and a
