@@ -134,7 +134,9 @@ func TestServeEndToEnd(t *testing.T) {
 	runCtx, stop := context.WithCancel(context.Background())
 	defer stop()
 	exit := make(chan int, 1)
-	go func() { exit <- a.Run(runCtx, []string{"serve", "--config", dir, "--admin-addr", "127.0.0.1:0"}) }()
+	go func() {
+		exit <- a.Run(runCtx, []string{"serve", "--config", dir, "--admin-addr", "127.0.0.1:0", "--debug"})
+	}()
 
 	e := &e2e{t: t, ctx: ctx, stderr: stderr}
 	select {

@@ -93,12 +93,8 @@ func (p *pressureFlags) check() error {
 		return fmt.Errorf("--pressure-prom-interval: %v is not positive", p.promInterval)
 	}
 	if p.tokenFile != "" {
-		raw, err := os.ReadFile(p.tokenFile)
-		if err != nil {
-			return fmt.Errorf("--pressure-token-file: %w", err)
-		}
-		if strings.TrimSpace(string(raw)) == "" {
-			return fmt.Errorf("--pressure-token-file %q is empty", p.tokenFile)
+		if _, err := readToken("--pressure-token-file", p.tokenFile); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -64,12 +64,17 @@ type replica struct {
 	exit  chan int
 }
 
-// startReplica serves rules with the pressure endpoint (token "s3cret")
-// and a fast pressure tick; extra are more flags.
+// startReplica serves rules with the pressure endpoint (token pressureToken)
+// and /debug/
+// a fast pressure tick; extra are more flags.
+// pressureToken is the bearer token of startReplica's /v1/pressure: 32
+// bytes, the shortest accepted.
+const pressureToken = "s3cret-s3cret-s3cret-s3cret-s3cr"
+
 func startReplica(t *testing.T, ctx context.Context, dir string, extra ...string) *replica {
 	t.Helper()
 	tokenFile := filepath.Join(dir, "token")
-	writeFile(t, tokenFile, "s3cret\n")
+	writeFile(t, tokenFile, pressureToken+"\n")
 	addrs := make(chan Addrs, 1)
 	stderr := &buffer{}
 	a := &App{
@@ -79,8 +84,8 @@ func startReplica(t *testing.T, ctx context.Context, dir string, extra ...string
 		Listening: func(ad Addrs) { addrs <- ad },
 	}
 	runCtx, stop := context.WithCancel(context.Background())
-	r := &replica{e2e: &e2e{t: t, ctx: ctx, stderr: stderr}, token: "s3cret", stop: stop, exit: make(chan int, 1)}
-	args := append([]string{"serve", "--config", dir, "--admin-addr", "127.0.0.1:0",
+	r := &replica{e2e: &e2e{t: t, ctx: ctx, stderr: stderr}, token: pressureToken, stop: stop, exit: make(chan int, 1)}
+	args := append([]string{"serve", "--config", dir, "--admin-addr", "127.0.0.1:0", "--debug",
 		"--pressure-token-file", tokenFile, "--pressure-interval", "50ms", "--pressure-ttl", "500ms"}, extra...)
 	go func() { r.exit <- a.Run(runCtx, args) }()
 	t.Cleanup(r.shutdown)
@@ -266,7 +271,7 @@ func TestPressureShedsTiers(t *testing.T) {
 		len(d.Breakers) != 1 || d.Breakers[0].Key != "model" || d.Breakers[0].HalfOpenProbes != 1 {
 		t.Errorf("/debug/config domain = %s, want its shedding and breaker", body)
 	}
-	if code, body := r.get("/debug/pressure"); code != http.StatusOK || !strings.Contains(body, `"combined": 0.95`) || strings.Contains(body, "s3cret") {
+	if code, body := r.get("/debug/pressure"); code != http.StatusOK || !strings.Contains(body, `"combined": 0.95`) || strings.Contains(body, pressureToken) {
 		t.Errorf("/debug/pressure = %d %s, want the combined score and no token", code, body)
 	}
 

@@ -3,6 +3,9 @@ package app
 import (
 	"errors"
 	"flag"
+	"fmt"
+	"os"
+	"strings"
 	"sync/atomic"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit/redisstore"
@@ -26,34 +29,89 @@ func (r *recoveries) retry() {
 // TLS on, and its userinfo carries the ACL user and password.
 type redisFlags struct {
 	tlsCA, tlsCert, tlsKey, tlsServerName string
+	passwordFile                          string
+
+	// password is from passwordFile or TOLLGATE_REDIS_PASSWORD, set by
+	// check; nil leaves the URL's.
+	password *string
 }
+
+// redisPasswordEnv holds the Redis password. It is no flag's variable on
+// purpose: a --redis-password flag would put it on the command line.
+const redisPasswordEnv = "TOLLGATE_REDIS_PASSWORD"
 
 func (r *redisFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&r.tlsCA, "redis-tls-ca", "", "PEM CA bundle that signs the Redis servers' certificates (sentinels and cluster nodes too), for a rediss URL; empty trusts the system's roots")
 	fs.StringVar(&r.tlsCert, "redis-tls-cert", "", "PEM client certificate for Redis servers with tls-auth-clients (with --redis-tls-key); re-read at every new connection")
 	fs.StringVar(&r.tlsKey, "redis-tls-key", "", "PEM private key of --redis-tls-cert")
+	fs.StringVar(&r.passwordFile, "redis-password-file", "", "file holding the Redis password (white space around it cut off), in place of one in --redis-url; "+redisPasswordEnv+" is the other way; read at start")
 	fs.StringVar(&r.tlsServerName, "redis-tls-server-name", "", "name every Redis server's certificate must carry; empty checks each against the host it is dialled on")
 }
 
 // check rejects settings that cannot mean what they seem to. A rediss URL
 // is checked by redisstore.NewClient, which refuses TLS settings on a
 // plain one.
-func (r *redisFlags) check(redisURL string) error {
+// The password comes from --redis-password-file or, failing that, from
+// lookupEnv(TOLLGATE_REDIS_PASSWORD); given there and in the URL too, it
+// is refused rather than one silently winning.
+func (r *redisFlags) check(redisURL string, lookupEnv func(string) (string, bool)) error {
+	envPass, envSet := lookupEnv(redisPasswordEnv)
 	switch {
 	case (r.tlsCert == "") != (r.tlsKey == ""):
 		return errors.New("--redis-tls-cert and --redis-tls-key must be given together")
-	case redisURL == "" && *r != redisFlags{}:
+	case redisURL == "" && (r.tlsCA != "" || r.tlsCert != "" || r.tlsKey != "" || r.tlsServerName != ""):
 		return errors.New("--redis-tls-* need --redis-url: without it counters stay in memory")
+	case redisURL == "" && (r.passwordFile != "" || envSet):
+		return errors.New("--redis-password-file and " + redisPasswordEnv + " need --redis-url: without it counters stay in memory")
+	case r.passwordFile != "" && envSet:
+		return errors.New("the Redis password is given twice: --redis-password-file and " + redisPasswordEnv)
+	}
+	switch {
+	case r.passwordFile != "":
+		raw, err := os.ReadFile(r.passwordFile)
+		if err != nil {
+			return fmt.Errorf("--redis-password-file: %w", err)
+		}
+		p := strings.TrimSpace(string(raw))
+		if p == "" {
+			return fmt.Errorf("--redis-password-file %q is empty", r.passwordFile)
+		}
+		r.password = &p
+	case envSet:
+		if envPass == "" {
+			return errors.New(redisPasswordEnv + " is set but empty")
+		}
+		r.password = &envPass
+	default:
+		return nil
+	}
+	if urlHasPassword(redisURL) {
+		return errors.New("the Redis password is given twice: in --redis-url and in --redis-password-file or " + redisPasswordEnv)
 	}
 	return nil
 }
 
+// urlHasPassword says whether a Redis URL's userinfo has a password; the
+// userinfo ends at the last '@', as redisstore reads it.
+func urlHasPassword(raw string) bool {
+	_, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return false
+	}
+	at := strings.LastIndexByte(rest, '@')
+	return at >= 0 && strings.Contains(rest[:at], ":")
+}
+
 // options are redisstore.NewClient's options for these flags.
 func (r *redisFlags) options() []redisstore.Option {
-	return []redisstore.Option{redisstore.WithTLS(redisstore.TLS{
+	opts := []redisstore.Option{redisstore.WithTLS(redisstore.TLS{
 		CAFile:     r.tlsCA,
 		CertFile:   r.tlsCert,
 		KeyFile:    r.tlsKey,
 		ServerName: r.tlsServerName,
 	})}
+	if r.password != nil {
+		opts = append(opts, redisstore.WithPassword(*r.password))
+	}
+	return opts
 }

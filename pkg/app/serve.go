@@ -54,7 +54,7 @@ func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
 	fs.SetOutput(a.Stderr)
 	fs.StringVar(&f.config, "config", "config", "rule file, or directory of *.yaml rule files, reloaded on change")
 	fs.StringVar(&f.grpcAddr, "grpc-addr", ":8081", "gRPC address for Envoy's APIs, health and reflection")
-	fs.StringVar(&f.adminAddr, "admin-addr", ":8080", "admin HTTP address: /metrics, /healthz, /readyz, /debug/config, /debug/pressure, /v1/pressure, /debug/pprof/ (with --pprof)")
+	fs.StringVar(&f.adminAddr, "admin-addr", ":8080", "admin HTTP address: /metrics, /healthz, /readyz, /v1/pressure (with --pressure-token-file), /debug/config and /debug/pressure (with --debug), /debug/pprof/ (with --pprof)")
 	fs.StringVar(&f.redisURL, "redis-url", "", "Redis URL (redis://, rediss://, unix://, redis+sentinel://, redis+cluster://); empty keeps counters in memory")
 	f.redis.register(fs)
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -76,7 +76,7 @@ func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
 	if err := a.parseFlags(fs, args); err != nil {
 		return nil, err
 	}
-	for _, check := range []func() error{f.tls.check, func() error { return f.callers.check(f.tls) }, f.pressure.check, f.lease.check, f.protect.check, f.failure.check, func() error { return f.redis.check(f.redisURL) }, f.metrics.check} {
+	for _, check := range []func() error{f.tls.check, func() error { return f.callers.check(f.tls) }, f.pressure.check, f.lease.check, f.protect.check, f.failure.check, func() error { return f.redis.check(f.redisURL, a.lookupEnv) }, func() error { return f.debug.check(f.adminAddr) }, f.metrics.check} {
 		if err := check(); err != nil {
 			fmt.Fprintf(fs.Output(), "tollgate serve: %v\n", err)
 			return nil, errUsage
@@ -99,7 +99,7 @@ func (a *App) serve(ctx context.Context, args []string) int {
 		return ExitUsage
 	}
 	defer func() { _ = log.Sync() }()
-	if err := a.runServe(ctx, f, log); err != nil {
+	if err := a.runServe(ctx, f, args, log); err != nil {
 		log.Error("serve", zap.Error(err))
 		return ExitError
 	}
@@ -117,7 +117,9 @@ var (
 	_ pingStore = (*redisstore.Store)(nil)
 )
 
-func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) error {
+// runServe serves with f; args are serve's arguments as given, which
+// /debug/pprof/cmdline shows redacted.
+func (a *App) runServe(ctx context.Context, f *serveFlags, args []string, log *zap.Logger) error {
 	log.Info("starting", zap.String("version", a.versionString()))
 	rules, err := config.Load(f.config)
 	if err != nil {
@@ -226,7 +228,14 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 	if err := sh.apply(rules); err != nil {
 		return fmt.Errorf("pressure and breakers: %w", err)
 	}
-	admin := map[string]http.Handler{"GET /debug/pressure": debugJSON(func() any { return sh.view() })}
+	admin := map[string]http.Handler{}
+	var debugConfig func() any
+	if f.debug.debug {
+		admin["GET /debug/pressure"] = debugJSON(func() any { return sh.view() })
+		debugConfig = func() any {
+			return newConfigView(a.versionString(), f.config, f.redisURL, lim.Rules())
+		}
+	}
 	if f.pressure.tokenFile != "" {
 		admin["/v1/pressure"] = sh.handler()
 	}
@@ -243,14 +252,14 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, log *zap.Logger) erro
 			}
 			return storeReady.ready(ctx)
 		},
-		Warm:        storeReady.warmUp(raw),
-		ReadyDetail: health.detail,
-		DebugConfig: func() any {
-			return newConfigView(a.versionString(), f.config, f.redisURL, lim.Rules())
-		},
+		Warm:                 storeReady.warmUp(raw),
+		ReadyDetail:          health.detail,
+		DebugConfig:          debugConfig,
 		Admin:                admin,
 		UnaryInterceptors:    sh.interceptors(),
 		Pprof:                f.debug.pprof,
+		Cmdline:              append([]string{"tollgate", "serve"}, redactArgs(args)...),
+		DebugToken:           f.debug.token,
 		Registerer:           reg,
 		Overloaded:           overloadAnswer(f.failure.parsed),
 		MaxInFlight:          f.protect.inFlight(),

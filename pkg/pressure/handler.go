@@ -45,7 +45,7 @@ const maxBody = 4 << 10
 // bad JSON, an unknown field, a pressure outside [0,1], an unknown scope
 // or a ttl outside (0, MaxTTL] gets 400. The token is compared in
 // constant time and is never logged or echoed. It fails when the token
-// file cannot be read or is empty.
+// file cannot be read or holds under MinTokenBytes.
 func NewHandler(cfg HandlerConfig) (http.Handler, error) {
 	if cfg.Combiner == nil {
 		return nil, errors.New("pressure handler: no combiner")
@@ -228,6 +228,10 @@ func httpError(w http.ResponseWriter, code int, msg string) {
 	_ = json.NewEncoder(w).Encode(map[string]string{"error": msg})
 }
 
+// MinTokenBytes is the shortest bearer token accepted: as many bytes as a
+// random 256-bit key, so that guessing it over the network is hopeless.
+const MinTokenBytes = 32
+
 // tokenFile is the bearer token's file and the digest of its content,
 // read again when the file's size or modification time changes.
 type tokenFile struct {
@@ -259,6 +263,12 @@ func (t *tokenFile) digest() ([sha256.Size]byte, error) {
 	if tok == "" {
 		t.ok = false
 		return [sha256.Size]byte{}, fmt.Errorf("token file %q is empty", t.path)
+	}
+	if n := len(tok); n < MinTokenBytes {
+		// A short token rotated in locks everyone out rather than
+		// letting a guessable one in.
+		t.ok = false
+		return [sha256.Size]byte{}, fmt.Errorf("token file %q: the token is %d bytes, want at least %d", t.path, n, MinTokenBytes)
 	}
 	t.sum, t.size, t.modTime, t.ok = sha256.Sum256([]byte(tok)), fi.Size(), fi.ModTime(), true
 	return t.sum, nil

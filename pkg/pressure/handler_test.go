@@ -15,7 +15,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
 )
 
-const token = "s3cret-token"
+const token = "s3cret-token-s3cret-token-s3cret" // MinTokenBytes
 
 func newHandler(t *testing.T) (http.Handler, *Combiner, *memstore.Board, string) {
 	t.Helper()
@@ -129,7 +129,7 @@ func TestHandlerPushReachesEvaluator(t *testing.T) {
 }
 
 // TestHandlerTokenRotation: a new token in the file takes effect, the old
-// one stops working, and an emptied file locks everyone out.
+// one stops working, and a short or emptied file locks everyone out.
 func TestHandlerTokenRotation(t *testing.T) {
 	t.Parallel()
 	h, _, _, file := newHandler(t)
@@ -137,14 +137,20 @@ func TestHandlerTokenRotation(t *testing.T) {
 	if w := do(h, http.MethodPut, "Bearer "+token, body); w.Code != 204 {
 		t.Fatalf("before rotation: %d", w.Code)
 	}
-	if err := os.WriteFile(file, []byte("a-much-longer-new-token"), 0o600); err != nil {
+	if err := os.WriteFile(file, []byte("a-much-longer-new-token-of-32-bytes"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if w := do(h, http.MethodPut, "Bearer "+token, body); w.Code != 401 {
 		t.Errorf("old token after rotation = %d, want 401", w.Code)
 	}
-	if w := do(h, http.MethodPut, "Bearer a-much-longer-new-token", body); w.Code != 204 {
+	if w := do(h, http.MethodPut, "Bearer a-much-longer-new-token-of-32-bytes", body); w.Code != 204 {
 		t.Errorf("new token = %d, want 204", w.Code)
+	}
+	if err := os.WriteFile(file, []byte("x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if w := do(h, http.MethodPut, "Bearer x", body); w.Code != 401 {
+		t.Errorf("a 1-byte token rotated in = %d, want 401", w.Code)
 	}
 	if err := os.WriteFile(file, nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -155,7 +161,7 @@ func TestHandlerTokenRotation(t *testing.T) {
 	if err := os.Remove(file); err != nil {
 		t.Fatal(err)
 	}
-	if w := do(h, http.MethodPut, "Bearer a-much-longer-new-token", body); w.Code != 401 {
+	if w := do(h, http.MethodPut, "Bearer a-much-longer-new-token-of-32-bytes", body); w.Code != 401 {
 		t.Errorf("missing token file = %d, want 401", w.Code)
 	}
 }
@@ -163,6 +169,10 @@ func TestHandlerTokenRotation(t *testing.T) {
 func TestNewHandlerErrors(t *testing.T) {
 	t.Parallel()
 	_, c, _, file := newHandler(t)
+	short := filepath.Join(t.TempDir(), "short")
+	if err := os.WriteFile(short, []byte(token[:MinTokenBytes-1]+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	empty := filepath.Join(t.TempDir(), "empty")
 	if err := os.WriteFile(empty, []byte(" \n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -176,6 +186,7 @@ func TestNewHandlerErrors(t *testing.T) {
 		{name: "TTLAboveMax", give: HandlerConfig{Combiner: c, TokenFile: file, DefaultTTL: time.Hour, MaxTTL: time.Minute}},
 		{name: "MissingFile", give: HandlerConfig{Combiner: c, TokenFile: file + ".none", DefaultTTL: time.Minute}},
 		{name: "EmptyFile", give: HandlerConfig{Combiner: c, TokenFile: empty, DefaultTTL: time.Minute}},
+		{name: "ShortToken", give: HandlerConfig{Combiner: c, TokenFile: short, DefaultTTL: time.Minute}},
 	}
 	for _, tt := range tests {
 		if _, err := NewHandler(tt.give); err == nil {

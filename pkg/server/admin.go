@@ -1,11 +1,15 @@
 package server
 
 import (
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/json"
 	"fmt"
 	"maps"
 	"net/http"
 	"net/http/pprof"
+	"os"
+	"path"
 	"slices"
 	"strings"
 
@@ -54,7 +58,7 @@ func (s *Server) adminHandler() (h http.Handler, err error) {
 		// which nothing here serves; Index serves the named profiles
 		// (heap, goroutine, allocs, block, mutex, threadcreate).
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/cmdline", s.cmdline)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
@@ -68,7 +72,45 @@ func (s *Server) adminHandler() (h http.Handler, err error) {
 	for _, pattern := range slices.Sorted(maps.Keys(s.cfg.Admin)) {
 		mux.Handle(pattern, s.cfg.Admin[pattern])
 	}
-	return mux, nil
+	if s.cfg.DebugToken == "" {
+		return mux, nil
+	}
+	return debugAuth(s.cfg.DebugToken, mux), nil
+}
+
+// cmdline serves Config.Cmdline as net/http/pprof's cmdline does:
+// NUL-separated arguments.
+func (s *Server) cmdline(w http.ResponseWriter, _ *http.Request) {
+	args := s.cfg.Cmdline
+	if args == nil {
+		args = os.Args[:1]
+	}
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	_, _ = w.Write([]byte(strings.Join(args, "\x00")))
+}
+
+// debugAuth has every path under /debug/ need "Authorization: Bearer
+// token"; the rest of next (/metrics, the probes, routes with tokens of
+// their own) stays open. The path is cleaned first, so that no spelling
+// of a /debug/ path slips past and reaches the mux, which cleans it too.
+func debugAuth(token string, next http.Handler) http.Handler {
+	want := sha256.Sum256([]byte(token))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p := path.Clean("/" + r.URL.Path); p == "/debug" || strings.HasPrefix(p, "/debug/") {
+			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			// Digests of equal length, so the compare takes the same time
+			// whatever the length of what was sent.
+			sum := sha256.Sum256([]byte(got))
+			if !ok || subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="tollgate-debug"`)
+				writeText(w, http.StatusUnauthorized, "a bearer token is required")
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 func writeText(w http.ResponseWriter, code int, msg string) {

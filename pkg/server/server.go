@@ -144,6 +144,14 @@ type Config struct {
 	// CPU while it runs, so an operator asks for it). net/http/pprof
 	// extends the write deadline of a CPU profile or trace by its length.
 	Pprof bool
+	// Cmdline is what /debug/pprof/cmdline shows, secrets already redacted
+	// (Optional; default the program name alone). net/http/pprof's own
+	// handler would show os.Args, where a Redis URL carries its password.
+	Cmdline []string
+	// DebugToken, when set, is the bearer token every path under /debug/
+	// needs (Optional; default none: the caller binds the admin port to
+	// loopback instead). It is compared in constant time and never logged.
+	DebugToken string
 }
 
 // Server is the gRPC and admin HTTP servers of one process.

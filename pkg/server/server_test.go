@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -440,5 +441,97 @@ func TestNewChecksConfig(t *testing.T) {
 	}
 	if _, err := New(Config{Services: []Service{&fakeRLS{handle: okHandler}}}); err == nil {
 		t.Error("New without a gatherer succeeded")
+	}
+}
+
+func TestDebugToken(t *testing.T) {
+	t.Parallel()
+	const token = "0123456789abcdef0123456789abcdef"
+	r := start(t, Config{
+		Services:    []Service{&fakeRLS{handle: okHandler}},
+		Gatherer:    prometheus.NewRegistry(),
+		DebugConfig: func() any { return map[string]any{"domains": []string{"ai"}} },
+		Pprof:       true,
+		Cmdline:     []string{"tollgate", "serve", "--redis-url=redis://:xxxxx@r:6379"},
+		DebugToken:  token,
+		Admin: map[string]http.Handler{
+			"GET /debug/pressure": http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("{}")) }),
+			"GET /v1/pressure":    http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("own token")) }),
+		},
+	})
+	tests := []struct {
+		name string
+		path string
+		auth string // the Authorization header; empty: none
+		want int
+	}{
+		{name: "config without a token", path: "/debug/config", want: http.StatusUnauthorized},
+		{name: "config with the token", path: "/debug/config", auth: "Bearer " + token, want: http.StatusOK},
+		{name: "config with another token", path: "/debug/config", auth: "Bearer " + strings.ToUpper(token), want: http.StatusUnauthorized},
+		{name: "config with a prefix of the token", path: "/debug/config", auth: "Bearer " + token[:31], want: http.StatusUnauthorized},
+		{name: "config with the token as Basic", path: "/debug/config", auth: "Basic " + token, want: http.StatusUnauthorized},
+		{name: "pressure without a token", path: "/debug/pressure", want: http.StatusUnauthorized},
+		{name: "pprof index without a token", path: "/debug/pprof/", want: http.StatusUnauthorized},
+		{name: "pprof cmdline without a token", path: "/debug/pprof/cmdline", want: http.StatusUnauthorized},
+		{name: "pprof cmdline with the token", path: "/debug/pprof/cmdline", auth: "Bearer " + token, want: http.StatusOK},
+		{name: "unclean path", path: "/x/../debug/config", want: http.StatusUnauthorized},
+		// Go reads "//debug/config" as host debug, path /config.
+		{name: "double slash", path: "//debug/config", want: http.StatusNotFound},
+		{name: "double slash inside", path: "/debug//config", want: http.StatusUnauthorized},
+		{name: "bare /debug", path: "/debug", want: http.StatusUnauthorized},
+		{name: "metrics stay open", path: "/metrics", want: http.StatusOK},
+		{name: "healthz stays open", path: "/healthz", want: http.StatusOK},
+		{name: "routes outside /debug keep their own auth", path: "/v1/pressure", want: http.StatusOK},
+	}
+	client := &http.Client{
+		Timeout: 10 * time.Second,
+		// A redirect to the clean path must be checked again, not followed here.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			req, err := http.NewRequest(http.MethodGet, "http://"+r.adminAddr, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.URL.Opaque = tt.path // sent as is, not cleaned by the client
+			if tt.auth != "" {
+				req.Header.Set("Authorization", tt.auth)
+			}
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			if resp.StatusCode != tt.want {
+				t.Errorf("GET %s = %d %.80q, want %d", tt.path, resp.StatusCode, body, tt.want)
+			}
+			if strings.Contains(string(body), token) {
+				t.Errorf("GET %s answers with the token: %q", tt.path, body)
+			}
+		})
+	}
+}
+
+func TestPprofCmdline(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		give []string
+		want string
+	}{
+		{name: "the program name by default", want: os.Args[0]},
+		{name: "as given", give: []string{"tollgate", "serve", "--redis-url=redis://:xxxxx@r"}, want: "tollgate\x00serve\x00--redis-url=redis://:xxxxx@r"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			r := start(t, Config{Services: []Service{&fakeRLS{handle: okHandler}}, Pprof: true, Cmdline: tt.give})
+			if code, body := httpGet(t, "http://"+r.adminAddr+"/debug/pprof/cmdline"); code != http.StatusOK || body != tt.want {
+				t.Errorf("/debug/pprof/cmdline = %d %q, want %q", code, body, tt.want)
+			}
+		})
 	}
 }

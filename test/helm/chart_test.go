@@ -171,7 +171,7 @@ func checkPod(t *testing.T, pod *corev1.PodSpec, flags map[string]bool) {
 		}
 	}
 	// Every file flag points under a mount.
-	for _, f := range []string{"config", "authz-config", "pressure-token-file", "tls-cert", "tls-key", "tls-client-ca", "redis-tls-ca", "redis-tls-cert", "redis-tls-key", "ticket-key-file"} {
+	for _, f := range []string{"config", "authz-config", "pressure-token-file", "tls-cert", "tls-key", "tls-client-ca", "redis-tls-ca", "redis-tls-cert", "redis-tls-key", "ticket-key-file", "admin-token-file"} {
 		v, ok := args[f]
 		if !ok {
 			continue

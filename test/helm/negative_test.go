@@ -56,6 +56,7 @@ func TestRefused(t *testing.T) {
 		{name: "callers without mutual TLS", give: "testdata/callers-no-mtls.yaml", want: []string{"callers.enforce tollgate needs grpcTLS.secretName and grpcTLS.requireClientCert"}},
 		{name: "callers for Istio not SPIFFE", give: "testdata/callers-istio-uri.yaml", want: []string{"callers.allow.accesslog", `"urn:example:gateway" is not a SPIFFE ID`}},
 		{name: "callers SAN with a separator", give: "testdata/callers-bad-san.yaml", want: []string{"schema", "/callers/allow/accesslog/0"}},
+		{name: "debug without a token", give: "testdata/debug-no-token.yaml", want: []string{"debug.enabled and debug.pprof need debug.tokenSecret.name"}},
 		{name: "client CA without requireClientCert", give: "testdata/client-ca-no-mtls.yaml", want: []string{"grpcTLS.clientCA is used only with grpcTLS.secretName and grpcTLS.requireClientCert"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -84,7 +84,9 @@ func TestSchemaDocumentsEveryValue(t *testing.T) {
 	walk("", &root, values)
 
 	flags := mustServeFlags(t)
-	managed := []string{"config", "authz-config", "grpc-addr", "admin-addr", "replica-id", "pressure-token-file", "redis-url", "redis-tls-ca", "redis-tls-cert", "redis-tls-key", "redis-tls-server-name", "tls-cert", "tls-key", "tls-client-ca", "allow-callers", "ticket-key-file"}
+	managed := []string{"config", "authz-config", "grpc-addr", "admin-addr", "replica-id", "pressure-token-file", "redis-url", "redis-tls-ca", "redis-tls-cert", "redis-tls-key", "redis-tls-server-name", "tls-cert", "tls-key", "tls-client-ca", "allow-callers", "ticket-key-file",
+		// debug.*; and the Redis password comes as TOLLGATE_REDIS_PASSWORD, not a file.
+		"debug", "pprof", "admin-token-file", "redis-password-file"}
 	for name := range root.Properties["flags"].Properties {
 		if !flags[name] {
 			t.Errorf("schema flags.%s: tollgate serve has no flag --%s", name, name)

@@ -24,7 +24,7 @@ import (
 // The shedding policy under test and how fast the replicas follow it.
 const (
 	pressureDomain = "pressure"
-	pressureToken  = "ramp-token"
+	pressureToken  = "ramp-token-ramp-token-ramp-token" // 32 bytes, the shortest accepted
 	// pressureInterval is --pressure-interval: each replica publishes its
 	// score and reads the combined one (and the pushed one) this often.
 	pressureInterval = 100 * time.Millisecond

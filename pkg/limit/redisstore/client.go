@@ -74,6 +74,9 @@ func NewClient(rawURL string, opts ...Option) (redis.UniversalClient, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
+	if o.password != nil {
+		spec.pass = *o.password
+	}
 	tc, err := o.tls.config(spec.tls)
 	if err != nil {
 		return nil, err
@@ -85,9 +88,14 @@ func NewClient(rawURL string, opts ...Option) (redis.UniversalClient, error) {
 type Option func(*options)
 
 type options struct {
-	tls  TLS
-	onUp func()
+	tls      TLS
+	onUp     func()
+	password *string
 }
+
+// WithPassword sets the password, in place of the URL's, so that it can
+// come from a file or the environment and stay off the command line.
+func WithPassword(p string) Option { return func(o *options) { o.password = &p } }
 
 // WithTLS sets the TLS files and server name of a rediss:// URL.
 func WithTLS(t TLS) Option { return func(o *options) { o.tls = t } }
