@@ -1159,7 +1159,8 @@ func (n *nesting) object() bool {
 // report is settled from.
 //
 // Images cost Settings.ImageTokens by their detail; an endpoint that
-// generates nothing (embeddings) has no completions.
+// generates nothing (embeddings) has no completions, and an unknown path
+// at least the default.
 func estimate(b *Body, s *Settings, partial bool, bodyBytes int64) (total, promptPart uint64) {
 	// Both counts are at most the body's length: no overflow.
 	chars := b.PromptChars + b.ToolChars
@@ -1171,11 +1172,15 @@ func estimate(b *Body, s *Settings, partial bool, bodyBytes int64) (total, promp
 		prompt += float64(n) * float64(s.ImageTokens[d])
 	}
 	completion := s.DefaultMaxTokens
-	if b.HasMaxTokens {
-		completion = b.MaxTokens
-	}
-	if int(b.Endpoint) < len(endpoints) && endpoints[b.Endpoint].noOutput {
+	switch {
+	case int(b.Endpoint) < len(endpoints) && endpoints[b.Endpoint].noOutput:
 		completion = 0
+	case b.Endpoint == EndpointAny:
+		// A cap is read from every row's fields, and a row that does not
+		// have the field given would take the default: at least that.
+		completion = max(completion, b.MaxTokens)
+	case b.HasMaxTokens:
+		completion = b.MaxTokens
 	}
 	in := prompt + float64(b.PromptTokens)
 	all := in + float64(completion)*float64(max(b.Choices, b.BestOf, 1))

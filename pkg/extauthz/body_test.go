@@ -128,6 +128,7 @@ func TestParseBodyModelField(t *testing.T) {
 func TestEstimate(t *testing.T) {
 	t.Parallel()
 	set := &Settings{CharsPerToken: 4, DefaultMaxTokens: 256}
+	// Chat: a cap below the default counts (see TestEstimateImagesAndEndpoints).
 	tests := []struct {
 		name      string
 		give      Body
@@ -137,15 +138,15 @@ func TestEstimate(t *testing.T) {
 		// wantPrompt is the prompt's part of want.
 		wantPrompt uint64
 	}{
-		{name: "default completion", give: Body{Choices: 1, PromptChars: 10}, want: 3 + 256, wantPrompt: 3},
-		{name: "max_tokens", give: Body{Choices: 1, PromptChars: 8, MaxTokens: 10, HasMaxTokens: true}, want: 2 + 10, wantPrompt: 2},
-		{name: "max_tokens 0", give: Body{Choices: 1, MaxTokens: 0, HasMaxTokens: true}, want: 0},
-		{name: "n completions", give: Body{Choices: 3, MaxTokens: 10, HasMaxTokens: true}, want: 30},
-		{name: "token IDs", give: Body{Choices: 1, PromptTokens: 7, HasMaxTokens: true}, want: 7, wantPrompt: 7},
-		{name: "partial counts every byte", give: Body{Choices: 1, PromptChars: 10, HasMaxTokens: true}, partial: true, bodyBytes: 1001, want: 251, wantPrompt: 251},
-		{name: "partial never under the text", give: Body{Choices: 1, PromptChars: 4000, HasMaxTokens: true}, partial: true, bodyBytes: 100, want: 1000, wantPrompt: 1000},
-		{name: "clamped", give: Body{Choices: maxChoices, MaxTokens: maxCost, HasMaxTokens: true}, want: maxCost},
-		{name: "clamped prompt", give: Body{Choices: 1, PromptTokens: maxCost + 5, HasMaxTokens: true}, want: maxCost, wantPrompt: maxCost},
+		{name: "default completion", give: Body{Endpoint: EndpointChat, Choices: 1, PromptChars: 10}, want: 3 + 256, wantPrompt: 3},
+		{name: "max_tokens", give: Body{Endpoint: EndpointChat, Choices: 1, PromptChars: 8, MaxTokens: 10, HasMaxTokens: true}, want: 2 + 10, wantPrompt: 2},
+		{name: "max_tokens 0", give: Body{Endpoint: EndpointChat, Choices: 1, MaxTokens: 0, HasMaxTokens: true}, want: 0},
+		{name: "n completions", give: Body{Endpoint: EndpointChat, Choices: 3, MaxTokens: 10, HasMaxTokens: true}, want: 30},
+		{name: "token IDs", give: Body{Endpoint: EndpointChat, Choices: 1, PromptTokens: 7, HasMaxTokens: true}, want: 7, wantPrompt: 7},
+		{name: "partial counts every byte", give: Body{Endpoint: EndpointChat, Choices: 1, PromptChars: 10, HasMaxTokens: true}, partial: true, bodyBytes: 1001, want: 251, wantPrompt: 251},
+		{name: "partial never under the text", give: Body{Endpoint: EndpointChat, Choices: 1, PromptChars: 4000, HasMaxTokens: true}, partial: true, bodyBytes: 100, want: 1000, wantPrompt: 1000},
+		{name: "clamped", give: Body{Endpoint: EndpointChat, Choices: maxChoices, MaxTokens: maxCost, HasMaxTokens: true}, want: maxCost},
+		{name: "clamped prompt", give: Body{Endpoint: EndpointChat, Choices: 1, PromptTokens: maxCost + 5, HasMaxTokens: true}, want: maxCost, wantPrompt: maxCost},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
