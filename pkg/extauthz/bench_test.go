@@ -68,7 +68,7 @@ func BenchmarkParseBody(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {
-		if _, err := ParseBody(body, "model", false); err != nil {
+		if _, err := ParseBody(body, "model", EndpointChat, false); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -87,7 +87,7 @@ func BenchmarkParseBodyMixed(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {
-		if _, err := ParseBody(body, "model", false); err != nil {
+		if _, err := ParseBody(body, "model", EndpointChat, false); err != nil {
 			b.Fatal(err)
 		}
 	}

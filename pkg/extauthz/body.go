@@ -19,25 +19,51 @@ const maxCost = 1 << 53
 // overflow; it is far above what any API accepts.
 const maxChoices = 1 << 16
 
-// Body is what Check reads from a JSON request body in the OpenAI style
-// (chat completions, completions, and anything with the same fields).
+// Body is what Check reads from a JSON request body in the OpenAI style:
+// the fields its Endpoint's row of the table (endpoints) names.
 type Body struct {
+	// Endpoint is the API the body was read for.
+	Endpoint Endpoint
 	// Model is the body's model field (Settings.ModelBodyField); the last
 	// one wins, as the upstream's JSON parser decides.
 	Model string
-	// MaxTokens is the larger of max_tokens and max_completion_tokens;
-	// HasMaxTokens says whether either was given.
+	// MaxTokens is the largest of the output caps given (max_tokens,
+	// max_completion_tokens, max_output_tokens: those the endpoint
+	// reads); HasMaxTokens says whether any was given.
 	MaxTokens    uint64
 	HasMaxTokens bool
-	// Choices is n, the completions asked for: at least 1.
+	// Choices is n, the completions asked for: at least 1. BestOf is
+	// best_of, the completions generated to pick from (0 when not
+	// given); the larger of the two is paid for.
 	Choices uint64
-	// PromptChars counts the characters of every messages[*].content (a
-	// string, or the text of each part) and of prompt (a string or a
-	// list of strings). PromptTokens counts the token IDs of a prompt
-	// given as IDs.
+	BestOf  uint64
+	// PromptChars counts the characters of the text the model reads:
+	// message and item content (a string, or the text of each part),
+	// prompt, input and instructions strings, function-call arguments.
+	// PromptTokens counts the token IDs of a prompt or input given as
+	// IDs.
 	PromptChars  uint64
 	PromptTokens uint64
+	// ToolChars counts the characters of tools: the JSON of their
+	// definitions (tools, functions; see kindTools), and the names and
+	// arguments of the calls in a conversation (chat's tool_calls and
+	// function_call, the Responses API's function_call items).
+	ToolChars uint64
+	// Images counts image parts by their detail.
+	Images [imageDetails]uint64
 }
+
+// ImageDetail is an image part's detail, which decides its cost.
+type ImageDetail uint8
+
+const (
+	ImageLow ImageDetail = iota
+	ImageHigh
+	// ImageAuto is "auto", a detail the table does not know, or none:
+	// the upstream may pick high.
+	ImageAuto
+	imageDetails
+)
 
 // bodyError is a body Check refuses; it says which answer it gets.
 type bodyError struct {
@@ -53,6 +79,7 @@ var (
 	errModel     = &bodyError{code: "invalid_model", msg: "The model field must be a string of printable characters."}
 	errMaxTokens = &bodyError{code: "invalid_max_tokens", msg: "max_tokens and max_completion_tokens must be non-negative integers."}
 	errChoices   = &bodyError{code: "invalid_n", msg: "n must be a non-negative integer."}
+	errBestOf    = &bodyError{code: "invalid_best_of", msg: "best_of must be a non-negative integer."}
 )
 
 // maxSkipDepth is how deep a value the parser skips whole may nest:
@@ -64,7 +91,8 @@ const maxSkipDepth = 10000
 // was cut, or a broken complete one.
 var errTruncated = errors.New("body ends inside a value")
 
-// ParseBody reads the fields of an OpenAI-style body that Check needs, in
+// ParseBody reads the fields of an OpenAI-style body that Check needs
+// (the model, and those endpoint ep's row of the table names), in
 // one pass that builds nothing it does not keep: the work is linear in
 // len(data), which the caller bounds, and it allocates the model and
 // nothing else (but for a key or model with escapes, which it decodes).
@@ -77,14 +105,24 @@ var errTruncated = errors.New("body ends inside a value")
 // string and an unpaired surrogate escape standing for U+FFFD;
 // FuzzParseBodyReference holds it to the json.Decoder version it
 // replaced.
-func ParseBody(data []byte, modelField string, partial bool) (Body, error) {
-	return parseBody(data, modelField, partial)
+func ParseBody(data []byte, modelField string, ep Endpoint, partial bool) (Body, error) {
+	return parseBody(data, modelField, ep, partial)
 }
 
 // parseBody is ParseBody over Envoy's body string or raw_body bytes, so
 // Check copies neither.
-func parseBody[T string | []byte](data T, modelField string, partial bool) (Body, error) {
-	s := scanner[T]{data: data, modelField: modelField, body: Body{Choices: 1}}
+func parseBody[T string | []byte](data T, modelField string, ep Endpoint, partial bool) (Body, error) {
+	if int(ep) >= len(endpoints) {
+		ep = EndpointAny
+	}
+	b, err := parseRow(data, modelField, &endpoints[ep], partial)
+	b.Endpoint = ep
+	return b, err
+}
+
+// parseRow is parseBody reading the fields of row.
+func parseRow[T string | []byte](data T, modelField string, row *endpoint, partial bool) (Body, error) {
+	s := scanner[T]{data: data, modelField: modelField, row: row, body: Body{Choices: 1}}
 	switch err := s.document(); {
 	case err == nil, err == errTruncated && partial:
 		return s.body, nil
@@ -103,7 +141,20 @@ type scanner[T string | []byte] struct {
 	data       T
 	i          int
 	modelField string
+	row        *endpoint
 	body       Body
+	// depth is how deep in a value skipped whole the current one is: a
+	// member of an image_url object is one level into the value the
+	// json.Decoder version skipped, and counts against the same limit.
+	depth int
+	// image is the image state of the part being read.
+	image imagePart
+}
+
+// imagePart is what a content part has said so far about being an image.
+type imagePart struct {
+	is     bool
+	detail ImageDetail
 }
 
 // token is a scalar's kind and, for a string or a number, where its
@@ -278,17 +329,49 @@ func (s *scanner[T]) unquote(t token) string {
 }
 
 func (s *scanner[T]) member(k token) error {
-	switch {
-	case s.modelField != "" && s.is(k, s.modelField):
+	var decoded string // the key, when it has escapes or non-ASCII bytes
+	if !k.plain() {
+		decoded = s.unquote(k)
+	}
+	if s.modelField != "" && s.keyIs(k, decoded, s.modelField) {
 		return s.model()
-	case s.is(k, "max_tokens"), s.is(k, "max_completion_tokens"):
+	}
+	for _, f := range s.row.fields {
+		if s.keyIs(k, decoded, f.name) {
+			return s.read(f.kind)
+		}
+	}
+	return s.skip(true)
+}
+
+// keyIs is is with the key decoded once, for a key compared with many
+// names.
+func (s *scanner[T]) keyIs(k token, decoded, name string) bool {
+	if k.plain() {
+		return string(s.data[k.start:k.end]) == name
+	}
+	return decoded == name
+}
+
+// read reads a field of the table by its kind.
+func (s *scanner[T]) read(kind fieldKind) error {
+	switch kind {
+	case kindOutput:
 		return s.maxTokens()
-	case s.is(k, "n"):
+	case kindChoices:
 		return s.choices()
-	case s.is(k, "messages"):
+	case kindBestOf:
+		return s.bestOf()
+	case kindMessages:
 		return s.messages()
-	case s.is(k, "prompt"):
+	case kindPrompt:
 		return s.prompt()
+	case kindInput:
+		return s.input()
+	case kindText:
+		return s.textOrItems()
+	case kindTools:
+		return s.tools()
 	}
 	return s.skip(true)
 }
@@ -370,6 +453,15 @@ func (s *scanner[T]) choices() error {
 	return nil
 }
 
+func (s *scanner[T]) bestOf() error {
+	v, set, err := s.count(errBestOf)
+	if err != nil || !set {
+		return err
+	}
+	s.body.BestOf = min(v, maxChoices)
+	return nil
+}
+
 // count reads a non-negative integer or null (set is false), clamped to
 // maxCost; anything else is bad.
 func (s *scanner[T]) count(bad *bodyError) (v uint64, set bool, err error) {
@@ -431,10 +523,115 @@ func (s *scanner[T]) message() error {
 }
 
 func (s *scanner[T]) messageMember(k token) error {
-	if s.is(k, "content") {
+	switch {
+	case s.is(k, "content"):
 		return s.content()
+	case s.is(k, "tool_calls"), s.is(k, "function_call"):
+		return s.toolCalls()
 	}
 	return s.skip(true)
+}
+
+// The tool walkers below read values the json.Decoder version skipped
+// whole; each level they enter counts in s.depth, so that what they skip
+// is refused past the same depth.
+
+// tools counts tool definitions: a list of objects.
+func (s *scanner[T]) tools() error {
+	if s.data[s.i] != '[' {
+		return s.jsonText()
+	}
+	s.depth++
+	err := s.array(s.tool)
+	s.depth--
+	return err
+}
+
+func (s *scanner[T]) tool() error {
+	if s.data[s.i] != '{' {
+		return s.jsonText()
+	}
+	s.depth++
+	err := s.object(s.toolMember)
+	s.depth--
+	return err
+}
+
+// toolMember counts a tool's member; a chat tool's function object's
+// members count as the tool's own (one level: no recursion a body could
+// deepen).
+func (s *scanner[T]) toolMember(k token) error {
+	if s.is(k, "function") && s.data[s.i] == '{' {
+		s.depth++
+		err := s.object(s.toolField)
+		s.depth--
+		return err
+	}
+	return s.toolField(k)
+}
+
+// toolField counts a member as its JSON text: the key in quotes, the
+// colon, the value.
+func (s *scanner[T]) toolField(k token) error {
+	s.body.ToolChars += uint64(k.end-k.start) + 3
+	return s.jsonText()
+}
+
+// jsonText counts every byte of a value as a character.
+func (s *scanner[T]) jsonText() error {
+	start := s.i
+	err := s.skip(true)
+	s.body.ToolChars += uint64(s.i - start)
+	return err
+}
+
+// toolCalls counts the calls of a chat message: tool_calls, a list of
+// {function: {name, arguments}}, or function_call, one {name, arguments}.
+func (s *scanner[T]) toolCalls() error {
+	if s.data[s.i] != '[' {
+		return s.toolCall()
+	}
+	s.depth++
+	err := s.array(s.toolCall)
+	s.depth--
+	return err
+}
+
+func (s *scanner[T]) toolCall() error {
+	if s.data[s.i] != '{' {
+		return s.skip(true)
+	}
+	s.depth++
+	err := s.object(s.toolCallMember)
+	s.depth--
+	return err
+}
+
+func (s *scanner[T]) toolCallMember(k token) error {
+	if s.is(k, "function") && s.data[s.i] == '{' {
+		s.depth++
+		err := s.object(s.callMember)
+		s.depth--
+		return err
+	}
+	return s.callMember(k)
+}
+
+// callMember counts a call's name and arguments, what the model wrote.
+func (s *scanner[T]) callMember(k token) error {
+	if s.is(k, "name") || s.is(k, "arguments") {
+		return s.toolText()
+	}
+	return s.skip(true)
+}
+
+// toolText counts a string value's characters as a tool's, and skips any
+// other value.
+func (s *scanner[T]) toolText() error {
+	if s.data[s.i] != '"' {
+		return s.skip(true)
+	}
+	return s.charsTo(&s.body.ToolChars)
 }
 
 // content counts a message's content: a string, or a list of parts whose
@@ -454,16 +651,132 @@ func (s *scanner[T]) part() error {
 	case '"':
 		return s.chars()
 	case '{':
-		return s.object(s.partMember)
+		return s.imageObject(s.partMember)
 	}
 	return s.skip(false)
 }
 
+// imageObject reads an object that may be an image part, and counts it
+// if it is one.
+func (s *scanner[T]) imageObject(member func(token) error) error {
+	outer := s.image
+	s.image = imagePart{detail: ImageAuto}
+	err := s.object(member)
+	if s.image.is {
+		s.body.Images[s.image.detail]++
+	}
+	s.image = outer
+	return err
+}
+
+// partMember reads a member of a content part: its text, or what makes
+// it an image (chat's image_url object, the Responses API's input_image
+// type, image_url string and detail).
 func (s *scanner[T]) partMember(k token) error {
-	if s.is(k, "text") {
+	switch {
+	case s.is(k, "text"):
 		return s.text()
+	case s.is(k, "type"):
+		return s.partType()
+	case s.is(k, "image_url"):
+		s.image.is = true
+		if s.data[s.i] == '{' {
+			s.depth++
+			err := s.object(s.imageURLMember)
+			s.depth--
+			return err
+		}
+	case s.is(k, "detail"):
+		return s.detail()
 	}
 	return s.skip(true)
+}
+
+func (s *scanner[T]) imageURLMember(k token) error {
+	if s.is(k, "detail") {
+		return s.detail()
+	}
+	return s.skip(true)
+}
+
+// partType marks a part whose type is an image's.
+func (s *scanner[T]) partType() error {
+	if s.data[s.i] != '"' {
+		return s.skip(true)
+	}
+	t, err := s.str()
+	if err == nil && (s.is(t, "image_url") || s.is(t, "input_image")) {
+		s.image.is = true
+	}
+	return err
+}
+
+// detail reads an image's detail.
+func (s *scanner[T]) detail() error {
+	if s.data[s.i] != '"' {
+		return s.skip(true)
+	}
+	t, err := s.str()
+	switch {
+	case err != nil:
+	case s.is(t, "low"):
+		s.image.detail = ImageLow
+	case s.is(t, "high"):
+		s.image.detail = ImageHigh
+	default:
+		s.image.detail = ImageAuto
+	}
+	return err
+}
+
+// input counts a Responses or embeddings input: a string, a list of
+// strings, token IDs (a list, or a list of lists), or items.
+func (s *scanner[T]) input() error {
+	switch s.data[s.i] {
+	case '"':
+		return s.chars()
+	case '[':
+		return s.array(s.inputItem)
+	}
+	return s.skip(false)
+}
+
+func (s *scanner[T]) inputItem() error {
+	switch s.data[s.i] {
+	case '"':
+		return s.chars()
+	case '[':
+		return s.array(s.tokenID)
+	case '{':
+		return s.imageObject(s.itemMember)
+	}
+	return s.tokenID()
+}
+
+// itemMember reads a member of a Responses input item: a message's
+// content, a function call's name and arguments or its output, a
+// reasoning summary; or, for an item that is itself a part, what
+// partMember reads.
+func (s *scanner[T]) itemMember(k token) error {
+	switch {
+	case s.is(k, "content"), s.is(k, "output"), s.is(k, "summary"):
+		return s.content()
+	case s.is(k, "arguments"), s.is(k, "name"):
+		return s.toolText()
+	}
+	return s.partMember(k)
+}
+
+// textOrItems counts a string, or a list of input items (instructions
+// may be either).
+func (s *scanner[T]) textOrItems() error {
+	switch s.data[s.i] {
+	case '"':
+		return s.chars()
+	case '[':
+		return s.array(s.inputItem)
+	}
+	return s.skip(false)
 }
 
 // text counts a string value and skips any other.
@@ -509,13 +822,16 @@ func (s *scanner[T]) tokenID() error {
 }
 
 // chars counts the characters of a string: the runes it decodes to.
-func (s *scanner[T]) chars() error {
+func (s *scanner[T]) chars() error { return s.charsTo(&s.body.PromptChars) }
+
+// charsTo is chars adding to *count.
+func (s *scanner[T]) charsTo(count *uint64) error {
 	t, err := s.str()
 	if err != nil {
 		return err
 	}
 	if t.plain() {
-		s.body.PromptChars += uint64(t.end - t.start)
+		*count += uint64(t.end - t.start)
 		return nil
 	}
 	d := s.data[:t.end]
@@ -542,7 +858,7 @@ func (s *scanner[T]) chars() error {
 			i += 6
 		}
 	}
-	s.body.PromptChars += uint64(n)
+	*count += uint64(n)
 	return nil
 }
 
@@ -743,7 +1059,7 @@ func (s *scanner[T]) skip(limited bool) error {
 		// At a value.
 		if c := s.data[s.i]; c == '{' || c == '[' {
 			open.push(c == '{')
-			if limited && open.depth > maxSkipDepth {
+			if limited && s.depth+open.depth > maxSkipDepth {
 				return errNotJSON
 			}
 			s.i++
@@ -841,18 +1157,33 @@ func (n *nesting) object() bool {
 // It also returns the prompt's part of the total (the rest is the
 // completions' allowance), which a stream that ends without a usage
 // report is settled from.
+//
+// Images cost Settings.ImageTokens by their detail; an endpoint that
+// generates nothing (embeddings) has no completions, and an unknown path
+// at least the default.
 func estimate(b *Body, s *Settings, partial bool, bodyBytes int64) (total, promptPart uint64) {
-	chars := b.PromptChars
+	// Both counts are at most the body's length: no overflow.
+	chars := b.PromptChars + b.ToolChars
 	if partial {
 		chars = max(chars, uint64(max(bodyBytes, 0)))
 	}
 	prompt := math.Ceil(float64(chars) / s.CharsPerToken)
+	for d, n := range b.Images {
+		prompt += float64(n) * float64(s.ImageTokens[d])
+	}
 	completion := s.DefaultMaxTokens
-	if b.HasMaxTokens {
+	switch {
+	case int(b.Endpoint) < len(endpoints) && endpoints[b.Endpoint].noOutput:
+		completion = 0
+	case b.Endpoint == EndpointAny:
+		// A cap is read from every row's fields, and a row that does not
+		// have the field given would take the default: at least that.
+		completion = max(completion, b.MaxTokens)
+	case b.HasMaxTokens:
 		completion = b.MaxTokens
 	}
 	in := prompt + float64(b.PromptTokens)
-	all := in + float64(completion)*float64(max(b.Choices, 1))
+	all := in + float64(completion)*float64(max(b.Choices, b.BestOf, 1))
 	if all >= maxCost {
 		return maxCost, uint64(min(in, maxCost))
 	}

@@ -34,6 +34,8 @@ var referenceSeeds = []string{
 	"\t\n\r {\t\"model\" \n:\r \"m\" , \"messages\" : [ { \"content\" : [ \"x\" , { \"text\" : \"y\" } ] } ] }\n",
 	strings.Repeat(`{"a":`, 500), strings.Repeat("[", 300), `{"a":` + strings.Repeat("[", 300) + strings.Repeat("]", 300) + `}`,
 	`{"messages":` + strings.Repeat("[", 70) + strings.Repeat("]", 70) + `}`,
+	`{"messages":[{"content":[{"type":"image_url","image_url":{"url":"u","detail":"low","x":[[1]]},"detail":5},{"type":{"a":1},"text":"t"},{"image_url":"s","detail":"high"}]}]}`,
+	`{"messages":[{"content":[{"type":"input_image","detail":{"x":[1]},"image_url":{"detail":[]}}],"function_call":{"name":"f"}}],"functions":[{"name":"g"}]}`,
 }
 
 // TestParseBodyMatchesReference: on every prefix of every seed, as a
@@ -59,10 +61,16 @@ func TestParseBodyMatchesReference(t *testing.T) {
 // member) and read where it read it.
 func TestParseBodyDepthMatchesReference(t *testing.T) {
 	t.Parallel()
-	for _, depth := range []int{maxSkipDepth, maxSkipDepth + 1} {
-		for _, format := range []string{`{"a":%s}`, `{"messages":[{"role":%s}]}`, `{"messages":%s}`, `{"prompt":[%s]}`} {
+	// A value the reference skipped whole may be walked a few levels in
+	// first: every depth near the limit.
+	for depth := maxSkipDepth - 4; depth <= maxSkipDepth+1; depth++ {
+		for _, format := range []string{`{"a":%s}`, `{"messages":[{"role":%s}]}`, `{"messages":%s}`, `{"prompt":[%s]}`,
+			`{"messages":[{"content":[{"image_url":{"x":%s}}]}]}`, `{"messages":[{"content":[{"image_url":{"detail":%s}}]}]}`,
+			`{"messages":[{"content":[{"type":%s,"detail":%s}]}]}`, `{"messages":[{"tool_calls":%s}]}`, `{"tools":%s}`,
+			`{"messages":[{"tool_calls":[{"function":{"x":%s,"name":%s}}],"function_call":{"arguments":%s}}]}`,
+			`{"tools":[{"function":{"x":%s},"y":%s}],"functions":[%s]}`} {
 			v := strings.Repeat("[", depth) + strings.Repeat("]", depth)
-			body := strings.Replace(format, "%s", v, 1)
+			body := strings.ReplaceAll(format, "%s", v)
 			for _, partial := range []bool{false, true} {
 				checkReference(t, []byte(body), "model", partial)
 				checkReference(t, []byte(body[:len(body)-depth/2]), "model", partial)
@@ -88,17 +96,29 @@ func FuzzParseBodyReference(f *testing.F) {
 	})
 }
 
+// refRow is the table row the reference reads: chat and completions as
+// they were, plus the fields it skipped whole (tools, functions), whose
+// skipping must fail where the reference's did. What the reference does
+// not count (images, JSON text) is left out of the comparison.
+var refRow = endpoint{fields: []field{
+	{"max_tokens", kindOutput}, {"max_completion_tokens", kindOutput}, {"n", kindChoices},
+	{"messages", kindMessages}, {"prompt", kindPrompt},
+	{"tools", kindTools}, {"functions", kindTools},
+}}
+
 func checkReference(t *testing.T, data []byte, field string, partial bool) {
 	t.Helper()
 	want, wantErr := refParseBody(data, field, partial)
-	got, err := ParseBody(data, field, partial)
+	got, err := parseRow(data, field, &refRow, partial)
+	got.ToolChars, got.Images = 0, [imageDetails]uint64{}
 	if got != want || err != wantErr {
-		t.Fatalf("ParseBody(%q, %q, partial %v) = %+v, %v; the reference says %+v, %v", abbrev(data), field, partial, got, err, want, wantErr)
+		t.Fatalf("parseRow(%q, %q, partial %v) = %+v, %v; the reference says %+v, %v", abbrev(data), field, partial, got, err, want, wantErr)
 	}
 	// Envoy's body string takes the other instantiation.
-	got, err = parseBody(string(data), field, partial)
+	got, err = parseRow(string(data), field, &refRow, partial)
+	got.ToolChars, got.Images = 0, [imageDetails]uint64{}
 	if got != want || err != wantErr {
-		t.Fatalf("parseBody(string %q, %q, partial %v) = %+v, %v; the reference says %+v, %v", abbrev(data), field, partial, got, err, want, wantErr)
+		t.Fatalf("parseRow(string %q, %q, partial %v) = %+v, %v; the reference says %+v, %v", abbrev(data), field, partial, got, err, want, wantErr)
 	}
 }
 

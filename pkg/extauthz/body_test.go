@@ -28,9 +28,9 @@ func TestParseBody(t *testing.T) {
 			want: Body{Model: "gpt-4o", MaxTokens: 50, HasMaxTokens: true, Choices: 1, PromptChars: 8 + 5},
 		},
 		{
-			name: "chat with parts: text counted, images not",
+			name: "chat with parts: text counted, an image with no detail is auto",
 			give: `{"messages":[{"role":"user","content":[{"type":"text","text":"abc"},{"type":"image_url","image_url":{"url":"data:xyz"}},"de"]}]}`,
-			want: Body{Choices: 1, PromptChars: 5},
+			want: Body{Choices: 1, PromptChars: 5, Images: [imageDetails]uint64{ImageAuto: 1}},
 		},
 		{
 			name: "escapes count as the characters they stand for",
@@ -38,9 +38,9 @@ func TestParseBody(t *testing.T) {
 			want: Body{Choices: 1, PromptChars: 4},
 		},
 		{
-			name: "null content and unknown fields are skipped",
+			name: "null content and unknown fields are skipped; tool_calls and tools count as JSON",
 			give: `{"messages":[{"role":"assistant","content":null,"tool_calls":[{"function":{"arguments":"{}"}}]}],"tools":[{"a":[1,{"b":2}]}],"stream":true}`,
-			want: Body{Choices: 1},
+			want: Body{Choices: 1, ToolChars: uint64(len(`{}`) + len(`"a":[1,{"b":2}]`))},
 		},
 		{
 			name: "max_completion_tokens and max_tokens: the larger",
@@ -96,7 +96,7 @@ func TestParseBody(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			got, err := ParseBody([]byte(tt.give), "model", tt.partial)
+			got, err := ParseBody([]byte(tt.give), "model", EndpointAny, tt.partial)
 			if tt.wantErr != nil {
 				if !errors.Is(err, tt.wantErr) {
 					t.Fatalf("ParseBody error = %v, want %v", err, tt.wantErr)
@@ -115,11 +115,11 @@ func TestParseBody(t *testing.T) {
 
 func TestParseBodyModelField(t *testing.T) {
 	t.Parallel()
-	got, err := ParseBody([]byte(`{"model":"a","engine":"b"}`), "engine", false)
+	got, err := ParseBody([]byte(`{"model":"a","engine":"b"}`), "engine", EndpointAny, false)
 	if err != nil || got.Model != "b" {
 		t.Errorf("ParseBody = %+v, %v; want model b", got, err)
 	}
-	got, err = ParseBody([]byte(`{"model":"a"}`), "", false)
+	got, err = ParseBody([]byte(`{"model":"a"}`), "", EndpointAny, false)
 	if err != nil || got.Model != "" {
 		t.Errorf("ParseBody with no model field = %+v, %v; want no model", got, err)
 	}
@@ -128,6 +128,7 @@ func TestParseBodyModelField(t *testing.T) {
 func TestEstimate(t *testing.T) {
 	t.Parallel()
 	set := &Settings{CharsPerToken: 4, DefaultMaxTokens: 256}
+	// Chat: a cap below the default counts (see TestEstimateImagesAndEndpoints).
 	tests := []struct {
 		name      string
 		give      Body
@@ -137,15 +138,15 @@ func TestEstimate(t *testing.T) {
 		// wantPrompt is the prompt's part of want.
 		wantPrompt uint64
 	}{
-		{name: "default completion", give: Body{Choices: 1, PromptChars: 10}, want: 3 + 256, wantPrompt: 3},
-		{name: "max_tokens", give: Body{Choices: 1, PromptChars: 8, MaxTokens: 10, HasMaxTokens: true}, want: 2 + 10, wantPrompt: 2},
-		{name: "max_tokens 0", give: Body{Choices: 1, MaxTokens: 0, HasMaxTokens: true}, want: 0},
-		{name: "n completions", give: Body{Choices: 3, MaxTokens: 10, HasMaxTokens: true}, want: 30},
-		{name: "token IDs", give: Body{Choices: 1, PromptTokens: 7, HasMaxTokens: true}, want: 7, wantPrompt: 7},
-		{name: "partial counts every byte", give: Body{Choices: 1, PromptChars: 10, HasMaxTokens: true}, partial: true, bodyBytes: 1001, want: 251, wantPrompt: 251},
-		{name: "partial never under the text", give: Body{Choices: 1, PromptChars: 4000, HasMaxTokens: true}, partial: true, bodyBytes: 100, want: 1000, wantPrompt: 1000},
-		{name: "clamped", give: Body{Choices: maxChoices, MaxTokens: maxCost, HasMaxTokens: true}, want: maxCost},
-		{name: "clamped prompt", give: Body{Choices: 1, PromptTokens: maxCost + 5, HasMaxTokens: true}, want: maxCost, wantPrompt: maxCost},
+		{name: "default completion", give: Body{Endpoint: EndpointChat, Choices: 1, PromptChars: 10}, want: 3 + 256, wantPrompt: 3},
+		{name: "max_tokens", give: Body{Endpoint: EndpointChat, Choices: 1, PromptChars: 8, MaxTokens: 10, HasMaxTokens: true}, want: 2 + 10, wantPrompt: 2},
+		{name: "max_tokens 0", give: Body{Endpoint: EndpointChat, Choices: 1, MaxTokens: 0, HasMaxTokens: true}, want: 0},
+		{name: "n completions", give: Body{Endpoint: EndpointChat, Choices: 3, MaxTokens: 10, HasMaxTokens: true}, want: 30},
+		{name: "token IDs", give: Body{Endpoint: EndpointChat, Choices: 1, PromptTokens: 7, HasMaxTokens: true}, want: 7, wantPrompt: 7},
+		{name: "partial counts every byte", give: Body{Endpoint: EndpointChat, Choices: 1, PromptChars: 10, HasMaxTokens: true}, partial: true, bodyBytes: 1001, want: 251, wantPrompt: 251},
+		{name: "partial never under the text", give: Body{Endpoint: EndpointChat, Choices: 1, PromptChars: 4000, HasMaxTokens: true}, partial: true, bodyBytes: 100, want: 1000, wantPrompt: 1000},
+		{name: "clamped", give: Body{Endpoint: EndpointChat, Choices: maxChoices, MaxTokens: maxCost, HasMaxTokens: true}, want: maxCost},
+		{name: "clamped prompt", give: Body{Endpoint: EndpointChat, Choices: 1, PromptTokens: maxCost + 5, HasMaxTokens: true}, want: maxCost, wantPrompt: maxCost},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -175,7 +176,7 @@ func FuzzBody(f *testing.F) {
 			return
 		}
 		start := time.Now()
-		b, err := ParseBody(data, "model", partial)
+		b, err := ParseBody(data, "model", EndpointAny, partial)
 		if err != nil {
 			var be *bodyError
 			if !errors.As(err, &be) {
@@ -226,8 +227,8 @@ func TestParseBodyAllocs(t *testing.T) {
 	body = body[:len(body)-1] + `,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"stream":true}`
 	raw := []byte(body)
 	for _, run := range []func(){
-		func() { _, _ = ParseBody(raw, "model", false) },
-		func() { _, _ = parseBody(body, "model", false) },
+		func() { _, _ = ParseBody(raw, "model", EndpointChat, false) },
+		func() { _, _ = parseBody(body, "model", EndpointChat, false) },
 	} {
 		if n := testing.AllocsPerRun(100, run); n > 1 {
 			t.Errorf("ParseBody allocates %v times, want 1", n)

@@ -263,10 +263,11 @@ func readBody(set *Settings, h *authv3.AttributeContext_HttpRequest, shape bodyS
 	}
 	var b Body
 	var err error
+	ep := EndpointOf(h.GetPath())
 	if raw := h.GetRawBody(); len(raw) > 0 {
-		b, err = parseBody(raw, set.ModelBodyField, shape.cut)
+		b, err = parseBody(raw, set.ModelBodyField, ep, shape.cut)
 	} else {
-		b, err = parseBody(h.GetBody(), set.ModelBodyField, shape.cut)
+		b, err = parseBody(h.GetBody(), set.ModelBodyField, ep, shape.cut)
 	}
 	if be, ok := err.(*bodyError); ok {
 		return b, &problem{status: 400, errCode: be.code, msg: be.msg, result: resultBadRequest}

@@ -135,7 +135,7 @@ func TestCheck(t *testing.T) {
 		},
 		{
 			name: "the model header is read when the body names none",
-			give: checkRequest(`{"prompt":"abcdefgh","max_tokens":8}`, "authorization", bearer(keyFree), "x-model", "llama"),
+			give: apiRequest("/v1/completions", `{"prompt":"abcdefgh","max_tokens":8}`, "authorization", bearer(keyFree), "x-model", "llama"),
 			want: okResp(
 				[]*corev3.HeaderValueOption{hv(HeaderTenant, "freeco"), hv(HeaderTier, "free"), hv(HeaderModel, "llama")},
 				nil,

@@ -30,6 +30,18 @@ const (
 	maxDescriptorsInSetting = limit.MaxDescriptors
 )
 
+// Defaults of estimate.image_tokens.
+const (
+	// DefaultImageTokensLow is what OpenAI charges a low-detail image.
+	DefaultImageTokensLow = 85
+	// DefaultImageTokensHigh is the most OpenAI's tile formula charges a
+	// high-detail image on its GPT-4o-class models: 85 + 170 a tile, at
+	// most 2x4 tiles of 512 px (768 x 2048 after scaling). It prices
+	// auto, too: the upstream may pick high.
+	DefaultImageTokensHigh = 85 + 170*8
+	maxImageTokens         = 1 << 20
+)
+
 // DefaultAPIKeyHeaders are the headers searched for an API key when the
 // config lists none: authorization takes "Bearer <key>".
 var DefaultAPIKeyHeaders = []string{"authorization", "x-api-key"}
@@ -43,7 +55,8 @@ var (
 	trustedKeys  = []string{"tenant", "tier"}
 	modelKeys    = []string{"body_field", "header"}
 	entryKeys    = []string{"key", "from"}
-	estimateKeys = []string{"chars_per_token", "default_max_tokens", "max_body_bytes", "partial_body"}
+	estimateKeys = []string{"chars_per_token", "default_max_tokens", "max_body_bytes", "partial_body", "image_tokens"}
+	imageKeys    = []string{"low", "high", "auto"}
 )
 
 // SourceKind says where a descriptor entry's value comes from.
@@ -109,6 +122,8 @@ type Entry struct {
 //	                                   #   estimate: UNSAFE, every such body is admitted; the model from
 //	                                   #   the part sent or the header (the client's choice), the size
 //	                                   #   the largest known; a client can escape a model's limits
+//	  image_tokens: {low: 85, high: 1445, auto: 1445}  # an image part's cost by its detail;
+//	                                   #   auto also prices an unknown detail or none (docs/estimate.md)
 //	usage_header: x-usage-total-tokens # (Optional) the response header whose integer value the access
 //	                                   #   log reconciles as the request's actual tokens; default none
 type Settings struct {
@@ -141,6 +156,8 @@ type Settings struct {
 	// PartialBody is what Check does with a body Envoy cut or did not
 	// send.
 	PartialBody PartialBody
+	// ImageTokens is an image part's cost in tokens, by its detail.
+	ImageTokens [imageDetails]uint64
 	// UsageHeader is the response header the access log reads actual
 	// usage from, lower case; empty when none.
 	UsageHeader string
@@ -198,6 +215,9 @@ func (p *settingsParser) file(name string, root *yaml.Node) *Settings {
 		CharsPerToken:    DefaultCharsPerToken,
 		DefaultMaxTokens: DefaultMaxTokens,
 		MaxBodyBytes:     DefaultMaxBodyBytes,
+		ImageTokens: [imageDetails]uint64{
+			ImageLow: DefaultImageTokensLow, ImageHigh: DefaultImageTokensHigh, ImageAuto: DefaultImageTokensHigh,
+		},
 	}
 	if n, has := f["domain"]; !has {
 		p.w.Addf(at, "", "domain is required")
@@ -277,6 +297,9 @@ func (p *settingsParser) file(name string, root *yaml.Node) *Settings {
 			if v, has := e["partial_body"]; has {
 				s.PartialBody = p.partialBody(v, "estimate.partial_body")
 			}
+			if v, has := e["image_tokens"]; has {
+				p.imageTokens(v, &s.ImageTokens)
+			}
 		}
 	}
 	if n, has := f["usage_header"]; has {
@@ -299,6 +322,18 @@ func (p *settingsParser) partialBody(n *yaml.Node, path string) PartialBody {
 	}
 	p.w.Addf(n, path, "%q is not one of %s", name, strings.Join(partialBodyNames[:], "|"))
 	return PartialRefuse
+}
+
+// imageTokens reads estimate.image_tokens over the defaults in costs.
+func (p *settingsParser) imageTokens(n *yaml.Node, costs *[imageDetails]uint64) {
+	m, _ := p.w.Mapping(n, "estimate.image_tokens", imageKeys)
+	for d, name := range [imageDetails]string{ImageLow: "low", ImageHigh: "high", ImageAuto: "auto"} {
+		if v, has := m[name]; has {
+			if c, ok := p.w.Uint(v, "estimate.image_tokens."+name, 0, maxImageTokens); ok {
+				costs[d] = c
+			}
+		}
+	}
 }
 
 // saysFalse reports whether n is a false that Walker.Flag accepts.

@@ -30,6 +30,7 @@ func TestParseSettings(t *testing.T) {
 				APIKeyHeaders: []string{"authorization", "x-api-key"}, RequireAPIKey: true,
 				ModelBodyField: "model", Descriptors: [][]Entry{{tenant}},
 				CharsPerToken: 4, DefaultMaxTokens: 256, MaxBodyBytes: 1 << 20,
+				ImageTokens: [imageDetails]uint64{85, 1445, 1445},
 			},
 		},
 		{
@@ -45,7 +46,7 @@ descriptors:
   - [{key: tenant, from: tenant}, {key: tier, from: tier}]
   - [{key: model, from: model}, {key: path, from: path}, {key: method, from: method}]
   - [{key: team, from: "header:X-Team"}, {key: plan, from: "literal:gold: 1"}]
-estimate: {chars_per_token: 3.5, default_max_tokens: 0, max_body_bytes: 65536, partial_body: estimate}
+estimate: {chars_per_token: 3.5, default_max_tokens: 0, max_body_bytes: 65536, partial_body: estimate, image_tokens: {low: 10, auto: 0}}
 usage_header: X-Usage-Total-Tokens
 `,
 			want: &Settings{
@@ -58,6 +59,7 @@ usage_header: X-Usage-Total-Tokens
 					{{Key: "team", Source: Source{Kind: FromHeader, Arg: "x-team"}}, {Key: "plan", Source: Source{Kind: FromLiteral, Arg: "gold: 1"}}},
 				},
 				CharsPerToken: 3.5, DefaultMaxTokens: 0, MaxBodyBytes: 65536, PartialBody: PartialEstimate, UsageHeader: "x-usage-total-tokens",
+				ImageTokens: [imageDetails]uint64{ImageLow: 10, ImageHigh: 1445, ImageAuto: 0},
 			},
 		},
 	}
