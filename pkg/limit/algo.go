@@ -303,12 +303,13 @@ func (c *Counter) view(w, m, now int64) window {
 
 // usage is the counted buckets' sum, at most MaxCount.
 func (v *window) usage() uint64 {
+	// At most MaxBuckets+1 counts of at most MaxCount each: the sum stays
+	// below 2^63, so it can be taken whole and then capped.
 	var u uint64
 	for _, b := range v.b[v.lo:v.hi] {
-		// Each count is at most MaxCount, so u + count cannot wrap.
-		u = min(u+b.Count, MaxCount)
+		u += b.Count
 	}
-	return u
+	return min(u, MaxCount)
 }
 
 // resetAfter is the time until the newest nonzero counted bucket leaves
