@@ -3,7 +3,15 @@ package limit
 import (
 	"math"
 	"slices"
+	"time"
 )
+
+// Millis is ms milliseconds as a Duration, saturating at MaxWindow: a
+// window's reset time can pass it by a bucket.
+func Millis(ms int64) time.Duration {
+	const most = int64(MaxWindow / time.Millisecond)
+	return time.Duration(min(ms, most)) * time.Millisecond
+}
 
 // Counter is the state a Store keeps for one key, and the algorithms as
 // pure functions of it. The zero Counter is a fresh counter.
@@ -118,6 +126,18 @@ type Bucket struct {
 	Index int64
 	Count uint64
 }
+
+// MaxCount is the largest count a window keeps and the largest cost or
+// refund a charge counts: 2^53, exact in a float64, as Lua counts. A
+// bucket's count, a window's usage and a charge's |Cost| saturate there
+// rather than wrap: uint64 usage of 2^64 reports of usage would wrap to
+// 0 and reopen a spent budget, and Lua rounds past 2^53.
+const MaxCount = 1 << 53
+
+// maxDebt caps a token bucket's Debt and its RetryAfter (ms) at
+// MaxWindow: Force charges of MaxCount x a long T push the debt past
+// anything an int64 of ms, let alone of ns, can hold.
+const maxDebt = float64(MaxWindow / time.Millisecond)
 
 // tbEps sets the token bucket's tolerance: eps = B*T / 2^32 (a power of
 // two, so B*T*tbEps is exact).
@@ -281,12 +301,15 @@ func (c *Counter) view(w, m, now int64) window {
 	return v
 }
 
+// usage is the counted buckets' sum, at most MaxCount.
 func (v *window) usage() uint64 {
+	// At most MaxBuckets+1 counts of at most MaxCount each: the sum stays
+	// below 2^63, so it can be taken whole and then capped.
 	var u uint64
 	for _, b := range v.b[v.lo:v.hi] {
 		u += b.Count
 	}
-	return u
+	return min(u, MaxCount)
 }
 
 // resetAfter is the time until the newest nonzero counted bucket leaves
@@ -309,7 +332,9 @@ func (v *window) retryAfter(fixed bool, need, amount uint64, now int64) int64 {
 	}
 	u := v.usage()
 	for _, b := range v.b[v.lo:v.hi] {
-		u -= b.Count
+		// A saturated usage can be less than the counts; Lua goes
+		// negative there, and any u below amount-need answers alike.
+		u -= min(u, b.Count)
 		if u <= amount-need {
 			return (b.Index+v.m+1)*v.w - now
 		}
@@ -324,7 +349,7 @@ func (c *Counter) windowStep(ch *Charge, now int64) (bool, int64) {
 	fixed := ch.Algorithm == FixedWindow
 	switch {
 	case ch.Cost < 0:
-		r := uint64(-ch.Cost) // two's complement: right for MinInt64 too
+		r := min(uint64(-ch.Cost), MaxCount) // two's complement: right for MinInt64 too
 		if ch.At != 0 && !fixed {
 			// The bucket the refunded cost was charged in, while it counts.
 			at := floorDiv(ch.At, w)
@@ -350,7 +375,7 @@ func (c *Counter) windowStep(ch *Charge, now int64) (bool, int64) {
 		}
 		return false, v.retryAfter(fixed, 1, ch.Amount, now)
 	}
-	cost := uint64(ch.Cost)
+	cost := min(uint64(ch.Cost), MaxCount)
 	fits, retry := true, int64(0)
 	if cost > ch.Amount || v.usage() > ch.Amount-cost {
 		fits, retry = false, v.retryAfter(fixed, cost, ch.Amount, now)
@@ -360,7 +385,7 @@ func (c *Counter) windowStep(ch *Charge, now int64) (bool, int64) {
 	}
 	// touch left every bucket at or below cur = High.
 	if n := len(c.Buckets); n > 0 && c.Buckets[n-1].Index == v.cur {
-		c.Buckets[n-1].Count += cost
+		c.Buckets[n-1].Count = min(c.Buckets[n-1].Count+cost, MaxCount)
 	} else {
 		c.Buckets = append(c.Buckets, Bucket{Index: v.cur, Count: cost})
 	}
@@ -433,7 +458,7 @@ func (c *Counter) debt(now int64) float64 {
 func (c *Counter) setDebt(now int64, d float64) {
 	c.clear()
 	if d > 0 {
-		c.At, c.Debt = now, d
+		c.At, c.Debt = now, min(d, maxDebt)
 	}
 }
 
@@ -453,23 +478,24 @@ func (c *Counter) tokenStep(ch *Charge, now int64) (bool, int64) {
 	}
 	T, BT, lim, burst := bucketParams(ch)
 	d := c.debt(now)
+	cost := max(min(ch.Cost, MaxCount), -MaxCount)
 	switch {
-	case ch.Cost < 0:
-		nd := d - float64(float64(uint64(-ch.Cost))*T)
+	case cost < 0:
+		nd := d - float64(float64(-cost)*T)
 		c.setDebt(now, nd)
 		return true, 0
-	case ch.Cost == 0:
+	case cost == 0:
 		x := d + T
 		if x <= lim {
 			return true, 0
 		}
-		return false, max(1, int64(math.Ceil(x-lim)))
+		return false, max(1, int64(min(math.Ceil(x-lim), maxDebt)))
 	}
 	// The product is rounded on its own (float64(...)) so the compiler
 	// cannot fuse it into a multiply-add: Lua rounds it, and the two must
 	// agree to the bit at the fit boundary.
-	n := d + float64(float64(ch.Cost)*T)
-	if uint64(ch.Cost) > burst {
+	n := d + float64(float64(cost)*T)
+	if uint64(cost) > burst {
 		if ch.Force {
 			c.setDebt(now, n)
 		}
@@ -482,7 +508,7 @@ func (c *Counter) tokenStep(ch *Charge, now int64) (bool, int64) {
 	if ch.Force {
 		c.setDebt(now, n)
 	}
-	return false, max(1, int64(math.Ceil(n-lim)))
+	return false, max(1, int64(min(math.Ceil(n-lim), maxDebt)))
 }
 
 // tokenReport: Remaining = floor((lim - d) / T) within [0, B], and

@@ -6,6 +6,7 @@ package limit
 
 import (
 	"fmt"
+	"math"
 	"strings"
 	"time"
 )
@@ -155,13 +156,21 @@ type Limit struct {
 	Buckets uint16
 }
 
-// Window is the limit's period: Unit times Multiplier.
+// MaxWindow is the longest window: the longest time.Duration, about 292
+// years. A longer Unit x Multiplier is counted as MaxWindow.
+const MaxWindow = time.Duration(math.MaxInt64)
+
+// Window is the limit's period: Unit times Multiplier, at most MaxWindow.
+// The product saturates rather than wraps: Envoy's unit_multiplier is a
+// uint32, and a day times a multiplier past 106751 would wrap an int64 of
+// nanoseconds, a window of 3 per day x 616385997 to half a second.
 func (l *Limit) Window() time.Duration {
-	m := l.Multiplier
-	if m == 0 {
-		m = 1
+	u := l.Unit.Duration()
+	m := time.Duration(max(l.Multiplier, 1))
+	if u > 0 && m > MaxWindow/u {
+		return MaxWindow
 	}
-	return l.Unit.Duration() * time.Duration(m)
+	return u * m
 }
 
 // EffectiveBurst is Burst, or Amount when Burst is unset.

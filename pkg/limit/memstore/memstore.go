@@ -164,7 +164,7 @@ func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge
 	for i := range charges {
 		ch := &charges[i]
 		fits, retry := sc.slots[sc.slot[i]].c.Step(ch, ms)
-		res[i] = limit.Result{Fits: fits, RetryAfter: time.Duration(retry) * time.Millisecond}
+		res[i] = limit.Result{Fits: fits, RetryAfter: limit.Millis(retry)}
 		switch {
 		case fits || ch.Cost < 0:
 		case ch.Algorithm == limit.Once:
@@ -223,7 +223,7 @@ func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge
 	for i := range charges {
 		rem, reset := sc.slots[sc.slot[i]].c.Report(&charges[i], ms)
 		res[i].Remaining = rem
-		res[i].ResetAfter = time.Duration(reset) * time.Millisecond
+		res[i].ResetAfter = limit.Millis(reset)
 	}
 	return admitted, nil
 }

@@ -66,6 +66,11 @@ local tbEps = 1 / 4294967296
 -- maxBuckets is limit.MaxBuckets: no window counts more than M+1 <= 601
 -- buckets.
 local maxBuckets = 600
+-- maxCount is limit.MaxCount (2^53, exact in a double): counts, usage and
+-- a charge's |cost| saturate there. maxDebt is limit.MaxWindow in ms: a
+-- token bucket's debt and retry after saturate there.
+local maxCount = 9007199254740992
+local maxDebt = 9223372036854
 
 -- The call's mode and now, set first by apply.
 local mode, now
@@ -182,7 +187,7 @@ end
 
 local function usage(c, top)
   local u = 0
-  for i = 3, top do u = u + c[i] end
+  for i = 3, top do u = math.min(u + c[i], maxCount) end
   return u
 end
 
@@ -246,7 +251,7 @@ local function windowStep(c, ch)
     if not ch.force then return false, retry end
   end
   -- touch left cur = h.
-  c[3] = (c[3] or 0) + cost
+  c[3] = math.min((c[3] or 0) + cost, maxCount)
   return fits, retry
 end
 
@@ -279,7 +284,7 @@ local function setDebt(c, d)
   if d <= 0 then
     c.at, c.debt = 0, 0
   else
-    c.at, c.debt = now, d
+    c.at, c.debt = now, math.min(d, maxDebt)
   end
 end
 
@@ -294,7 +299,7 @@ local function tokenStep(c, ch)
   elseif cost == 0 then
     local x = d + T
     if x <= lim then return true, 0 end
-    return false, math.max(1, math.ceil(x - lim))
+    return false, math.max(1, math.min(math.ceil(x - lim), maxDebt))
   end
   local nd = d + cost * T
   if cost > ch.p2 then
@@ -306,7 +311,7 @@ local function tokenStep(c, ch)
     return true, 0
   end
   if ch.force then setDebt(c, nd) end
-  return false, math.max(1, math.ceil(nd - lim))
+  return false, math.max(1, math.min(math.ceil(nd - lim), maxDebt))
 end
 
 local function tokenString(c)
@@ -677,6 +682,7 @@ local function apply(keys, argv)
       shadow = flags ~= '' and string.find(flags, 's', 1, true) ~= nil,
       force = flags ~= '' and string.find(flags, 'f', 1, true) ~= nil,
     }
+    if ch.cost ~= nil then ch.cost = math.max(math.min(ch.cost, maxCount), -maxCount) end
     local t = types[ch.kind]
     if t ~= 'lease' then ch.p3 = tonumber(ch.p3) end
     if ch.ki == nil or keys[ch.ki] == nil or ch.amount == nil or ch.p1 == nil or ch.p2 == nil or

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"time"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
@@ -150,7 +149,7 @@ func (c *call) decode(rep []any, charges []limit.Charge, res []limit.Result) (bo
 			return false, malformed("charges[%d]: retry after %d: %v", i, retry, err)
 		}
 		r := &res[i]
-		r.Fits, r.RetryAfter = fits, time.Duration(retry)*time.Millisecond
+		r.Fits, r.RetryAfter = fits, limit.Millis(retry)
 		if err := c.report(&charges[i], v[2:], r); err != nil {
 			return false, malformed("charges[%d]: %v", i, err)
 		}
@@ -175,7 +174,7 @@ func (c *call) report(ch *limit.Charge, v []any, r *limit.Result) error {
 		}
 		counter := limit.Counter{At: c.now, Debt: d}
 		rem, reset := counter.Report(ch, c.now)
-		r.Remaining, r.ResetAfter = rem, time.Duration(reset)*time.Millisecond
+		r.Remaining, r.ResetAfter = rem, limit.Millis(reset)
 		return nil
 	}
 	used, err := integer(v[0])
@@ -187,7 +186,7 @@ func (c *call) report(ch *limit.Charge, v []any, r *limit.Result) error {
 		return fmt.Errorf("reset after %d: %v", reset, err)
 	}
 	r.Remaining = ch.Amount - min(uint64(used), ch.Amount)
-	r.ResetAfter = time.Duration(reset) * time.Millisecond
+	r.ResetAfter = limit.Millis(reset)
 	if ch.Algorithm == limit.Once {
 		r.Remaining, r.ResetAfter = 0, 0
 	}

@@ -44,7 +44,7 @@ func (md *model) apply(now time.Time, charges []limit.Charge) (bool, []limit.Res
 	for i := range charges {
 		ch := &charges[i]
 		fits, retry := get(ch.Key).Step(ch, at)
-		res[i] = limit.Result{Fits: fits, RetryAfter: time.Duration(retry) * time.Millisecond}
+		res[i] = limit.Result{Fits: fits, RetryAfter: limit.Millis(retry)}
 		if ch.Cost >= 0 && !fits {
 			if ch.Algorithm == limit.Once {
 				void = true
@@ -82,7 +82,7 @@ func (md *model) apply(now time.Time, charges []limit.Charge) (bool, []limit.Res
 		ch := &charges[i]
 		rem, reset := get(ch.Key).Report(ch, at)
 		res[i].Remaining = rem
-		res[i].ResetAfter = time.Duration(reset) * time.Millisecond
+		res[i].ResetAfter = limit.Millis(reset)
 	}
 	return admitted, res
 }

@@ -58,6 +58,8 @@ func Run(t *testing.T, newStore func(t testing.TB) limit.Store) {
 	t.Run("Concurrent", func(t *testing.T) { t.Parallel(); testConcurrent(t, newStore) })
 	t.Run("Property", func(t *testing.T) { t.Parallel(); runProperties(t, newStore) })
 	t.Run("Model", func(t *testing.T) { t.Parallel(); testModel(t, newStore) })
+	t.Run("Saturation", func(t *testing.T) { t.Parallel(); testSaturation(t, newStore) })
+	t.Run("ModelFullRange", func(t *testing.T) { t.Parallel(); testModelFullRange(t, newStore) })
 }
 
 // env is one subtest's store, clock and key space.
