@@ -278,6 +278,23 @@ func (s *scanner[T]) key() (token, error) {
 }
 
 // array reads an array, calling item at each element.
+// inObject scans the object at s.i with member, one level deeper: the
+// depth a body could otherwise grow without bound is counted here.
+func (s *scanner[T]) inObject(member func(key token) error) error {
+	s.depth++
+	err := s.object(member)
+	s.depth--
+	return err
+}
+
+// inArray is inObject for an array.
+func (s *scanner[T]) inArray(item func() error) error {
+	s.depth++
+	err := s.array(item)
+	s.depth--
+	return err
+}
+
 func (s *scanner[T]) array(item func() error) error {
 	s.i++ // '['
 	c, err := s.next()
@@ -541,20 +558,14 @@ func (s *scanner[T]) tools() error {
 	if s.data[s.i] != '[' {
 		return s.jsonText()
 	}
-	s.depth++
-	err := s.array(s.tool)
-	s.depth--
-	return err
+	return s.inArray(s.tool)
 }
 
 func (s *scanner[T]) tool() error {
 	if s.data[s.i] != '{' {
 		return s.jsonText()
 	}
-	s.depth++
-	err := s.object(s.toolMember)
-	s.depth--
-	return err
+	return s.inObject(s.toolMember)
 }
 
 // toolMember counts a tool's member; a chat tool's function object's
@@ -562,10 +573,7 @@ func (s *scanner[T]) tool() error {
 // deepen).
 func (s *scanner[T]) toolMember(k token) error {
 	if s.is(k, "function") && s.data[s.i] == '{' {
-		s.depth++
-		err := s.object(s.toolField)
-		s.depth--
-		return err
+		return s.inObject(s.toolField)
 	}
 	return s.toolField(k)
 }
@@ -591,28 +599,19 @@ func (s *scanner[T]) toolCalls() error {
 	if s.data[s.i] != '[' {
 		return s.toolCall()
 	}
-	s.depth++
-	err := s.array(s.toolCall)
-	s.depth--
-	return err
+	return s.inArray(s.toolCall)
 }
 
 func (s *scanner[T]) toolCall() error {
 	if s.data[s.i] != '{' {
 		return s.skip(true)
 	}
-	s.depth++
-	err := s.object(s.toolCallMember)
-	s.depth--
-	return err
+	return s.inObject(s.toolCallMember)
 }
 
 func (s *scanner[T]) toolCallMember(k token) error {
 	if s.is(k, "function") && s.data[s.i] == '{' {
-		s.depth++
-		err := s.object(s.callMember)
-		s.depth--
-		return err
+		return s.inObject(s.callMember)
 	}
 	return s.callMember(k)
 }
@@ -681,10 +680,7 @@ func (s *scanner[T]) partMember(k token) error {
 	case s.is(k, "image_url"):
 		s.image.is = true
 		if s.data[s.i] == '{' {
-			s.depth++
-			err := s.object(s.imageURLMember)
-			s.depth--
-			return err
+			return s.inObject(s.imageURLMember)
 		}
 	case s.is(k, "detail"):
 		return s.detail()
