@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tollgate-dev/tollgate/test/redistest"
 	"github.com/tollgate-dev/tollgate/test/tollgatetest"
 )
@@ -143,6 +145,9 @@ type Cluster struct {
 	Reps  []*tollgatetest.Process
 	// Dir holds the generated authz config, keys and ticket key.
 	Dir string
+	// Client reads the cluster's Redis for the bench itself (RedisSpend):
+	// one client for the run, closed when the test ends, not one per read.
+	Client *redis.Client
 }
 
 // GRPCAddrs are the replicas' gRPC addresses.
@@ -174,6 +179,8 @@ func StartCluster(t testing.TB, bin string, n int, rulesPath string, tenants map
 	// whole limit again on top of what it had before the crash (measured
 	// in the redis-killed scenario: 1.11x the limit in a minute).
 	c := &Cluster{Redis: redistest.Start(t, redistest.WithArgs("--appendonly", "yes", "--appendfsync", "everysec")), Dir: t.TempDir()}
+	c.Client = redis.NewClient(&redis.Options{Addr: c.Redis.Addr()})
+	t.Cleanup(func() { _ = c.Client.Close() })
 	authz, err := WriteAuthz(c.Dir, tenants)
 	if err != nil {
 		t.Fatal(err)

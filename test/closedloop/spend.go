@@ -30,9 +30,7 @@ return s
 func RedisSpend(ctx context.Context, c *Cluster, tenant string) (int64, error) {
 	key := limit.Key(limit.Tokens, limit.SlidingWindow, time.Hour, "inference",
 		[]limit.Entry{{Key: "tenant", Value: tenant}, {Key: "model", Value: Model}})
-	rdb := redis.NewClient(&redis.Options{Addr: c.Redis.Addr()})
-	defer rdb.Close()
-	n, err := spendScript.Run(ctx, rdb, []string{key}).Int64()
+	n, err := spendScript.Run(ctx, c.Client, []string{key}).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("read spend of %s: %w", tenant, err)
 	}

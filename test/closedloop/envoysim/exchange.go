@@ -344,7 +344,10 @@ func (x *exchange) result() closedloop.Result {
 			res.RetryAfter = time.Duration(n) * time.Second
 		}
 	}
-	res.PromptTokens, res.CompletionTokens = scanUsage(x.usage)
+	// The answer's own content type says whether it streamed: a gateway
+	// does not know what the client asked for.
+	ct, _ := x.resp.get("content-type")
+	res.PromptTokens, res.CompletionTokens = closedloop.ParseUsage(x.usage, strings.HasPrefix(strings.ToLower(ct), "text/event-stream"))
 	return res
 }
 

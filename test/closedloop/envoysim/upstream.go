@@ -361,30 +361,3 @@ func netAddress(a net.Addr) *corev3.Address {
 	return socketAddress(ta.IP.String(), uint32(ta.Port))
 }
 
-// scanUsage reads the last "prompt_tokens" and "completion_tokens"
-// numbers in a body: an OpenAI JSON usage object, or the last SSE chunk
-// that carries one. A byte scan, not a JSON decode, to stay cheap.
-func scanUsage(b []byte) (prompt, completion int64) {
-	return lastNumber(b, `"prompt_tokens"`), lastNumber(b, `"completion_tokens"`)
-}
-
-func lastNumber(b []byte, key string) int64 {
-	i := bytes.LastIndex(b, []byte(key))
-	if i < 0 {
-		return 0
-	}
-	rest := bytes.TrimLeft(b[i+len(key):], " \t\r\n")
-	if len(rest) == 0 || rest[0] != ':' {
-		return 0
-	}
-	rest = bytes.TrimLeft(rest[1:], " \t\r\n")
-	j := 0
-	for j < len(rest) && rest[j] >= '0' && rest[j] <= '9' {
-		j++
-	}
-	n, err := strconv.ParseInt(string(rest[:j]), 10, 64)
-	if err != nil {
-		return 0
-	}
-	return n
-}
