@@ -712,34 +712,6 @@ func (c *Controller) Busy(domain, upstream string) bool {
 	return sc.state.Load().InFlight >= sc.law.capacity
 }
 
-// Load is a Signal of domain's upstream load, in-flight over capacity
-// (at most 1), for the steps: for limit.ScopeGlobal the largest of the
-// domain's upstreams. It reads the Controller's domains at each Score,
-// so it follows reloads.
-func (c *Controller) Load(domain, scope string) Signal {
-	return loadSignal{c: c, domain: domain, scope: scope}
-}
-
-type loadSignal struct {
-	c             *Controller
-	domain, scope string
-}
-
-func (s loadSignal) Score(time.Time) float64 {
-	d := (*s.c.doms.Load())[s.domain]
-	if d == nil {
-		return 0
-	}
-	score := 0.0
-	for name, sc := range d.scopes {
-		if (s.scope != limit.ScopeGlobal && name != s.scope) || sc.stale.Load() {
-			continue
-		}
-		score = max(score, float64(sc.state.Load().InFlight)/float64(sc.law.capacity))
-	}
-	return min(score, 1)
-}
-
 // ControlView is one controlled upstream's state, for GET /v1/pressure,
 // /debug/pressure and the metrics.
 type ControlView struct {
