@@ -94,21 +94,7 @@ func TestServeRedisTLS(t *testing.T) {
 			if tt.wantExit != 0 {
 				t.Fatalf("serve listens, want it to exit with %d", tt.wantExit)
 			}
-			var code int
-			var body string
-			for ctx.Err() == nil {
-				code, body = httpGet(ctx, "http://"+ad.Admin.String()+"/readyz")
-				if (code == http.StatusOK) == tt.wantReady && strings.Contains(body, tt.want) {
-					break
-				}
-				select {
-				case <-ctx.Done():
-				case <-time.After(50 * time.Millisecond):
-				}
-			}
-			if (code == http.StatusOK) != tt.wantReady || !strings.Contains(body, tt.want) {
-				t.Errorf("/readyz = %d %q, want ready %v saying %q", code, body, tt.wantReady, tt.want)
-			}
+			body := pollReadyz(ctx, t, ad.Admin.String(), tt.wantReady, tt.want)
 			if strings.Contains(body, secret) {
 				t.Errorf("/readyz %q holds the password", body)
 			}
@@ -214,21 +200,7 @@ func TestRedisPasswordSources(t *testing.T) {
 			if tt.wantExit != 0 {
 				t.Fatalf("serve listens, want it to exit with %d", tt.wantExit)
 			}
-			var code int
-			var body string
-			for ctx.Err() == nil {
-				code, body = httpGet(ctx, "http://"+ad.Admin.String()+"/readyz")
-				if (code == http.StatusOK) == tt.wantReady && strings.Contains(body, tt.want) {
-					break
-				}
-				select {
-				case <-ctx.Done():
-				case <-time.After(50 * time.Millisecond):
-				}
-			}
-			if (code == http.StatusOK) != tt.wantReady || !strings.Contains(body, tt.want) {
-				t.Errorf("/readyz = %d %q, want ready %v saying %q", code, body, tt.wantReady, tt.want)
-			}
+			pollReadyz(ctx, t, ad.Admin.String(), tt.wantReady, tt.want)
 			for _, path := range []string{"/readyz", "/debug/config", "/debug/pprof/cmdline"} {
 				code, body := httpGet(ctx, "http://"+ad.Admin.String()+path)
 				if code != http.StatusOK && path != "/readyz" || strings.Contains(body, secret) {
@@ -261,4 +233,25 @@ func TestPprofCmdlineRedacted(t *testing.T) {
 	if code != http.StatusOK || body != want {
 		t.Errorf("/debug/pprof/cmdline = %d %q, want %q", code, body, want)
 	}
+}
+
+// pollReadyz reads admin's /readyz until it is ready (or not, as
+// wantReady says) and says want, or ctx ends, and returns the last body;
+// it reports an error when it never does.
+func pollReadyz(ctx context.Context, t *testing.T, admin string, wantReady bool, want string) string {
+	t.Helper()
+	var code int
+	var body string
+	for ctx.Err() == nil {
+		code, body = httpGet(ctx, "http://"+admin+"/readyz")
+		if (code == http.StatusOK) == wantReady && strings.Contains(body, want) {
+			return body
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	t.Errorf("/readyz = %d %q, want ready %v saying %q", code, body, wantReady, want)
+	return body
 }
