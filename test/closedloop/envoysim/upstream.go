@@ -360,4 +360,3 @@ func netAddress(a net.Addr) *corev3.Address {
 	}
 	return socketAddress(ta.IP.String(), uint32(ta.Port))
 }
-
