@@ -253,7 +253,7 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, args []string, log *z
 			return storeReady.ready(ctx)
 		},
 		Warm:                 storeReady.warmUp(raw),
-		ReadyDetail:          health.detail,
+		ReadyDetail:          func() string { return joinLines(health.detail(), az.detail()) },
 		DebugConfig:          debugConfig,
 		Admin:                admin,
 		UnaryInterceptors:    sh.interceptors(),

@@ -33,6 +33,7 @@ func FuzzParse(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		k, err := Parse("k.yaml", data)
+		checkEach(t, data, k, err)
 		if err != nil {
 			var probs config.Errors
 			if !errors.As(err, &probs) || len(probs) == 0 {
@@ -65,6 +66,24 @@ func FuzzParse(f *testing.F) {
 // FuzzSecretsNeverQuoted puts a secret everywhere a key might be written,
 // rightly or by mistake, and checks that neither the secret nor its hash
 // reaches an error or the printed Keys.
+// checkEach checks ParseEach against Parse's result on the same file: the
+// same keys when Parse accepts it, else either the same error or keys that
+// say they left entries out.
+func checkEach(t *testing.T, data []byte, strict *Keys, strictErr error) {
+	t.Helper()
+	k, err := ParseEach("k.yaml", data)
+	switch {
+	case strictErr == nil && (err != nil || k.Len() != strict.Len() || k.Skipped() != 0 || k.Problems() != nil):
+		t.Fatalf("ParseEach = %v, %v; Parse accepted %v", k, err, strict)
+	case strictErr != nil && err != nil && err.Error() != strictErr.Error():
+		t.Fatalf("ParseEach error:\n%v\nParse error:\n%v", err, strictErr)
+	case err != nil && k != nil:
+		t.Fatalf("ParseEach returned keys with its error")
+	case strictErr != nil && err == nil && (k == nil || k.Skipped() == 0 || k.Problems() == nil):
+		t.Fatalf("ParseEach = %v with problems %v; Parse refused the file, so some entry must be left out", k, k.Problems())
+	}
+}
+
 func FuzzSecretsNeverQuoted(f *testing.F) {
 	for _, s := range []string{keyAcme, "sk-", "sk-short", "sk- spaced out key \t", "sk-\"quoted\": [x]", "sk-ünïcødé-0123456789"} {
 		f.Add(s)
@@ -108,6 +127,9 @@ func FuzzSecretsNeverQuoted(f *testing.F) {
 				out = err.Error()
 			} else {
 				out = fmt.Sprintf("%v %+v %#v %s", k, k, *k, k)
+			}
+			if each, err := ParseEach("k.yaml", []byte(data)); err == nil && each.Problems() != nil {
+				out += "\n" + each.Problems().Error()
 			}
 			if strings.Contains(out, secret) || strings.Contains(strings.ToLower(out), hash) {
 				t.Fatalf("file:\n%s\nshows the secret or its hash:\n%s", data, out)

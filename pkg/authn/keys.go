@@ -30,6 +30,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -84,6 +85,10 @@ type keySet struct {
 	byHash   map[[sha256.Size]byte]*entry
 	disabled int
 	tenants  int
+	// skipped counts the entries ParseEach left out, and problems says
+	// why; both are zero from Parse.
+	skipped  int
+	problems config.Errors
 }
 
 type entry struct {
@@ -119,12 +124,35 @@ func (k *Keys) Len() int {
 	return len(k.set.byHash)
 }
 
+// Skipped is how many entries of the file, under tenants and under keys,
+// ParseEach left out for their problems; always 0 from Parse.
+func (k *Keys) Skipped() int {
+	if k == nil {
+		return 0
+	}
+	return k.set.skipped
+}
+
+// Problems are the problems of the entries ParseEach left out, sorted by
+// line, as a config.Errors; nil when none. Like every error of this
+// package they name lines and paths, never a value of the file.
+func (k *Keys) Problems() error {
+	if k == nil || len(k.set.problems) == 0 {
+		return nil
+	}
+	return k.set.problems
+}
+
 // String counts what k holds, and nothing more.
 func (k *Keys) String() string {
 	if k == nil {
 		return "authn.Keys(nil)"
 	}
-	return fmt.Sprintf("authn.Keys{keys: %d, disabled: %d, tenants: %d}", len(k.set.byHash), k.set.disabled, k.set.tenants)
+	s := fmt.Sprintf("authn.Keys{keys: %d, disabled: %d, tenants: %d", len(k.set.byHash), k.set.disabled, k.set.tenants)
+	if k.set.skipped > 0 {
+		s += fmt.Sprintf(", skipped: %d", k.set.skipped)
+	}
+	return s + "}"
 }
 
 // Format prints String for every verb, %#v included, so no format
@@ -156,21 +184,82 @@ func readCapped(path string) ([]byte, error) {
 
 // Parse compiles a keys file's bytes; name is used in errors. The error,
 // when there is one, is a config.Errors with every problem found, up to 50.
+// It is strict, for the load at start: one bad entry refuses the file.
 func Parse(name string, data []byte) (*Keys, error) {
-	p := &parser{w: config.NewWalker(name), tenants: map[string]tenant{}}
-	var k *Keys
-	if root := p.w.Document(data, "file is empty; a keys file needs at least keys: []"); root != nil {
-		k = p.file(root)
-	}
+	p := newParser(name, false)
+	k := p.parse(data)
 	if err := p.w.Err(); err != nil {
 		return nil, err
 	}
 	return k, nil
 }
 
+// ParseEach is Parse for a reload, which applies the file entry by entry
+// rather than all or nothing: keeping the previous keys because one entry
+// is bad would keep every key the new file removes or disables.
+//
+// An entry with a problem is left out, and the rest apply: a tenant under
+// tenants with a problem, with every key of that tenant (its defaults are
+// unknown, and a key must not get more than they give); a key under keys
+// with a problem; and every listing of a key listed more than once (they
+// may disagree, one disabled, one not). A key left out is refused, as an
+// unknown one is. The result's Skipped and Problems say what was left out
+// and why.
+//
+// Only a file that cannot be used at all is an error, a config.Errors
+// with every problem found: one that is empty, not YAML, more than one
+// document, larger than config.MaxFileBytes, not a mapping of tenants and
+// keys (an unknown top-level key included), whose tenants is not a
+// mapping or keys not a list, or that has more than 50 problems or
+// aliases that expand too far (the walk stops there, so the entries after
+// it cannot be read whole).
+func ParseEach(name string, data []byte) (*Keys, error) {
+	p := newParser(name, true)
+	k := p.parse(data)
+	err := p.w.Err()
+	if err == nil {
+		return k, nil
+	}
+	var problems config.Errors
+	if k == nil || p.fatal || p.w.Stopped() || p.skipped == 0 || !errors.As(err, &problems) {
+		// p.skipped == 0 with problems would be a problem tied to no
+		// entry: refuse the file rather than guess what it meant.
+		return nil, err
+	}
+	k.set.skipped, k.set.problems = p.skipped, problems
+	return k, nil
+}
+
 type parser struct {
 	w       *config.Walker
 	tenants map[string]tenant
+	// each is set by ParseEach: leave out bad entries, apply the rest.
+	each bool
+	// fatal says the file as a whole is unusable, whatever each says.
+	fatal bool
+	// badTenants are the tenants left out, with the line of the first
+	// listing; skipped counts the entries left out.
+	badTenants map[string]int
+	skipped    int
+}
+
+func newParser(name string, each bool) *parser {
+	return &parser{w: config.NewWalker(name), tenants: map[string]tenant{}, each: each, badTenants: map[string]int{}}
+}
+
+func (p *parser) parse(data []byte) *Keys {
+	if root := p.w.Document(data, "file is empty; a keys file needs at least keys: []"); root != nil {
+		return p.file(root)
+	}
+	return nil
+}
+
+// badTenant leaves out the tenant name listed at line, counting it once.
+func (p *parser) badTenant(name string, line int) {
+	if _, bad := p.badTenants[name]; !bad {
+		p.badTenants[name] = line
+		p.skipped++
+	}
 }
 
 type tenant struct {
@@ -178,9 +267,13 @@ type tenant struct {
 	limits map[string]limit.Override
 }
 
-// firstKey is where a key was first listed, to point at from a repeat.
+// firstKey is where a key was first listed, to point at from a repeat,
+// and what became of that listing, to undo it.
 type firstKey struct {
 	index, line int
+	// applied says the listing is in the set, disabled whether as a
+	// disabled key; dropped that a repeat has taken it out.
+	applied, disabled, dropped bool
 }
 
 func (p *parser) file(root *yaml.Node) *Keys {
@@ -188,12 +281,23 @@ func (p *parser) file(root *yaml.Node) *Keys {
 	if f == nil {
 		return nil
 	}
+	p.fatal = !ok // an unknown top-level key may be a misspelt tenants
 	if n, has := f["tenants"]; has {
+		p.fatal = p.fatal || p.w.Resolve(n).Kind != yaml.MappingNode
 		p.named(n, "tenants", "tenant names to their defaults", func(name string, k, v *yaml.Node, path string) {
+			before := p.w.Problems()
 			if len(name) > limit.MaxValueBytes {
 				p.w.Addf(k, path, "the name is %d bytes, more than %d", len(name), limit.MaxValueBytes)
 			}
 			p.tenants[name] = p.tenant(v, path)
+			if p.w.Problems() > before {
+				p.badTenant(name, k.Line)
+			}
+		}, func(name string, k *yaml.Node, first int) {
+			p.skipped++ // this listing
+			if first > 0 {
+				p.badTenant(name, first) // and the first, if still counted in
+			}
 		})
 	}
 	n, has := f["keys"]
@@ -213,26 +317,58 @@ func (p *parser) file(root *yaml.Node) *Keys {
 			break
 		}
 		path := fmt.Sprintf("keys[%d]", i)
-		hash, id, disabled, ok := p.key(e, path)
-		if !ok {
+		before := p.w.Problems()
+		hash, hashed, id, disabled, good := p.key(e, path)
+		bad := !good || p.w.Problems() > before
+		if line, left := p.badTenants[id.Tenant]; left && !bad {
+			if p.each {
+				p.w.Addf(e, path, "left out with its tenant %s (line %d)", id.Tenant, line)
+			}
+			bad = true
+		}
+		if !hashed {
+			p.skipped++
 			continue
 		}
 		at := p.w.Resolve(e).Line
 		if first, dup := seen[hash]; dup {
-			p.w.Addf(e, path, "the same key as keys[%d] at line %d; a key may be listed once", first.index, first.line)
+			if !bad {
+				p.w.Addf(e, path, "the same key as keys[%d] at line %d; a key may be listed once", first.index, first.line)
+			}
+			p.skipped++
+			if !first.dropped {
+				p.drop(set, hash, first)
+				first.dropped = true
+				seen[hash] = first
+			}
 			continue
 		}
-		seen[hash] = firstKey{index: i, line: at}
-		if disabled {
+		// A bad listing is remembered too, so that a good repeat of it
+		// does not let the key in.
+		seen[hash] = firstKey{index: i, line: at, applied: !bad, disabled: disabled}
+		switch {
+		case bad:
+			p.skipped++
+		case disabled:
 			set.disabled++
-			continue
+		default:
+			set.byHash[hash] = &entry{hash: hash, id: id}
 		}
-		set.byHash[hash] = &entry{hash: hash, id: id}
-	}
-	if !ok {
-		return nil
 	}
 	return &Keys{set: set}
+}
+
+// drop takes the first listing of a key listed again out of set.
+func (p *parser) drop(set *keySet, hash [sha256.Size]byte, first firstKey) {
+	if !first.applied {
+		return // left out already, and counted
+	}
+	p.skipped++
+	if first.disabled {
+		set.disabled--
+	} else {
+		delete(set.byHash, hash)
+	}
 }
 
 func (p *parser) tenant(n *yaml.Node, path string) tenant {
@@ -250,11 +386,12 @@ func (p *parser) tenant(n *yaml.Node, path string) tenant {
 	return t
 }
 
-// key reads one entry of keys.
-func (p *parser) key(n *yaml.Node, path string) (hash [sha256.Size]byte, id Identity, disabled, ok bool) {
+// key reads one entry of keys. hashed says hash is the key's, even when
+// the entry has other problems.
+func (p *parser) key(n *yaml.Node, path string) (hash [sha256.Size]byte, hashed bool, id Identity, disabled, ok bool) {
 	f, ok := p.w.SecretMapping(n, path, keyKeys)
 	if f == nil {
-		return hash, id, false, false
+		return hash, false, id, false, false
 	}
 	at := p.w.Resolve(n)
 	hn, hasHash := f["sha256"]
@@ -273,6 +410,7 @@ func (p *parser) key(n *yaml.Node, path string) (hash [sha256.Size]byte, id Iden
 				good = false
 			}
 			copy(hash[:], b)
+			hashed = good
 		}
 		ok = ok && good
 	case hasKey:
@@ -286,7 +424,7 @@ func (p *parser) key(n *yaml.Node, path string) (hash [sha256.Size]byte, id Iden
 			p.w.Addf(kn, path+".key", "begins or ends with a space or tab, which a presented key never does")
 			good = false
 		default:
-			hash = sha256.Sum256([]byte(s))
+			hash, hashed = sha256.Sum256([]byte(s)), true
 		}
 		ok = ok && good
 	default:
@@ -319,7 +457,7 @@ func (p *parser) key(n *yaml.Node, path string) (hash [sha256.Size]byte, id Iden
 		disabled, good = p.flag(v, path+".disabled")
 		ok = ok && good
 	}
-	return hash, id, disabled, ok
+	return hash, hashed, id, disabled, ok
 }
 
 // merge returns over with the entries of under it lacks, or under itself
@@ -359,7 +497,7 @@ func (p *parser) limits(n *yaml.Node, path string) map[string]limit.Override {
 		if o, ok := p.override(v, path); ok {
 			out[name] = o
 		}
-	})
+	}, nil)
 	if len(out) == 0 {
 		return nil
 	}
@@ -413,9 +551,11 @@ func (p *parser) override(n *yaml.Node, path string) (limit.Override, bool) {
 
 // named reads a mapping from names (any scalar, each once) to values, in
 // file order, calling each with the name, its key and value nodes and the
-// value's path. what
-// says what the mapping holds, for the message when it is not a mapping.
-func (p *parser) named(n *yaml.Node, path, what string, each func(name string, k, v *yaml.Node, path string)) {
+// value's path. what says what the mapping holds, for the message when it
+// is not a mapping. reject, when not nil, is called for a name refused
+// (not a string, empty, or repeated), with the line of the name's first
+// listing when it is a repeat, else 0.
+func (p *parser) named(n *yaml.Node, path, what string, each func(name string, k, v *yaml.Node, path string), reject func(name string, k *yaml.Node, first int)) {
 	m := p.w.Resolve(n)
 	if m.Kind != yaml.MappingNode {
 		p.w.Addf(m, path, "want a mapping of %s, got %s", what, config.Shape(m))
@@ -426,14 +566,23 @@ func (p *parser) named(n *yaml.Node, path, what string, each func(name string, k
 		k, v := p.w.Resolve(m.Content[i]), m.Content[i+1]
 		if k.Kind != yaml.ScalarNode {
 			p.w.Addf(k, path, "a name must be a string, got %s", config.Shape(k))
+			if reject != nil {
+				reject("", k, 0)
+			}
 			continue
 		}
 		kp := path + "." + k.Value
 		switch first, dup := lines[k.Value]; {
 		case k.Value == "":
 			p.w.Addf(k, path, "a name is empty")
+			if reject != nil {
+				reject("", k, 0)
+			}
 		case dup:
 			p.w.Addf(k, kp, "repeated (first at line %d)", first)
+			if reject != nil {
+				reject(k.Value, k, first)
+			}
 		default:
 			lines[k.Value] = k.Line
 			each(k.Value, k, v, kp)

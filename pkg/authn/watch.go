@@ -10,13 +10,15 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/config"
 )
 
-// Watch calls onChange with the result of Load each time the keys file at
-// path changes, until ctx is done. It returns nil when ctx ends, and an
-// error only if it cannot start watching.
+// Watch calls onChange with the result of reading the keys file at path
+// with ParseEach each time it changes, until ctx is done. It returns nil
+// when ctx ends, and an error only if it cannot start watching.
 //
 // onChange runs on Watch's goroutine, one call at a time. It gets either
-// the new keys or the error (usually a config.Errors) that loading them
-// gave; on an error the caller should keep the keys it has. Once its
+// the new keys, which leave out the entries with problems (see
+// Keys.Skipped and Keys.Problems), or the error that reading the file or
+// parsing it at all gave (usually a config.Errors); on an error the caller
+// should keep the keys it has. Once its
 // watch is in place Watch loads the keys once and calls onChange, so a
 // change made between the caller's own Load and the start of Watch is
 // never missed; after that it calls onChange only when the file's bytes
@@ -42,7 +44,7 @@ func watch(ctx context.Context, path string, onChange func(*Keys, error), h conf
 		if err != nil {
 			return nil, sha256.Sum256([]byte("error\x00" + err.Error())), nil, fmt.Errorf("load keys %q: %w", path, err)
 		}
-		k, err := Parse(path, data)
+		k, err := ParseEach(path, data)
 		return k, sha256.Sum256(append([]byte("data\x00"), data...)), nil, err
 	}
 	dir := filepath.Dir(filepath.Clean(path))

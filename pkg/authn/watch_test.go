@@ -100,7 +100,12 @@ func (w *watcher) next(tb testing.TB, dir string) string {
 				parts = append(parts, id.Tenant)
 			}
 		}
-		return fmt.Sprintf("%d keys: %s", c.keys.Len(), strings.Join(parts, ","))
+		got := fmt.Sprintf("%d keys: %s", c.keys.Len(), strings.Join(parts, ","))
+		if err := c.keys.Problems(); err != nil {
+			noSecret(tb, "reload problems", err.Error())
+			got += fmt.Sprintf("; skipped %d: %s", c.keys.Skipped(), strings.ReplaceAll(err.Error(), dir, "$DIR"))
+		}
+		return got
 	case <-time.After(waitFor):
 		tb.Fatalf("no onChange within %v", waitFor)
 		return ""
@@ -172,15 +177,37 @@ func TestWatch(t *testing.T) {
 			want: "2 keys: beta,beta",
 		},
 		{
-			name: "Secret swap to invalid keys",
+			name: "Secret swap to a key listed twice",
+			setup: func(tb testing.TB, dir string) string {
+				publishSecret(tb, dir, map[string]string{"keys.yaml": keysYAML("acme", keyAcme, keyBeta)})
+				return filepath.Join(dir, "keys.yaml")
+			},
+			give: func(tb testing.TB, dir string) {
+				publishSecret(tb, dir, map[string]string{"keys.yaml": keysYAML("acme", keyAcme, keyBeta, keyAcme)})
+			},
+			want: "1 keys: acme; skipped 2: $DIR/keys.yaml:4: keys[2]: the same key as keys[0] at line 2; a key may be listed once",
+		},
+		{
+			name: "Secret swap revokes a key beside a bad entry",
+			setup: func(tb testing.TB, dir string) string {
+				publishSecret(tb, dir, map[string]string{"keys.yaml": keysYAML("acme", keyAcme, keyCI)})
+				return filepath.Join(dir, "keys.yaml")
+			},
+			give: func(tb testing.TB, dir string) {
+				publishSecret(tb, dir, map[string]string{"keys.yaml": keysYAML("acme", keyAcme) + "  - {key: short, tenant: beta}\n"})
+			},
+			want: "1 keys: acme; skipped 1: $DIR/keys.yaml:3: keys[1].key: is shorter than 16 bytes, too easy to guess",
+		},
+		{
+			name: "Secret swap to a file that is not YAML",
 			setup: func(tb testing.TB, dir string) string {
 				publishSecret(tb, dir, map[string]string{"keys.yaml": keysYAML("acme", keyAcme)})
 				return filepath.Join(dir, "keys.yaml")
 			},
 			give: func(tb testing.TB, dir string) {
-				publishSecret(tb, dir, map[string]string{"keys.yaml": keysYAML("acme", keyAcme, keyAcme)})
+				publishSecret(tb, dir, map[string]string{"keys.yaml": "keys: [\n"})
 			},
-			want: "$DIR/keys.yaml:3: keys[1]: the same key as keys[0] at line 2; a key may be listed once",
+			want: "$DIR/keys.yaml:1: invalid YAML: did not find expected node content",
 		},
 		{
 			name: "file edited in place",

@@ -128,6 +128,10 @@ func (w *Walker) Addf(n *yaml.Node, path, format string, args ...any) {
 // that expand too far): a caller looping over a list should stop too.
 func (w *Walker) Stopped() bool { return w.w.stopped }
 
+// Problems is how many problems have been reported so far, so that a
+// caller can tell which part of a file a problem came from.
+func (w *Walker) Problems() int { return len(w.w.problems) }
+
 // Err returns every problem reported, sorted by line, as an Errors; nil
 // when there are none.
 func (w *Walker) Err() error { return w.w.err() }

@@ -25,7 +25,13 @@ import (
 // loads both files and calls onChange, so a change made since the
 // caller's own load is never missed; after that it calls onChange only
 // when the bytes of either file change. On an error the caller should
-// keep the settings it has. It watches the files' directories, so an
+// keep the settings it has.
+//
+// Unlike LoadSettings, Watch reads the keys file with authn.ParseEach: a
+// keys file with bad entries gives settings whose keys leave those
+// entries out (Keys.Skipped, Keys.Problems) and apply the rest, so a key
+// the new file removes stops working even when another entry is bad. Only
+// a keys file that cannot be used at all is an error. It watches the files' directories, so an
 // editor's rename and a Kubernetes volume's ..data symlink swap are seen;
 // the keys file's directory is watched from the first load that names it.
 func Watch(ctx context.Context, path string, onChange func(*Settings, error)) error {
@@ -37,7 +43,7 @@ func watch(ctx context.Context, path string, onChange func(*Settings, error), h 
 		return fmt.Errorf("watch authz config %q: %w", path, err)
 	}
 	load := func() (*Settings, [32]byte, []string, error) {
-		s, sum, keysFile, err := loadFiles(path)
+		s, sum, keysFile, err := loadFiles(path, authn.ParseEach)
 		var dirs []string
 		if keysFile != "" {
 			dirs = []string{filepath.Dir(keysFile)}
@@ -54,13 +60,14 @@ func watch(ctx context.Context, path string, onChange func(*Settings, error), h 
 // load is LoadSettings that also fingerprints what it read: both files'
 // bytes, or the errors reading them gave.
 func load(path string) (*Settings, [sha256.Size]byte, error) {
-	s, sum, _, err := loadFiles(path)
+	s, sum, _, err := loadFiles(path, authn.Parse)
 	return s, sum, err
 }
 
 // loadFiles is load that also returns the keys file the settings name, if
-// they parse, even when loading the keys fails.
-func loadFiles(path string) (_ *Settings, _ [sha256.Size]byte, keysFile string, _ error) {
+// they parse, even when loading the keys fails. parseKeys is authn.Parse
+// or authn.ParseEach.
+func loadFiles(path string, parseKeys func(name string, data []byte) (*authn.Keys, error)) (_ *Settings, _ [sha256.Size]byte, keysFile string, _ error) {
 	h := sha256.New()
 	sum := func() (out [sha256.Size]byte) {
 		h.Sum(out[:0])
@@ -93,7 +100,7 @@ func loadFiles(path string) (_ *Settings, _ [sha256.Size]byte, keysFile string, 
 	if err != nil {
 		return nil, sum(), s.KeysFile, fmt.Errorf("load keys %q: %w", s.KeysFile, err)
 	}
-	if s.Keys, err = authn.Parse(s.KeysFile, keys); err != nil {
+	if s.Keys, err = parseKeys(s.KeysFile, keys); err != nil {
 		return nil, sum(), s.KeysFile, err
 	}
 	return s, sum(), s.KeysFile, nil

@@ -107,6 +107,25 @@ func TestWatchReloadsSettingsAndKeys(t *testing.T) {
 		t.Errorf("the new key is not loaded: %+v %v", id, ok)
 	}
 
+	// A keys file with a bad entry applies the rest: the new key, removed,
+	// stops working, and the bad entry is left out with its line.
+	replace(t, keysPath, testKeys+"  - {key: short, tenant: fresh}\n")
+	c = next(t, changes)
+	if c.err != nil {
+		t.Fatalf("reload of keys with a bad entry: %v", c.err)
+	}
+	if _, ok := c.s.Keys.Lookup(newKey); ok {
+		t.Errorf("the removed key still works after a reload with a bad entry")
+	}
+	if _, ok := c.s.Keys.Lookup(keyAcme); !ok || c.s.Keys.Skipped() != 1 ||
+		c.s.Keys.Problems() == nil || c.s.Keys.Problems().Error() != keysPath+":9: keys[4].key: is shorter than 16 bytes, too easy to guess" {
+		t.Errorf("reload of keys with a bad entry: %v, problems %v", c.s.Keys, c.s.Keys.Problems())
+	}
+	// At start the same file is refused: a bad entry stops the start.
+	if _, err := LoadSettings(path); err == nil {
+		t.Errorf("LoadSettings accepts keys with a bad entry")
+	}
+
 	// A bad settings file is an error: the caller keeps what it has.
 	replace(t, path, "domain: ai\nbogus: 1\n")
 	c = next(t, changes)
