@@ -158,7 +158,7 @@ func okResponse(c *call) *authv3.CheckResponse {
 	// sets, so removing a header it set would drop it.
 	removed := 0
 	for _, h := range [...]headers.Header{
-		{Key: HeaderTenant, Value: c.id.Tenant}, {Key: HeaderTier, Value: c.id.Tier}, {Key: HeaderModel, Value: c.model},
+		{Key: HeaderTenant, Value: c.id.Tenant}, {Key: HeaderTier, Value: grantedTier(c)}, {Key: HeaderModel, Value: c.model},
 	} {
 		if h.Value != "" && printable(h.Value) {
 			set = append(set, h)
@@ -192,6 +192,18 @@ func okResponse(c *call) *authv3.CheckResponse {
 	return &a.resp
 }
 
+// grantedTier is the tier an admitted request is sent upstream with: the
+// plan the decision used when the domain has tiers, so a claimed tier no
+// plan lists goes up as the default it was decided under, not as what
+// was claimed. Without tiers nothing judged the tier, and the identity's
+// (the key's, or the trusted header's) passes through as it is.
+func grantedTier(c *call) string {
+	if c.dec != nil && c.dec.Tier != "" {
+		return c.dec.Tier
+	}
+	return c.id.Tier
+}
+
 // metaValues holds an admitted request's dynamic metadata: the struct
 // and its values, allocated together rather than two allocations a value.
 type metaValues struct {
@@ -222,7 +234,7 @@ func (m *metaValues) fill(c *call) *structpb.Struct {
 		nv, nn = nv+1, nn+1
 	}
 	for _, kv := range [...]struct{ k, v string }{
-		{ticket.FieldTenant, c.id.Tenant}, {ticket.FieldTier, c.id.Tier}, {ticket.FieldModel, c.model},
+		{ticket.FieldTenant, c.id.Tenant}, {ticket.FieldTier, grantedTier(c)}, {ticket.FieldModel, c.model},
 	} {
 		if kv.v != "" {
 			str(kv.k, kv.v)
