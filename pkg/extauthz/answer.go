@@ -79,6 +79,8 @@ func toAnswer(ctx context.Context, err error, c *call) (*authv3.CheckResponse, s
 		return unavailableResponse(c, "overloaded", "The service is overloaded; requests of your plan are paused"), resultShed, nil
 	case err == nil && c.dec.Reason == limit.ReasonBreaker:
 		return unavailableResponse(c, "upstream_unavailable", "The model is failing and temporarily unavailable"), resultBreakerOpen, nil
+	case err == nil && c.dec.TooLarge() != nil:
+		return tooLargeResponse(c, c.dec.TooLarge()), resultTooLarge, nil
 	case err == nil:
 		return overLimitResponse(c), resultOverLimit, nil
 	}
@@ -289,6 +291,23 @@ func overLimitResponse(c *call) *authv3.CheckResponse {
 	return deniedResponse(p, c)
 }
 
+// tooLargeResponse answers a request that can never fit st's limit
+// (its estimate is more than the whole budget): 413, not 429, because
+// every common client and retry policy retries a 429, and waiting cannot
+// help; OpenAI answers the same case with a 429, whose SDKs are also
+// told x-should-retry: false. The headers carry no Retry-After and no
+// x-ratelimit-reset (see headers.Append), and the message gives the
+// limit and what the request costs.
+func tooLargeResponse(c *call, st *limit.Status) *authv3.CheckResponse {
+	name, tokens := "", false
+	if st.Limit != nil {
+		name, tokens = st.Limit.Name, st.Limit.Kind == limit.Tokens
+	}
+	p := &problem{status: 413, errType: "invalid_request_error", errCode: headers.CodeTooLarge, result: resultTooLarge,
+		msg: headers.TooLargeMessage(name, tokens, st.Capacity, st.Cost)}
+	return deniedResponse(p, c)
+}
+
 // unavailableResponse answers a request refused before any limit (tier
 // shedding or an open breaker): 503, which OpenAI clients retry, with
 // Retry-After and x-tollgate-reason. The type is OpenAI's own for a 503
@@ -413,7 +432,7 @@ func rateLimitHeaders(c *call, dst []headers.Header) []headers.Header {
 }
 
 func quota(st *limit.Status) headers.Quota {
-	q := headers.Quota{Over: st.Code == limit.CodeOverLimit, Reset: st.ResetAfter}
+	q := headers.Quota{Over: st.Code == limit.CodeOverLimit, Reset: st.ResetAfter, TooLarge: st.TooLarge}
 	if q.Over && st.RetryAfter > 0 {
 		q.Reset = st.RetryAfter
 	}
