@@ -729,6 +729,21 @@ func build(b *built, dom *Domain, req *Request, m mode, statuses []Status, adj a
 	return nil
 }
 
+// markTooLarge marks, in a denied dec, the statuses of b's charges that
+// can never fit (see Status.TooLarge). Apply's results are not needed:
+// a charge costing more than its capacity never fits any store, so the
+// degraded answers use it too.
+func markTooLarge(b *built, dec *Decision) {
+	for k, p := range b.plans {
+		c, st := &b.charges[k], &dec.Statuses[p.desc]
+		if p.limit == nil || c.Shadow || c.Force || c.Cost <= 0 || uint64(c.Cost) <= p.capacity || st.TooLarge {
+			continue
+		}
+		st.Code, st.Limit, st.RetryAfter = CodeOverLimit, p.limit, 0
+		st.TooLarge, st.Cost, st.Capacity = true, uint64(c.Cost), p.capacity
+	}
+}
+
 // capacity is the most l admits at once: a token bucket's burst, else
 // its amount; 0 for no limit.
 func capacity(l *Limit) uint64 {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
 	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
 	"github.com/tollgate-dev/tollgate/test/testutil"
 )
@@ -149,6 +150,51 @@ func TestDecideTooLarge(t *testing.T) {
 							tt.want.desc, st, tt.want.cost, tt.want.capacity, tt.want.name)
 					}
 				})
+			}
+		})
+	}
+}
+
+// halfLimits is a Shedder whose active step halves every limit.
+type halfLimits struct{}
+
+func (halfLimits) Shed(_, _, _ string) limit.ShedState { return limit.ShedState{Factor: 0.5} }
+
+// TestDecideTooLargeUnderPressure: a limit factor passes, so a request
+// that fits the limit but not the limit under pressure is an ordinary
+// denial; one past the limit itself never fits.
+func TestDecideTooLargeUnderPressure(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		give uint64 // hits on a limit of 100, halved
+		want bool
+	}{
+		{name: "within the limit, past the halved limit", give: 60},
+		{name: "past the limit", give: 101, want: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			rs, err := limit.NewRuleSet(&limit.Domain{
+				Name:        "d",
+				Shedding:    &limit.Shedding{Steps: []limit.ShedStep{{Above: 0.8, LimitFactor: 0.5}}},
+				Descriptors: []*limit.Rule{{Key: "k", RateLimit: &limit.Limit{Amount: 100, Unit: limit.Minute}}},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := limit.NewLimiter(memstore.New(), storetest.NewFakeClock(time.UnixMilli(1_700_000_000_000)), rs, limit.WithShedder(halfLimits{}))
+			dec, err := l.Decide(context.Background(), &limit.Request{Domain: "d", Hits: tt.give,
+				Descriptors: []limit.Descriptor{{Entries: []limit.Entry{{Key: "k", Value: "v"}}}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if dec.Code != limit.CodeOverLimit || dec.Statuses[0].Limit == nil || dec.Statuses[0].Limit.Amount != 50 {
+				t.Fatalf("decision = %+v, want denied by the halved limit", dec)
+			}
+			if got := dec.TooLarge(); (got != nil) != tt.want {
+				t.Errorf("TooLarge() = %+v, want one: %v", got, tt.want)
 			}
 		})
 	}
