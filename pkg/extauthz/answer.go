@@ -79,6 +79,8 @@ func toAnswer(ctx context.Context, err error, c *call) (*authv3.CheckResponse, s
 		return unavailableResponse(c, "overloaded", "The service is overloaded; requests of your plan are paused"), resultShed, nil
 	case err == nil && c.dec.Reason == limit.ReasonBreaker:
 		return unavailableResponse(c, "upstream_unavailable", "The model is failing and temporarily unavailable"), resultBreakerOpen, nil
+	case err == nil && c.dec.TooLarge() != nil:
+		return tooLargeResponse(c, c.dec.TooLarge()), resultTooLarge, nil
 	case err == nil:
 		return overLimitResponse(c), resultOverLimit, nil
 	}
@@ -158,7 +160,7 @@ func okResponse(c *call) *authv3.CheckResponse {
 	// sets, so removing a header it set would drop it.
 	removed := 0
 	for _, h := range [...]headers.Header{
-		{Key: HeaderTenant, Value: c.id.Tenant}, {Key: HeaderTier, Value: c.id.Tier}, {Key: HeaderModel, Value: c.model},
+		{Key: HeaderTenant, Value: c.id.Tenant}, {Key: HeaderTier, Value: grantedTier(c)}, {Key: HeaderModel, Value: c.model},
 	} {
 		if h.Value != "" && printable(h.Value) {
 			set = append(set, h)
@@ -192,6 +194,18 @@ func okResponse(c *call) *authv3.CheckResponse {
 	return &a.resp
 }
 
+// grantedTier is the tier an admitted request is sent upstream with: the
+// plan the decision used when the domain has tiers, so a claimed tier no
+// plan lists goes up as the default it was decided under, not as what
+// was claimed. Without tiers nothing judged the tier, and the identity's
+// (the key's, or the trusted header's) passes through as it is.
+func grantedTier(c *call) string {
+	if c.dec != nil && c.dec.Tier != "" {
+		return c.dec.Tier
+	}
+	return c.id.Tier
+}
+
 // metaValues holds an admitted request's dynamic metadata: the struct
 // and its values, allocated together rather than two allocations a value.
 type metaValues struct {
@@ -222,7 +236,7 @@ func (m *metaValues) fill(c *call) *structpb.Struct {
 		nv, nn = nv+1, nn+1
 	}
 	for _, kv := range [...]struct{ k, v string }{
-		{ticket.FieldTenant, c.id.Tenant}, {ticket.FieldTier, c.id.Tier}, {ticket.FieldModel, c.model},
+		{ticket.FieldTenant, c.id.Tenant}, {ticket.FieldTier, grantedTier(c)}, {ticket.FieldModel, c.model},
 	} {
 		if kv.v != "" {
 			str(kv.k, kv.v)
@@ -274,6 +288,23 @@ func overLimitResponse(c *call) *authv3.CheckResponse {
 		p.msg += " (" + name + ")"
 	}
 	p.msg += ". Retry after " + strconv.FormatInt(max(1, headers.CeilSeconds(retry)), 10) + " seconds."
+	return deniedResponse(p, c)
+}
+
+// tooLargeResponse answers a request that can never fit st's limit
+// (its estimate is more than the whole budget): 413, not 429, because
+// every common client and retry policy retries a 429, and waiting cannot
+// help; OpenAI answers the same case with a 429, whose SDKs are also
+// told x-should-retry: false. The headers carry no Retry-After and no
+// x-ratelimit-reset (see headers.Append), and the message gives the
+// limit and what the request costs.
+func tooLargeResponse(c *call, st *limit.Status) *authv3.CheckResponse {
+	name, tokens := "", false
+	if st.Limit != nil {
+		name, tokens = st.Limit.Name, st.Limit.Kind == limit.Tokens
+	}
+	p := &problem{status: 413, errType: "invalid_request_error", errCode: headers.CodeTooLarge, result: resultTooLarge,
+		msg: headers.TooLargeMessage(name, tokens, st.Capacity, st.Cost)}
 	return deniedResponse(p, c)
 }
 
@@ -401,7 +432,7 @@ func rateLimitHeaders(c *call, dst []headers.Header) []headers.Header {
 }
 
 func quota(st *limit.Status) headers.Quota {
-	q := headers.Quota{Over: st.Code == limit.CodeOverLimit, Reset: st.ResetAfter}
+	q := headers.Quota{Over: st.Code == limit.CodeOverLimit, Reset: st.ResetAfter, TooLarge: st.TooLarge}
 	if q.Over && st.RetryAfter > 0 {
 		q.Reset = st.RetryAfter
 	}

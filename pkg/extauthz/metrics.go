@@ -14,8 +14,11 @@ const (
 	labelUnknown = "unknown" // a domain not in the rules
 	labelNoTier  = "none"    // no decision, or a domain without tiers
 
-	resultOK              = "ok"
-	resultOverLimit       = "over_limit"
+	resultOK        = "ok"
+	resultOverLimit = "over_limit"
+	// A request that can never fit a limit (413): its estimate is more
+	// than the whole budget.
+	resultTooLarge        = "too_large"
 	resultUnauthenticated = "unauthenticated"
 	resultBadRequest      = "bad_request"
 	// A body Envoy cut, refused under PartialRefuse (413), and one Envoy
@@ -79,7 +82,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tollgate_authz_checks_total",
-			Help: "ext_authz Check calls, by domain (\"unknown\" for domains not in the rules), tier (the plan the rules' tiers chose; \"none\" without tiers or a decision) and result (ok, over_limit, unauthenticated, bad_request, error; partial_body when a body Envoy cut was refused, body_not_sent when Envoy sent no body and it decides; shed and breaker_open when tier shedding or a circuit breaker refused the request before any limit, shadow_shed when a shadow shedding policy would have).",
+			Help: "ext_authz Check calls, by domain (\"unknown\" for domains not in the rules), tier (the plan the rules' tiers chose; \"none\" without tiers or a decision) and result (ok, over_limit, too_large when the request can never fit a limit, unauthenticated, bad_request, error; partial_body when a body Envoy cut was refused, body_not_sent when Envoy sent no body and it decides; shed and breaker_open when tier shedding or a circuit breaker refused the request before any limit, shadow_shed when a shadow shedding policy would have).",
 		}, []string{"domain", "tier", "result"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "tollgate_authz_check_duration_seconds",

@@ -372,7 +372,7 @@ func (s *Service) observe(c *call, result string, err error) {
 	switch result {
 	case resultError:
 		s.log.Warn("authz decision failed", zap.Error(err), zap.String("domain", safe(c.domain)))
-	case resultOK, resultOverLimit, resultShed, resultShadowShed, resultBreakerOpen:
+	case resultOK, resultOverLimit, resultTooLarge, resultShed, resultShadowShed, resultBreakerOpen:
 		if ce := s.log.Check(zap.DebugLevel, "authz decision"); ce != nil {
 			ce.Write(zap.String("result", result), zap.String("domain", safe(c.domain)), zap.String("tenant", safe(c.id.Tenant)),
 				zap.String("key_name", safe(c.id.KeyName)), zap.String("model", safe(c.model)), zap.Uint64("estimated_tokens", c.tokens))

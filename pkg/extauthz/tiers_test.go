@@ -12,6 +12,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
+	"github.com/tollgate-dev/tollgate/pkg/ticket"
 )
 
 // tierRules is testRules with plans: premium x3, free x1 (the default).
@@ -120,6 +121,53 @@ estimate: {chars_per_token: 4, default_max_tokens: 100, max_body_bytes: 4096}
 			h := newTierHarness(t, testutil.StoreKinds[0].Make(t), set)
 			if got, _ := admitted(t, h, 40, "x-tenant", "t-"+tt.name, "x-tier", tt.give); got != tt.want {
 				t.Errorf("admitted %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestCheckTierHeaderIsGranted: the tier sent upstream (x-tollgate-tier,
+// and the tier in the dynamic metadata) is the plan the request was
+// decided under, not the one the trusted header claimed.
+func TestCheckTierHeaderIsGranted(t *testing.T) {
+	t.Parallel()
+	set := newSettings(t, `
+domain: ai
+require_api_key: false
+trusted_headers: {tenant: x-tenant, tier: x-tier}
+descriptors:
+  - [{key: tenant, from: tenant}, {key: model, from: model}]
+estimate: {chars_per_token: 4, default_max_tokens: 100, max_body_bytes: 4096}
+`)
+	tests := []struct {
+		name string
+		give string // x-tier
+		want string // x-tollgate-tier and metadata tier
+	}{
+		{name: "a listed plan", give: "premium", want: "premium"},
+		{name: "a plan no rule lists", give: "platinum", want: "free"},
+		{name: "no tier", give: "", want: "free"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			h := newTierHarness(t, testutil.StoreKinds[0].Make(t), set)
+			resp := h.check(t, checkRequest(chatBody("gpt-4o", 40, 10), "x-tenant", "acme", "x-tier", tt.give))
+			ok := resp.GetOkResponse()
+			if ok == nil {
+				t.Fatalf("Check = %v, want OK", resp)
+			}
+			got := ""
+			for _, hv := range ok.GetHeaders() {
+				if hv.GetHeader().GetKey() == HeaderTier {
+					got = hv.GetHeader().GetValue()
+				}
+			}
+			if got != tt.want {
+				t.Errorf("%s = %q, want %q", HeaderTier, got, tt.want)
+			}
+			if meta := resp.GetDynamicMetadata().GetFields()[ticket.FieldTier].GetStringValue(); meta != tt.want {
+				t.Errorf("metadata %s = %q, want %q", ticket.FieldTier, meta, tt.want)
 			}
 		})
 	}

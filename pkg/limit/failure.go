@@ -300,6 +300,7 @@ func (l *Limiter) degrade(ctx context.Context, now time.Time, dom *Domain, req *
 	}
 	if denied {
 		dec.Code, dec.Reason = CodeOverLimit, ReasonLimit
+		markTooLarge(b, dec)
 		if len(dec.Probes) > 0 {
 			l.release(ctx, now, dom, dec)
 		}

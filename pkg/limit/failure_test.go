@@ -430,3 +430,38 @@ func BenchmarkDecideStoreFailure(b *testing.B) {
 		}
 	}
 }
+
+// TestDegradedTooLarge: with the store down, a request that can never
+// fit is marked so whichever store_failure answers it by denying: deny,
+// or local (whose share it would not fit either).
+func TestDegradedTooLarge(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		give *limit.Request
+		want bool
+	}{
+		{name: "deny", give: &limit.Request{Domain: "d", Hits: 101, Descriptors: req("d", []string{"tenant", "a"}).Descriptors}, want: true},
+		{name: "local", give: &limit.Request{Domain: "d", Hits: 101, Descriptors: req("d", []string{"path", "a"}).Descriptors}, want: true},
+		{name: "local: within the limit, beyond the local share", give: &limit.Request{Domain: "d", Hits: 50, Descriptors: req("d", []string{"path", "a"}).Descriptors}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			dec, err := newFailing(t, limit.FailureLocal, nil).Decide(context.Background(), tt.give)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !dec.Degraded || dec.Code != limit.CodeOverLimit {
+				t.Fatalf("decision = %+v, want degraded and denied", dec)
+			}
+			st := dec.TooLarge()
+			if (st != nil) != tt.want {
+				t.Fatalf("TooLarge() = %+v, want one: %v", st, tt.want)
+			}
+			if st != nil && (st.Cost != 101 || st.Capacity != 100 || st.Limit == nil || st.Limit.Amount != 100) {
+				t.Errorf("status = %+v, want cost 101 of capacity 100", st)
+			}
+		})
+	}
+}

@@ -97,6 +97,25 @@ type Status struct {
 	Replaced bool
 	// Concurrency is set when the rule's max_concurrent cap denied.
 	Concurrency bool
+	// TooLarge is set when the request can never fit the denying limit:
+	// its Cost there is more than the limit's whole Capacity (the amount,
+	// or a token bucket's burst, after overrides and the plan multiplier,
+	// before any pressure factor), so no wait helps. Limit is then that
+	// limit, and RetryAfter means nothing.
+	TooLarge bool
+	Cost     uint64
+	Capacity uint64
+}
+
+// TooLarge returns the first status whose limit the request can never
+// fit (see Status.TooLarge), nil when none.
+func (d *Decision) TooLarge() *Status {
+	for i := range d.Statuses {
+		if d.Statuses[i].TooLarge {
+			return &d.Statuses[i]
+		}
+	}
+	return nil
 }
 
 // Decision is the answer to a Request.
@@ -188,6 +207,9 @@ func (l *Limiter) Rules() *RuleSet { return l.rules.Load() }
 type plan struct {
 	desc  int
 	limit *Limit
+	// capacity is the most the limit can ever admit at once, before the
+	// pressure's factor (which passes): see Status.TooLarge.
+	capacity uint64
 }
 
 // Decide answers req. It returns an error wrapping ErrInvalid for a
@@ -312,6 +334,13 @@ func (l *Limiter) decide(ctx context.Context, req *Request) (*Decision, *Domain,
 		}
 		if !rs.Fits && b.charges[k].Force {
 			rs.Fits = true // kept and not blocking: the budget now shows 0 left
+		}
+		if c := &b.charges[k]; !rs.Fits && !st.TooLarge && c.Cost > 0 && uint64(c.Cost) > p.capacity {
+			// A denial no wait ends wins what the descriptor reports:
+			// the client must change the request, not retry it.
+			st.Code, st.Limit, st.Remaining, st.ResetAfter, st.RetryAfter = CodeOverLimit, p.limit, rs.Remaining, rs.ResetAfter, rs.RetryAfter
+			st.TooLarge, st.Cost, st.Capacity = true, uint64(c.Cost), p.capacity
+			continue
 		}
 		if report(st, p.limit, rs) {
 			st.Limit = p.limit
@@ -623,9 +652,12 @@ func build(b *built, dom *Domain, req *Request, m mode, statuses []Status, adj a
 			continue // tier entries only, its own limit included: see above
 		}
 		rate, tokens := (*Limit)(nil), (*Limit)(nil)
+		var rateCap, tokenCap uint64
 		if r != nil {
-			rate = adj.apply(scaled(overridden(r.RateLimit, req.Overrides), micro))
-			tokens = adj.apply(scaled(overridden(r.TokenLimit, req.Overrides), micro))
+			rate = scaled(overridden(r.RateLimit, req.Overrides), micro)
+			tokens = scaled(overridden(r.TokenLimit, req.Overrides), micro)
+			rateCap, tokenCap = capacity(rate), capacity(tokens)
+			rate, tokens = adj.apply(rate), adj.apply(tokens)
 		}
 		if d.Override != nil {
 			ov := &Limit{Kind: Requests, Amount: d.Override.Amount, Unit: d.Override.Unit, Multiplier: d.Override.Multiplier}
@@ -640,7 +672,7 @@ func build(b *built, dom *Domain, req *Request, m mode, statuses []Status, adj a
 			if ov.Window() <= 0 {
 				return invalidf("descriptors[%d].limit: unit %d is not known", i, d.Override.Unit)
 			}
-			rate = ov
+			rate, rateCap = ov, capacity(ov)
 		}
 		if rate != nil && rate.Name != "" && replaced[rate.Name] {
 			statuses[i].Replaced = true
@@ -675,7 +707,7 @@ func build(b *built, dom *Domain, req *Request, m mode, statuses []Status, adj a
 		shadow := r != nil && r.Shadow
 		if m == admit && rate != nil && !(tokens != nil && d.HitsSet) {
 			b.charges = append(b.charges, charge(req.Domain, ents, rate, rateCost, shadow))
-			b.plans = append(b.plans, plan{desc: i, limit: rate})
+			b.plans = append(b.plans, plan{desc: i, limit: rate, capacity: rateCap})
 		}
 		if tokens != nil {
 			c := charge(req.Domain, ents, tokens, tokenCost, shadow)
@@ -691,10 +723,38 @@ func build(b *built, dom *Domain, req *Request, m mode, statuses []Status, adj a
 				b.tokens = uint64(tokenCost)
 			}
 			b.charges = append(b.charges, c)
-			b.plans = append(b.plans, plan{desc: i, limit: tokens})
+			b.plans = append(b.plans, plan{desc: i, limit: tokens, capacity: tokenCap})
 		}
 	}
 	return nil
+}
+
+// markTooLarge marks, in a denied dec, the statuses of b's charges that
+// can never fit (see Status.TooLarge). Apply's results are not needed:
+// a charge costing more than its capacity never fits any store, so the
+// degraded answers use it too.
+func markTooLarge(b *built, dec *Decision) {
+	for k, p := range b.plans {
+		c, st := &b.charges[k], &dec.Statuses[p.desc]
+		if p.limit == nil || c.Shadow || c.Force || c.Cost <= 0 || uint64(c.Cost) <= p.capacity || st.TooLarge {
+			continue
+		}
+		st.Code, st.Limit, st.RetryAfter = CodeOverLimit, p.limit, 0
+		st.TooLarge, st.Cost, st.Capacity = true, uint64(c.Cost), p.capacity
+	}
+}
+
+// capacity is the most l admits at once: a token bucket's burst, else
+// its amount; 0 for no limit.
+func capacity(l *Limit) uint64 {
+	switch {
+	case l == nil:
+		return 0
+	case l.Algorithm == TokenBucket:
+		return l.EffectiveBurst()
+	default:
+		return l.Amount
+	}
 }
 
 // overridden returns l with the request's override for its name applied:

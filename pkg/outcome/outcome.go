@@ -249,6 +249,15 @@ func (l *Loop) Report(ctx context.Context, channel string, t *ticket.Ticket, u U
 		}
 	}
 	l.m.reports.WithLabelValues(channel, r.String()).Inc()
+	// Checked first: the fields are built only when debug is on, since
+	// every admitted request comes back through here.
+	if ce := l.log.Check(zap.DebugLevel, "settlement"); ce != nil {
+		// The ticket's ID, never the ticket: the sealed string is a
+		// bearer credential for a settle.
+		ce.Write(zap.String("channel", channel), zap.String("ticket_id", t.ID), zap.String("domain", t.Domain),
+			zap.Uint64("reserved", t.Tokens), zap.Uint64("actual", actual), zap.Bool("usage_reported", settle),
+			zap.Stringer("result", r))
+	}
 	return r
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
@@ -222,5 +223,49 @@ func TestBreakers(t *testing.T) {
 	tk.Domain = "gone"
 	if got := l.Breakers(tk); got != nil {
 		t.Errorf("Breakers of a dropped domain = %v", got)
+	}
+}
+
+// TestReportLogsSettlement: each report is one debug line with the
+// ticket's ID (its only field that names the request), the reserved and
+// actual tokens and the result; at info level nothing is written.
+func TestReportLogsSettlement(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		level zapcore.Level
+		give  Usage
+		done  bool
+		want  []map[string]any // each line's context
+	}{
+		{name: "settled", level: zap.DebugLevel, give: Usage{Total: 300, Reported: true}, done: true,
+			want: []map[string]any{{"channel": ChannelAccessLog, "ticket_id": "r.1", "domain": "ai", "reserved": uint64(1000),
+				"actual": uint64(300), "usage_reported": true, "result": "settled"}}},
+		{name: "duplicate", level: zap.DebugLevel, give: Usage{Total: 300, Reported: true},
+			want: []map[string]any{{"channel": ChannelAccessLog, "ticket_id": "r.1", "domain": "ai", "reserved": uint64(1000),
+				"actual": uint64(300), "usage_reported": true, "result": "duplicate"}}},
+		{name: "released", level: zap.DebugLevel, give: Usage{}, done: true,
+			want: []map[string]any{{"channel": ChannelAccessLog, "ticket_id": "r.1", "domain": "ai", "reserved": uint64(1000),
+				"actual": uint64(0), "usage_reported": false, "result": "released"}}},
+		{name: "info level writes nothing", level: zap.InfoLevel, give: Usage{Total: 300, Reported: true}, done: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			core, logs := observer.New(tt.level)
+			l, _, _ := newTestLoop(t, &fakeLimiter{done: tt.done, rules: rules(t)}, zap.New(core))
+			tk := reservedTicket()
+			l.Report(context.Background(), ChannelAccessLog, tk, tt.give)
+			var got []map[string]any
+			for _, e := range logs.All() {
+				if e.Message != "settlement" || e.Level != zap.DebugLevel {
+					t.Errorf("log %q at %v, want settlement at debug", e.Message, e.Level)
+				}
+				got = append(got, e.ContextMap())
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("log lines (-want +got):\n%s", diff)
+			}
+		})
 	}
 }

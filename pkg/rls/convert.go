@@ -1,6 +1,7 @@
 package rls
 
 import (
+	"encoding/json"
 	"math"
 	"strconv"
 	"sync"
@@ -126,7 +127,15 @@ func toResponse(dec *limit.Decision) *rlsv3.RateLimitResponse {
 	for i := range dec.Statuses {
 		resp.Statuses[i] = toStatus(&dec.Statuses[i], &msgs[i])
 	}
-	resp.ResponseHeadersToAdd = responseHeaders(resp.Statuses)
+	resp.ResponseHeadersToAdd = responseHeaders(resp.Statuses, dec.Statuses)
+	if st := dec.TooLarge(); st != nil {
+		// OVER_LIMIT is all RLS can say, and Envoy answers it with its
+		// configured status (429 by default); the body says that no
+		// retry helps, as Check's 413 does. Envoy lets the service's
+		// content-type replace its local reply's text/plain.
+		resp.RawBody = tooLargeBody(st)
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: "content-type", Value: "application/json"})
+	}
 	switch dec.Reason {
 	case limit.ReasonShed, limit.ReasonBreaker:
 		// Refused before any limit: the statuses report none, so the
@@ -177,6 +186,11 @@ func toStatus(st *limit.Status, m *statusMsgs) *rlsv3.RateLimitResponse_Descript
 		out.CurrentLimit.UnitMultiplier = wrapperspb.UInt32(l.Multiplier)
 	}
 	out.LimitRemaining = capUint32(st.Remaining)
+	if st.TooLarge {
+		// No wait helps, and Envoy's own Retry-After and x-ratelimit-reset
+		// are made from this duration: leave it out.
+		return out
+	}
 	reset := st.ResetAfter
 	if st.Code == limit.CodeOverLimit && st.RetryAfter > 0 {
 		reset = st.RetryAfter
@@ -185,6 +199,24 @@ func toStatus(st *limit.Status, m *statusMsgs) *rlsv3.RateLimitResponse_Descript
 	m.reset.Seconds, m.reset.Nanos = int64(reset/time.Second), int32(reset%time.Second)
 	out.DurationUntilReset = &m.reset
 	return out
+}
+
+// tooLargeBody is the OpenAI-style error body of a request that can
+// never fit st's limit, the same as Check's but for the status.
+func tooLargeBody(st *limit.Status) []byte {
+	name, tokens := "", false
+	if st.Limit != nil {
+		name, tokens = st.Limit.Name, st.Limit.Kind == limit.Tokens
+	}
+	type detail struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Code    string `json:"code"`
+	}
+	b, _ := json.Marshal(struct {
+		Error detail `json:"error"`
+	}{detail{headers.TooLargeMessage(name, tokens, st.Capacity, st.Cost), "invalid_request_error", headers.CodeTooLarge}})
+	return b
 }
 
 func capUint32(v uint64) uint32 {
@@ -196,11 +228,13 @@ func capUint32(v uint64) uint32 {
 
 // responseHeaders builds the rate limit headers (see headers.Append) from
 // the statuses as Envoy receives them, so the figures are the ones Envoy
-// would compute with enable_x_ratelimit_headers.
-func responseHeaders(statuses []*rlsv3.RateLimitResponse_DescriptorStatus) []*corev3.HeaderValue {
+// would compute with enable_x_ratelimit_headers. decided are the
+// decision's statuses, which statuses were made from, for what the
+// protos cannot carry (TooLarge).
+func responseHeaders(statuses []*rlsv3.RateLimitResponse_DescriptorStatus, decided []limit.Status) []*corev3.HeaderValue {
 	var buf [8]headers.Quota
 	quotas := buf[:0]
-	for _, st := range statuses {
+	for i, st := range statuses {
 		cl := st.GetCurrentLimit()
 		if cl == nil {
 			continue
@@ -213,6 +247,7 @@ func responseHeaders(statuses []*rlsv3.RateLimitResponse_DescriptorStatus) []*co
 			Remaining:     uint64(st.GetLimitRemaining()),
 			Reset:         st.GetDurationUntilReset().AsDuration(),
 			Over:          st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT,
+			TooLarge:      i < len(decided) && decided[i].TooLarge,
 		})
 	}
 	var hbuf [4]headers.Header

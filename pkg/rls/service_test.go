@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/rls/headers"
 )
 
 // now is 20.25 s into a minute, 0.25 s into a second and 20.25 s into a
@@ -220,12 +221,44 @@ func TestShouldRateLimit(t *testing.T) {
 			},
 		},
 		{
-			name: "hits_addend above the limit is denied and not charged",
+			// It can never fit: no wait is reported (no duration, no
+			// Retry-After, no x-ratelimit-reset), and the body says why.
+			name: "hits_addend above the limit is denied as too large and not charged",
 			give: request("ai", 6, desc("tenant", "acme")),
 			want: &rlsv3.RateLimitResponse{
-				OverallCode:          over,
-				Statuses:             []*rlsv3.RateLimitResponse_DescriptorStatus{st(over, perTenant, 5, 15*time.Second)},
-				ResponseHeadersToAdd: append(tenantHeaders("5", "15"), &corev3.HeaderValue{Key: HeaderRetryAfter, Value: "15"}),
+				OverallCode: over,
+				Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{
+					{Code: over, CurrentLimit: perTenant, LimitRemaining: 5},
+				},
+				ResponseHeadersToAdd: hdrs(HeaderLimit, `5, 5;w=60;name="per-tenant"`, HeaderRemaining, "5",
+					HeaderReason, headers.ReasonTooLarge, headers.ShouldRetry, "false", "content-type", "application/json"),
+				RawBody: []byte(`{"error":{"message":"Request too large for the requests limit \"per-tenant\": Limit 5, Requested 6. ` +
+					`The request must be made smaller; retrying it cannot succeed.","type":"invalid_request_error","code":"request_too_large"}}`),
+			},
+		},
+		{
+			name:  "too large wins over a descriptor that must only wait",
+			prior: repeat(2, request("ai", 0, desc("tenant", "acme", "model", "gpt-4o"))),
+			give:  request("ai", 0, desc("tenant", "acme", "model", "gpt-4o"), withHits(desc("tenant", "other"), 6, false)),
+			want: &rlsv3.RateLimitResponse{
+				OverallCode: over,
+				Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{
+					st(over, perModel, 0, 250*time.Millisecond),
+					{Code: over, CurrentLimit: perTenant, LimitRemaining: 5},
+				},
+				ResponseHeadersToAdd: hdrs(HeaderLimit, `5, 2;w=1, 5;w=60;name="per-tenant"`, HeaderRemaining, "5",
+					HeaderReason, headers.ReasonTooLarge, headers.ShouldRetry, "false", "content-type", "application/json"),
+				RawBody: []byte(`{"error":{"message":"Request too large for the requests limit \"per-tenant\": Limit 5, Requested 6. ` +
+					`The request must be made smaller; retrying it cannot succeed.","type":"invalid_request_error","code":"request_too_large"}}`),
+			},
+		},
+		{
+			name: "hits_addend equal to the limit fits",
+			give: request("ai", 5, desc("tenant", "acme")),
+			want: &rlsv3.RateLimitResponse{
+				OverallCode:          ok,
+				Statuses:             []*rlsv3.RateLimitResponse_DescriptorStatus{st(ok, perTenant, 0, 39750*time.Millisecond)},
+				ResponseHeadersToAdd: tenantHeaders("0", "40"),
 			},
 		},
 		{

@@ -19,8 +19,13 @@ const (
 	RetryAfter = "retry-after"
 	// Reason says, on a refusal before any limit, which step refused:
 	// "shed" (tier shedding by pressure) or "breaker" (an open circuit
-	// breaker). A refusal by a limit carries none.
-	Reason = "x-tollgate-reason"
+	// breaker); on a refusal by a limit the request can never fit,
+	// ReasonTooLarge. Any other refusal by a limit carries none.
+	Reason         = "x-tollgate-reason"
+	ReasonTooLarge = "too_large"
+	// ShouldRetry is "false" on a refusal no retry can pass: the OpenAI
+	// SDKs read it and then skip the retries they make on any 429.
+	ShouldRetry = "x-should-retry"
 	// Degraded says the store could not answer and the rules'
 	// store_failure did; its value is DegradedStore.
 	Degraded      = "x-tollgate-degraded"
@@ -43,6 +48,9 @@ type Quota struct {
 	// the request would fit.
 	Reset time.Duration
 	Over  bool
+	// TooLarge: the request can never fit this quota (its cost is more
+	// than the limit's capacity), so no wait is reported.
+	TooLarge bool
 }
 
 // Header is one response header.
@@ -63,12 +71,19 @@ type Header struct {
 // enable_retry_after_header computes it, at least one second. It appends
 // nothing when no quota has a limit and none is over. A caller that
 // passes a small array's slice as dst allocates nothing here.
+//
+// A denial by a quota marked TooLarge invites no retry: the figures are
+// that quota's, without x-ratelimit-reset and Retry-After, and
+// x-tollgate-reason: too_large and x-should-retry: false say why.
 func Append(dst []Header, quotas []Quota) []Header {
 	var minQ *Quota
 	var retry time.Duration
 	over := false
 	for i := range quotas {
 		q := &quotas[i]
+		if q.TooLarge && q.Over && q.HasLimit {
+			return appendTooLarge(dst, quotas, q)
+		}
 		if q.Over {
 			over = true
 			retry = max(retry, q.Reset)
@@ -105,22 +120,7 @@ func Append(dst []Header, quotas []Quota) []Header {
 	var ends [4]int
 	n := 0
 	if minQ != nil {
-		b = strconv.AppendUint(b, minQ.Amount, 10)
-		for i := range quotas {
-			q := &quotas[i]
-			if !q.HasLimit || q.WindowSeconds == 0 {
-				continue
-			}
-			b = append(b, ", "...)
-			b = strconv.AppendUint(b, q.Amount, 10)
-			b = append(b, ";w="...)
-			b = strconv.AppendUint(b, q.WindowSeconds, 10)
-			if q.Name != "" {
-				b = append(b, `;name="`...)
-				b = appendQuoted(b, q.Name)
-				b = append(b, '"')
-			}
-		}
+		b = appendPolicies(b, quotas, minQ.Amount)
 		ends[0] = len(b)
 		b = strconv.AppendUint(b, minQ.Remaining, 10)
 		ends[1] = len(b)
@@ -148,6 +148,74 @@ func Append(dst []Header, quotas []Quota) []Header {
 		dst = append(dst, Header{RetryAfter, vals[from:ends[n]]})
 	}
 	return dst
+}
+
+// CodeTooLarge is the OpenAI-style error code of a request that can never
+// fit a limit: the answer's body carries it with TooLargeMessage.
+const CodeTooLarge = "request_too_large"
+
+// TooLargeMessage says that a request costing cost can never fit the
+// limit named name (may be empty) of capacity, in OpenAI's own words for
+// the case ("Request too large ... Limit X, Requested Y"), and that a
+// retry cannot help. tokens says whether the limit counts tokens.
+func TooLargeMessage(name string, tokens bool, capacity, cost uint64) string {
+	kind := "requests"
+	if tokens {
+		kind = "tokens"
+	}
+	b := make([]byte, 0, 160)
+	b = append(b, "Request too large for the "...)
+	b = append(b, kind...)
+	b = append(b, " limit"...)
+	if name != "" {
+		b = append(b, ` "`...)
+		b = appendQuoted(b, name)
+		b = append(b, '"')
+	}
+	b = append(b, ": Limit "...)
+	b = strconv.AppendUint(b, capacity, 10)
+	b = append(b, ", Requested "...)
+	b = strconv.AppendUint(b, cost, 10)
+	b = append(b, ". The request must be made smaller; retrying it cannot succeed."...)
+	return string(b)
+}
+
+// appendTooLarge is Append for a denial by q, a quota the request can
+// never fit.
+func appendTooLarge(dst []Header, quotas []Quota, q *Quota) []Header {
+	var buf [256]byte
+	b := appendPolicies(buf[:0], quotas, q.Amount)
+	end := len(b)
+	b = strconv.AppendUint(b, q.Remaining, 10)
+	vals := string(b)
+	return append(dst,
+		Header{Limit, vals[:end]},
+		Header{Remaining, vals[end:]},
+		Header{Reason, ReasonTooLarge},
+		Header{ShouldRetry, "false"},
+	)
+}
+
+// appendPolicies appends x-ratelimit-limit's value: amount, then a quota
+// policy for every quota with a limit and a window.
+func appendPolicies(b []byte, quotas []Quota, amount uint64) []byte {
+	b = strconv.AppendUint(b, amount, 10)
+	for i := range quotas {
+		q := &quotas[i]
+		if !q.HasLimit || q.WindowSeconds == 0 {
+			continue
+		}
+		b = append(b, ", "...)
+		b = strconv.AppendUint(b, q.Amount, 10)
+		b = append(b, ";w="...)
+		b = strconv.AppendUint(b, q.WindowSeconds, 10)
+		if q.Name != "" {
+			b = append(b, `;name="`...)
+			b = appendQuoted(b, q.Name)
+			b = append(b, '"')
+		}
+	}
+	return b
 }
 
 // CeilSeconds is d in whole seconds, rounded up; 0 for d <= 0.

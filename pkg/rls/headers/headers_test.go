@@ -58,6 +58,14 @@ func TestAppend(t *testing.T) {
 			want: []Header{{Limit, `3, 4;w=1;name="a\"b\\c"`}, {Remaining, "1"}, {Reset, "0"}},
 		},
 		{
+			name: "a denial the request can never fit: its figures, no reset, no retry-after, and the reason",
+			give: []Quota{
+				{HasLimit: true, Amount: 5, WindowSeconds: 60, Remaining: 0, Reset: 40 * time.Second, Over: true},
+				{HasLimit: true, Amount: 1000, WindowSeconds: 3600, Name: "tokens", Remaining: 1000, Reset: time.Hour, Over: true, TooLarge: true},
+			},
+			want: []Header{{Limit, `1000, 5;w=60, 1000;w=3600;name="tokens"`}, {Remaining, "1000"}, {Reason, ReasonTooLarge}, {ShouldRetry, "false"}},
+		},
+		{
 			name: "amounts past 32 bits",
 			give: []Quota{{HasLimit: true, Amount: 1 << 40, WindowSeconds: 2592000, Remaining: 1 << 39, Reset: time.Minute}},
 			want: []Header{{Limit, "1099511627776, 1099511627776;w=2592000"}, {Remaining, "549755813888"}, {Reset, "60"}},
