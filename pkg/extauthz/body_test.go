@@ -191,6 +191,9 @@ func FuzzBody(f *testing.F) {
 			if !errors.As(err, &be) {
 				t.Fatalf("ParseBody error %T %v is not a bodyError", err, err)
 			}
+			if be.code == "ambiguous_key" && !ambiguousIn(data, be.param) {
+				t.Fatalf("ParseBody(%q) refuses an ambiguous %q, but no object has one", data, be.param)
+			}
 			return
 		}
 		if b.Choices < 1 || b.Choices > maxChoices || b.MaxTokens > maxCost {

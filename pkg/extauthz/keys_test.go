@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -197,4 +198,91 @@ func ambiguousIn(body []byte, field string) bool {
 			stack[n-1].atKey = true
 		}
 	}
+}
+
+// keyVariantBodies use every field the parser reads, at every level.
+var keyVariantBodies = []string{
+	`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"abc"},{"type":"image_url","image_url":{"url":"u","detail":"low"}}]},` +
+		`{"role":"assistant","content":null,"tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"}}],"function_call":{"name":"g","arguments":"xy"}}],` +
+		`"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"functions":[{"name":"h"}],"max_tokens":7,"max_completion_tokens":9,"n":2}`,
+	`{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"abc"},{"type":"input_image","image_url":"u","detail":"high"}]},` +
+		`{"type":"function_call","name":"f","arguments":"{}"},{"type":"function_call_output","output":"ok"},{"type":"reasoning","summary":[{"text":"s"}]}],` +
+		`"instructions":"be brief","tools":[{"type":"function","name":"f"}],"max_output_tokens":9}`,
+	`{"model":"m","prompt":["ab",[1,2]],"suffix":"s","max_tokens":5,"n":2,"best_of":3}`,
+	`{"model":"m","instructions":[{"content":[{"text":"é"}]}],"input":"abcd"}`,
+}
+
+// TestParseBodyKeyVariants: in bodies that use every field the parser
+// reads, each key in turn written with an escape reads the same, and in
+// another case (or with a rune that folds to one of its letters) is
+// refused for that field or, where the parser does not read it, reads the
+// same: no key's case can change what a body is charged.
+func TestParseBodyKeyVariants(t *testing.T) {
+	t.Parallel()
+	names := map[string]bool{"model": true}
+	for _, list := range [][]string{messageKeys, partKeys, itemKeys, imageURLKeys, toolKeys, toolCallKeys, callKeys} {
+		for _, n := range list {
+			names[n] = true
+		}
+	}
+	for _, row := range endpoints {
+		for _, f := range row.fields {
+			names[f.name] = true
+		}
+	}
+	for _, body := range keyVariantBodies {
+		for _, ep := range []Endpoint{EndpointAny, EndpointChat, EndpointCompletions, EndpointResponses, EndpointEmbeddings} {
+			want := mustParseAt(t, body, ep)
+			for name := range names {
+				key := `"` + name + `":`
+				for at := strings.Index(body, key); at >= 0; at = nextIndex(body, key, at) {
+					variant := func(k string) string { return body[:at+1] + k + body[at+1+len(name):] }
+					escaped := variant(`\u` + fmt.Sprintf("%04x", name[0]) + name[1:])
+					if got := mustParseAt(t, escaped, ep); !sameButTools(got, want) {
+						t.Errorf("ParseBody(%s, %d) = %+v; with the key plain, %+v", escaped, ep, got, want)
+					}
+					for _, k := range []string{strings.ToUpper(name), strings.ReplaceAll(name, "s", "ſ"), strings.ReplaceAll(name, "k", "\u212a")} {
+						if k == name {
+							continue
+						}
+						v := variant(k)
+						got, err := ParseBody([]byte(v), "model", ep, false)
+						var be *bodyError
+						switch {
+						case errors.As(err, &be) && be.code == "ambiguous_key" && be.param == name:
+						case err != nil:
+							t.Errorf("ParseBody(%s, %d): %v; want refused for %q or read as before", v, ep, err, name)
+						// Upper case keeps a key's length, and so the JSON
+						// text tools count; other runes lengthen it.
+						case got != want && (k == strings.ToUpper(name) || !sameButTools(got, want)):
+							t.Errorf("ParseBody(%s, %d) = %+v, not refused; with the key %q, %+v", v, ep, got, name, want)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+func nextIndex(s, sub string, after int) int {
+	if i := strings.Index(s[after+1:], sub); i >= 0 {
+		return after + 1 + i
+	}
+	return -1
+}
+
+func mustParseAt(tb testing.TB, body string, ep Endpoint) Body {
+	tb.Helper()
+	b, err := ParseBody([]byte(body), "model", ep, false)
+	if err != nil {
+		tb.Fatalf("ParseBody(%s, %d): %v", body, ep, err)
+	}
+	return b
+}
+
+// sameButTools compares bodies but for ToolChars: tools count as their
+// JSON text, which a key's escape or runes lengthen.
+func sameButTools(a, b Body) bool {
+	a.ToolChars, b.ToolChars = 0, 0
+	return a == b
 }
