@@ -24,8 +24,9 @@ const maxChoices = 1 << 16
 type Body struct {
 	// Endpoint is the API the body was read for.
 	Endpoint Endpoint
-	// Model is the body's model field (Settings.ModelBodyField); the last
-	// one wins, as the upstream's JSON parser decides.
+	// Model is the body's model field (Settings.ModelBodyField). A body
+	// that gives it twice, or in another case, is refused (keys.go): the
+	// upstream's JSON parser may read another one than the first.
 	Model string
 	// MaxTokens is the largest of the output caps given (max_tokens,
 	// max_completion_tokens, max_output_tokens: those the endpoint
