@@ -43,6 +43,7 @@ type problem struct {
 	errType string // default invalid_request_error
 	errCode string
 	msg     string
+	param   string // the request field at fault, if one is
 	result  string // metric label
 }
 
@@ -367,6 +368,8 @@ type errorDetail struct {
 	Message string `json:"message"`
 	Type    string `json:"type"`
 	Code    string `json:"code"`
+	// Param names the request field at fault, when one is.
+	Param string `json:"param,omitempty"`
 }
 
 // deniedResponse answers p with an OpenAI-style JSON body, and the rate
@@ -376,7 +379,7 @@ func deniedResponse(p *problem, c *call) *authv3.CheckResponse {
 	if typ == "" {
 		typ = "invalid_request_error"
 	}
-	body, _ := json.Marshal(errorBody{Error: errorDetail{Message: p.msg, Type: typ, Code: p.errCode}})
+	body, _ := json.Marshal(errorBody{Error: errorDetail{Message: p.msg, Type: typ, Code: p.errCode, Param: p.param}})
 	var buf [1 + maxRateLimitHeaders]headers.Header
 	all := rateLimitHeaders(c, append(buf[:0], headers.Header{Key: "content-type", Value: "application/json"}))
 	return &authv3.CheckResponse{

@@ -24,8 +24,9 @@ const maxChoices = 1 << 16
 type Body struct {
 	// Endpoint is the API the body was read for.
 	Endpoint Endpoint
-	// Model is the body's model field (Settings.ModelBodyField); the last
-	// one wins, as the upstream's JSON parser decides.
+	// Model is the body's model field (Settings.ModelBodyField). A body
+	// that gives it twice, or in another case, is refused (keys.go): the
+	// upstream's JSON parser may read another one than the first.
 	Model string
 	// MaxTokens is the largest of the output caps given (max_tokens,
 	// max_completion_tokens, max_output_tokens: those the endpoint
@@ -67,8 +68,9 @@ const (
 
 // bodyError is a body Check refuses; it says which answer it gets.
 type bodyError struct {
-	code string // the OpenAI-style error code
-	msg  string // for the client; never quotes the body
+	code  string // the OpenAI-style error code
+	msg   string // for the client; never quotes the body
+	param string // the field at fault, if one is
 }
 
 func (e *bodyError) Error() string { return e.msg }
@@ -122,6 +124,10 @@ func parseBody[T string | []byte](data T, modelField string, ep Endpoint, partia
 
 // parseRow is parseBody reading the fields of row.
 func parseRow[T string | []byte](data T, modelField string, row *endpoint, partial bool) (Body, error) {
+	if !utf8.ValidString(modelField) {
+		// No key decodes to it (a key's invalid UTF-8 is U+FFFD).
+		modelField = ""
+	}
 	s := scanner[T]{data: data, modelField: modelField, row: row, body: Body{Choices: 1}}
 	switch err := s.document(); {
 	case err == nil, err == errTruncated && partial:
@@ -149,6 +155,9 @@ type scanner[T string | []byte] struct {
 	depth int
 	// image is the image state of the part being read.
 	image imagePart
+	// seen is the read fields the object being read has named, a bit
+	// each by their index (see keys.go).
+	seen uint64
 }
 
 // imagePart is what a content part has said so far about being an image.
@@ -221,6 +230,15 @@ func (s *scanner[T]) next() (byte, error) {
 // object reads an object, handing member each key and the scanner at the
 // member's value.
 func (s *scanner[T]) object(member func(key token) error) error {
+	outer := s.seen
+	s.seen = 0
+	err := s.members(member)
+	s.seen = outer
+	return err
+}
+
+// members is object with s.seen the object's own.
+func (s *scanner[T]) members(member func(key token) error) error {
 	s.i++ // '{'
 	c, err := s.next()
 	if err != nil {
@@ -327,15 +345,6 @@ func (s *scanner[T]) array(item func() error) error {
 	}
 }
 
-// is says whether key k is name. A key with escapes or non-ASCII bytes is
-// decoded first, which allocates; real bodies have none.
-func (s *scanner[T]) is(k token, name string) bool {
-	if k.plain() {
-		return string(s.data[k.start:k.end]) == name
-	}
-	return s.unquote(k) == name
-}
-
 // unquote decodes string token t as encoding/json does, replacing invalid
 // UTF-8 and unpaired surrogates with U+FFFD.
 func (s *scanner[T]) unquote(t token) string {
@@ -345,29 +354,30 @@ func (s *scanner[T]) unquote(t token) string {
 	return v
 }
 
+// member reads a top-level member: the model (field 0) or a field of the
+// row (field j+1 for row.fields[j]).
 func (s *scanner[T]) member(k token) error {
-	var decoded string // the key, when it has escapes or non-ASCII bytes
-	if !k.plain() {
-		decoded = s.unquote(k)
-	}
-	if s.modelField != "" && s.keyIs(k, decoded, s.modelField) {
-		return s.model()
-	}
-	for _, f := range s.row.fields {
-		if s.keyIs(k, decoded, f.name) {
-			return s.read(f.kind)
+	f := keySearch{hit: -1}
+	if s.modelField == "" || !s.try(&f, k, 0, s.modelField) {
+		for j := range s.row.fields {
+			if s.try(&f, k, j+1, s.row.fields[j].name) {
+				break
+			}
 		}
 	}
-	return s.skip(true)
-}
-
-// keyIs is is with the key decoded once, for a key compared with many
-// names.
-func (s *scanner[T]) keyIs(k token, decoded, name string) bool {
-	if k.plain() {
-		return string(s.data[k.start:k.end]) == name
+	name := s.modelField
+	if f.hit > 0 {
+		name = s.row.fields[f.hit-1].name
 	}
-	return decoded == name
+	switch i, err := s.found(&f, name); {
+	case err != nil:
+		return err
+	case i == 0:
+		return s.model()
+	case i > 0:
+		return s.read(s.row.fields[i-1].kind)
+	}
+	return s.skip(true)
 }
 
 // read reads a field of the table by its kind.
@@ -540,10 +550,13 @@ func (s *scanner[T]) message() error {
 }
 
 func (s *scanner[T]) messageMember(k token) error {
+	name, err := s.field(k, messageKeys)
 	switch {
-	case s.is(k, "content"):
+	case err != nil:
+		return err
+	case name == "content":
 		return s.content()
-	case s.is(k, "tool_calls"), s.is(k, "function_call"):
+	case name == "tool_calls", name == "function_call":
 		return s.toolCalls()
 	}
 	return s.skip(true)
@@ -572,7 +585,11 @@ func (s *scanner[T]) tool() error {
 // members count as the tool's own (one level: no recursion a body could
 // deepen).
 func (s *scanner[T]) toolMember(k token) error {
-	if s.is(k, "function") && s.data[s.i] == '{' {
+	name, err := s.field(k, toolKeys)
+	if err != nil {
+		return err
+	}
+	if name == "function" && s.data[s.i] == '{' {
 		return s.inObject(s.toolField)
 	}
 	return s.toolField(k)
@@ -610,15 +627,28 @@ func (s *scanner[T]) toolCall() error {
 }
 
 func (s *scanner[T]) toolCallMember(k token) error {
-	if s.is(k, "function") && s.data[s.i] == '{' {
+	name, err := s.field(k, toolCallKeys)
+	switch {
+	case err != nil:
+		return err
+	case name == "function" && s.data[s.i] == '{':
 		return s.inObject(s.callMember)
 	}
-	return s.callMember(k)
+	return s.callField(name)
 }
 
 // callMember counts a call's name and arguments, what the model wrote.
 func (s *scanner[T]) callMember(k token) error {
-	if s.is(k, "name") || s.is(k, "arguments") {
+	name, err := s.field(k, callKeys)
+	if err != nil {
+		return err
+	}
+	return s.callField(name)
+}
+
+// callField reads a call's member that field named ("" for none).
+func (s *scanner[T]) callField(name string) error {
+	if name == "name" || name == "arguments" {
 		return s.toolText()
 	}
 	return s.skip(true)
@@ -672,24 +702,38 @@ func (s *scanner[T]) imageObject(member func(token) error) error {
 // it an image (chat's image_url object, the Responses API's input_image
 // type, image_url string and detail).
 func (s *scanner[T]) partMember(k token) error {
-	switch {
-	case s.is(k, "text"):
+	name, err := s.field(k, partKeys)
+	if err != nil {
+		return err
+	}
+	return s.partField(name)
+}
+
+// partField reads a content part's member that field named ("" for
+// none).
+func (s *scanner[T]) partField(name string) error {
+	switch name {
+	case "text":
 		return s.text()
-	case s.is(k, "type"):
+	case "type":
 		return s.partType()
-	case s.is(k, "image_url"):
+	case "image_url":
 		s.image.is = true
 		if s.data[s.i] == '{' {
 			return s.inObject(s.imageURLMember)
 		}
-	case s.is(k, "detail"):
+	case "detail":
 		return s.detail()
 	}
 	return s.skip(true)
 }
 
 func (s *scanner[T]) imageURLMember(k token) error {
-	if s.is(k, "detail") {
+	name, err := s.field(k, imageURLKeys)
+	switch {
+	case err != nil:
+		return err
+	case name == "detail":
 		return s.detail()
 	}
 	return s.skip(true)
@@ -754,13 +798,16 @@ func (s *scanner[T]) inputItem() error {
 // reasoning summary; or, for an item that is itself a part, what
 // partMember reads.
 func (s *scanner[T]) itemMember(k token) error {
+	name, err := s.field(k, itemKeys)
 	switch {
-	case s.is(k, "content"), s.is(k, "output"), s.is(k, "summary"):
+	case err != nil:
+		return err
+	case name == "content", name == "output", name == "summary":
 		return s.content()
-	case s.is(k, "arguments"), s.is(k, "name"):
+	case name == "arguments", name == "name":
 		return s.toolText()
 	}
-	return s.partMember(k)
+	return s.partField(name)
 }
 
 // textOrItems counts a string, or a list of input items (instructions

@@ -24,7 +24,9 @@ var referenceSeeds = []string{
 	`{"max_tokens":9007199254740993}`, `{"max_tokens":999999999999999}`, `{"max_tokens":-0}`, `{"max_tokens":-0.0}`, `{"max_tokens":0.5e1}`,
 	`{"n":99999999}`, `{"n":0}`, `{"n":-2}`, `{"n":1.5}`, `{"n":"2"}`, `{"n":true}`, `{"n":[1]}`, `{"n":{}}`, `{"n":01}`, `{"n":1.}`, `{"n":1e}`, `{"n":1e+}`, `{"n":-}`, `{"n":--1}`, `{"n":.5}`, `{"n":1E2}`,
 	`{"model":"m","prompt":"abcd"}`, `{"prompt":["ab","cd",[1,2,3,"x",[4],{"a":1},null],4,true,null,{"x":[]}]}`, `{"prompt":{"x":"y"}}`, `{"prompt":5}`,
-	`{"model":"a","model":"b"}`, `{"model":null}`, `{"model":4}`, `{"model":{"a":1}}`, `{"model":[}`, `{"model":true}`, `{"model":"a\u0000b"}`,
+	`{"model":"a","model":"b"}`, `{"Model":"a"}`, `{"model":"a","MODEL":"b"}`, `{"max_tokens":1,"MAX_TOKENS":30000,"n":2}`,
+	`{"messages":[{"content":"a","Content":"bbbb"}],"prompt":["a"],"Prompt":"b"}`, `{"max_token\u017f":3,"\u004e":2,"mod\u0065l":"m"}`,
+	`{"model":null}`, `{"model":4}`, `{"model":{"a":1}}`, `{"model":[}`, `{"model":true}`, `{"model":"a\u0000b"}`,
 	`{"messages":"hi","prompt":{"x":"y"}}`, `{"messages":[[[[{`, `{"messages":[1,"a",null,true,{"content":"ab"}]}`, `{"messages":null}`,
 	`model=gpt`, `["model"]`, `{"a":1}x`, `{"a" 1}`, `{"a":1 "b":2}`, `{"a":1,}`, `{,}`, `{"a":[1,]}`, `{"a":[,1]}`, `{"a":[1 2]}`, `{"a":{"b"}}`,
 	`{"a":{"b":1,}}`, `{"a":]`, `{"a":}`, `{1:2}`, `{"a":"\x"}`, `{"a":"\u12x4"}`, "{\"a\":\"\x01\"}", `{"a":tx}`, `{"a":truex}`, `{"a":nulll}`,
@@ -111,15 +113,37 @@ func checkReference(t *testing.T, data []byte, field string, partial bool) {
 	want, wantErr := refParseBody(data, field, partial)
 	got, err := parseRow(data, field, &refRow, partial)
 	got.ToolChars, got.Images = 0, [imageDetails]uint64{}
+	if keyRefused(t, data, err) {
+		// The reference read keys exactly and let the last win; the
+		// scanner refuses where that could differ from encoding/json.
+		return
+	}
 	if got != want || err != wantErr {
 		t.Fatalf("parseRow(%q, %q, partial %v) = %+v, %v; the reference says %+v, %v", abbrev(data), field, partial, got, err, want, wantErr)
 	}
 	// Envoy's body string takes the other instantiation.
 	got, err = parseRow(string(data), field, &refRow, partial)
 	got.ToolChars, got.Images = 0, [imageDetails]uint64{}
+	if keyRefused(t, data, err) {
+		return
+	}
 	if got != want || err != wantErr {
 		t.Fatalf("parseRow(string %q, %q, partial %v) = %+v, %v; the reference says %+v, %v", abbrev(data), field, partial, got, err, want, wantErr)
 	}
+}
+
+// keyRefused says whether err refuses data for an ambiguous key, and
+// fails t if data has no such key.
+func keyRefused(t *testing.T, data []byte, err error) bool {
+	t.Helper()
+	be, ok := err.(*bodyError)
+	if !ok || be.code != "ambiguous_key" {
+		return false
+	}
+	if !ambiguousIn(data, be.param) {
+		t.Fatalf("parseRow(%q) refuses an ambiguous %q, but no object has one", abbrev(data), be.param)
+	}
+	return true
 }
 
 // abbrev keeps a failure's message readable for the deep bodies.

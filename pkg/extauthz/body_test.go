@@ -1,7 +1,10 @@
 package extauthz
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -62,7 +65,9 @@ func TestParseBody(t *testing.T) {
 			give: `{"prompt":["ab","cd",[1,2,3],4]}`,
 			want: Body{Choices: 1, PromptChars: 4, PromptTokens: 4},
 		},
-		{name: "the last model wins", give: `{"model":"a","model":"b"}`, want: Body{Model: "b", Choices: 1}},
+		// encoding/json lets the last win; the estimate must not read the
+		// first (see TestParseBodyKeys).
+		{name: "a second model is refused", give: `{"model":"a","model":"b"}`, wantErr: keyError("model")},
 		{name: "null model", give: `{"model":null}`, want: Body{Choices: 1}},
 		{name: "messages of the wrong shape count nothing", give: `{"messages":"hi","prompt":{"x":"y"}}`, want: Body{Choices: 1}},
 		{name: "not JSON", give: `model=gpt`, wantErr: errNotJSON},
@@ -98,7 +103,7 @@ func TestParseBody(t *testing.T) {
 			t.Parallel()
 			got, err := ParseBody([]byte(tt.give), "model", EndpointAny, tt.partial)
 			if tt.wantErr != nil {
-				if !errors.Is(err, tt.wantErr) {
+				if be := (*bodyError)(nil); !errors.As(err, &be) || *be != *tt.wantErr {
 					t.Fatalf("ParseBody error = %v, want %v", err, tt.wantErr)
 				}
 				return
@@ -159,7 +164,9 @@ func TestEstimate(t *testing.T) {
 }
 
 // FuzzBody: any bytes, complete or partial, give an answer without a
-// panic, in time linear in their length.
+// panic, in time linear in their length; and a complete body is refused
+// or charged for the model, output cap and choices a Go backend decodes
+// from it (checkAsDecoded), whatever its keys' case, escapes or repeats.
 func FuzzBody(f *testing.F) {
 	for _, s := range []string{
 		``, `{}`, `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`,
@@ -167,6 +174,8 @@ func FuzzBody(f *testing.F) {
 		`{"prompt":["a",[1,2],3,{"x":[]}],"n":2,"max_completion_tokens":1e3}`,
 		`{"model":"a\u0000"}`, `[[[[[[[[[[`, `{"messages":[[[[{`, `{"max_tokens":-0}`, `{"a":1}x`,
 		strings.Repeat(`{"a":`, 500),
+		`{"Model":"big"}`, `{"model":"cheap","MODEL":"big"}`, `{"max_tokens":1,"MAX_TOKENS":30000}`, `{"mod\u0065l":"x","N":3}`,
+		`{"max_to\u212Aens":9,"best_ofſ":1}`, `{"messages":[{"content":"a","CONTENT":"bbbb"}]}`, `{"Max_Output_Tokens":2,"max_completion_tokens":1}`,
 	} {
 		f.Add([]byte(s), false)
 		f.Add([]byte(s), true)
@@ -182,6 +191,9 @@ func FuzzBody(f *testing.F) {
 			if !errors.As(err, &be) {
 				t.Fatalf("ParseBody error %T %v is not a bodyError", err, err)
 			}
+			if be.code == "ambiguous_key" && !ambiguousIn(data, be.param) {
+				t.Fatalf("ParseBody(%q) refuses an ambiguous %q, but no object has one", data, be.param)
+			}
 			return
 		}
 		if b.Choices < 1 || b.Choices > maxChoices || b.MaxTokens > maxCost {
@@ -193,12 +205,70 @@ func FuzzBody(f *testing.F) {
 		if !printable(b.Model) {
 			t.Fatalf("model %q is not printable", b.Model)
 		}
+		if !partial {
+			checkAsDecoded(t, data, b)
+		}
 		// Linear work: far under a second even for the largest input, on
 		// the slowest CI machine with the race detector.
 		if d := time.Since(start); d > 2*time.Second {
 			t.Fatalf("ParseBody took %v on %d bytes", d, len(data))
 		}
 	})
+}
+
+// decoded is what a Go backend reads of the fields the estimate reads
+// on every path: encoding/json matches keys case-insensitively and lets
+// the last win.
+type decoded struct {
+	Model               *string      `json:"model"`
+	MaxTokens           *json.Number `json:"max_tokens"`
+	MaxCompletionTokens *json.Number `json:"max_completion_tokens"`
+	MaxOutputTokens     *json.Number `json:"max_output_tokens"`
+	N                   *json.Number `json:"n"`
+	BestOf              *json.Number `json:"best_of"`
+}
+
+// checkAsDecoded fails t unless b, which ParseBody read from data with
+// EndpointAny, charges the model, output cap and choices encoding/json
+// decodes from data into a struct with those fields.
+func checkAsDecoded(t *testing.T, data []byte, b Body) {
+	t.Helper()
+	var d decoded
+	if err := json.Unmarshal(data, &d); err != nil {
+		if len(bytes.TrimSpace(data)) == 0 {
+			return
+		}
+		t.Fatalf("ParseBody read %q, which encoding/json refuses: %v", data, err)
+	}
+	count := func(n *json.Number) (uint64, bool) {
+		if n == nil {
+			return 0, false
+		}
+		f, err := strconv.ParseFloat(string(*n), 64)
+		if err != nil && !errors.Is(err, strconv.ErrRange) {
+			t.Fatalf("ParseBody read %q, whose number %q does not parse: %v", data, *n, err)
+		}
+		return uint64(min(f, maxCost)), true
+	}
+	want := Body{Choices: 1}
+	if d.Model != nil {
+		want.Model = *d.Model
+	}
+	for _, n := range []*json.Number{d.MaxTokens, d.MaxCompletionTokens, d.MaxOutputTokens} {
+		if v, ok := count(n); ok {
+			want.MaxTokens, want.HasMaxTokens = max(want.MaxTokens, v), true
+		}
+	}
+	if v, ok := count(d.N); ok {
+		want.Choices = min(max(v, 1), maxChoices)
+	}
+	if v, ok := count(d.BestOf); ok {
+		want.BestOf = min(v, maxChoices)
+	}
+	if b.Model != want.Model || b.MaxTokens != want.MaxTokens || b.HasMaxTokens != want.HasMaxTokens ||
+		b.Choices != want.Choices || b.BestOf != want.BestOf {
+		t.Fatalf("ParseBody(%q) charges %+v; encoding/json decodes %+v", data, b, want)
+	}
 }
 
 // TestReadBodyRawOrString: Envoy sends the body as a string, or as

@@ -206,9 +206,9 @@ func TestParseSettingsImageTokens(t *testing.T) {
 // FuzzEstimateTable: for any body and every row of the table, ParseBody
 // answers without a panic, counts no more than the body holds, never
 // reads less than a second reader over encoding/json's tree of the same
-// body finds in the row's fields (the scanner adds up duplicate keys
-// where the tree keeps the last), and an unknown path never estimates
-// less than a known one.
+// body finds in the row's fields (a body whose keys repeat a read field,
+// or fold to one, is refused, with such a key in it), and an unknown
+// path never estimates less than a known one.
 func FuzzEstimateTable(f *testing.F) {
 	for _, s := range referenceSeeds {
 		f.Add([]byte(s))
@@ -218,6 +218,9 @@ func FuzzEstimateTable(f *testing.F) {
 		`{"input":["ab",[1,2],3,{"content":"x"}],"prompt":[[1],"a"],"suffix":"s","best_of":3,"n":2}`,
 		`{"messages":[{"content":[{"type":"image_url","image_url":{"url":"u","detail":"low"}},{"text":"a","detail":"high","type":"input_image"}],"tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}],"tools":[{"type":"function","function":{"name":"f"}}]}`,
 		`{"instructions":[{"content":[{"text":"é"}]}],"input":{"x":1},"tools":"t","functions":[1,[2]]}`,
+		`{"input":[{"content":"a","Content":"bbbb"}],"INSTRUCTIONS":"x","max_output_tokens":1,"max_output_tokens":9}`,
+		`{"\u0069nput":[{"t\u0065xt":"abc","ty\u017fe":"input_image"}],"tools":[{"function":{},"\u0066unction":{}}]}`,
+		`{"messages":[{"content":[{"image_url":{"detail":"low","DETAIL":"high"}}],"tool_calls":[{"function":{"name":"f","NAME":"ggggg"}}]}]}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -238,6 +241,9 @@ func FuzzEstimateTable(f *testing.F) {
 				var be *bodyError
 				if !errors.As(err, &be) {
 					t.Fatalf("ParseBody(%d) error %T %v is not a bodyError", ep, err, err)
+				}
+				if be.code == "ambiguous_key" && !ambiguousIn(data, be.param) {
+					t.Fatalf("ParseBody(%d) refuses an ambiguous %q, but no object has one", ep, be.param)
 				}
 				if (be == errNotJSON || be == errNotObject) && treeErr == nil && tree != nil && dec.InputOffset() == int64(len(bytes.TrimRight(data, " \t\r\n"))) {
 					t.Fatalf("ParseBody(%d) refused a body encoding/json reads: %v", ep, err)

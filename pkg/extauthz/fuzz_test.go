@@ -44,6 +44,8 @@ func FuzzCheckToDescriptors(f *testing.F) {
 		checkRequest(`{"messages":[],"model":"m"}`, "x-tenant-id", "a", PartialBodyHeader, "false", "content-length", "99999999999"),
 		checkRequest("", "x-tenant-id", "a", "content-length", "30", "transfer-encoding", "chunked"),
 		checkRequest(`[]`, "x-tenant-id", strings.Repeat("t", 2000)),
+		checkRequest(`{"model":"cheap","MODEL":"big","max_tokens":1,"MAX_TOKENS":30000}`, "x-tenant-id", "a"),
+		checkRequest(`{"mod\u0065l":"m","max_to\u212Aens":9,"messages":[{"content":"a","Content":"bbbb"}]}`, "authorization", bearer(keyAcme)),
 		{},
 		{Attributes: &authv3.AttributeContext{ContextExtensions: map[string]string{ContextDomain: "other"}}},
 	}

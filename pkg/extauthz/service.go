@@ -270,7 +270,7 @@ func readBody(set *Settings, h *authv3.AttributeContext_HttpRequest, shape bodyS
 		b, err = parseBody(h.GetBody(), set.ModelBodyField, ep, shape.cut)
 	}
 	if be, ok := err.(*bodyError); ok {
-		return b, &problem{status: 400, errCode: be.code, msg: be.msg, result: resultBadRequest}
+		return b, &problem{status: 400, errCode: be.code, msg: be.msg, param: be.param, result: resultBadRequest}
 	}
 	return b, err
 }

@@ -185,6 +185,12 @@ func TestCheck(t *testing.T) {
 				`{"error":{"message":"The request body is not valid JSON.","type":"invalid_request_error","code":"invalid_json"}}`),
 		},
 		{
+			name: "a body with the model twice, as a Go backend would read it, is 400",
+			give: checkRequest(`{"model":"gpt-4o","MODEL":"gpt-4-32k","messages":[]}`, "authorization", bearer(keyAcme)),
+			want: deniedResp(codes.InvalidArgument, 400,
+				`{"error":{"message":"The field \"model\" is given more than once, or in another letter case, in one object; give it once, as \"model\".","type":"invalid_request_error","code":"ambiguous_key","param":"model"}}`),
+		},
+		{
 			name: "a cut body without Envoy's partial header is 400",
 			give: checkRequest(chatBody("gpt-4o", 40, 1)[:30], "authorization", bearer(keyAcme)),
 			want: deniedResp(codes.InvalidArgument, 400,
