@@ -18,7 +18,7 @@ import (
 // key for the same field, or one that only folds to a field's name, makes
 // the body refused (errors in keyError). Keys that fold to no read field
 // are skipped whatever they are: the backend may read them, but they do
-// not change what Tollgate charges. See docs/json-keys.md.
+// not change what Tollgate charges. See docs/security.md, finding 4.
 //
 // Matching decodes a key as it goes, escapes and all, comparing it with
 // the name rune by rune: no allocation, and at most a name's length of
