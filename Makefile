@@ -93,7 +93,7 @@ bench-ghz: redis $(BIN)/ghz ## Cross-check: ghz, then tollgate-load, same Should
 
 .PHONY: bench-memory
 bench-memory: redis ## Memory per live sliding-window key: memstore (Go benchmark), then Redis through Tollgate (TENANTS=1000000).
-	$(GO) test -run '^$$' -bench MemoryPerKey -benchtime 1x ./pkg/limit/memstore
+	$(GO) test -run '^$$' -bench MemoryPerKey -benchtime 1x ./pkg/store/memstore
 	TENANTS='$(TENANTS)' scripts/bench-redis-memory.sh
 
 SOAK ?= 3m

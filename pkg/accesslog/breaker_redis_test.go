@@ -8,9 +8,9 @@ import (
 
 	"github.com/tollgate-dev/tollgate/pkg/breaker"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/redisstore"
-	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
 	"github.com/tollgate-dev/tollgate/pkg/outcome"
+	"github.com/tollgate-dev/tollgate/pkg/store/redisstore"
+	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
 	"github.com/tollgate-dev/tollgate/test/redistest"
 )
 

@@ -9,9 +9,9 @@ import (
 	datav3 "github.com/envoyproxy/go-control-plane/envoy/data/accesslog/v3"
 
 	"github.com/tollgate-dev/tollgate/pkg/breaker"
-	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
-	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
 	"github.com/tollgate-dev/tollgate/pkg/outcome"
+	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
+	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
 )
 
 func TestBreakerObserverOpens(t *testing.T) {

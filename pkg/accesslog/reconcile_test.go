@@ -18,9 +18,9 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/config"
 	"github.com/tollgate-dev/tollgate/pkg/extauthz"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
-	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
 	"github.com/tollgate-dev/tollgate/pkg/outcome"
+	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
+	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
 )
 
 // These tests run Check and the access log together, as one Envoy would

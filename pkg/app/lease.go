@@ -11,11 +11,11 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/lease"
+	"github.com/tollgate-dev/tollgate/pkg/store/lease"
 )
 
 // leaseFlags are serve's settings for spending slices of high limits
-// locally (pkg/limit/lease). They apply to the Redis store only: the
+// locally (pkg/store/lease). They apply to the Redis store only: the
 // in-memory store is local already.
 type leaseFlags struct {
 	minLimit uint64

@@ -17,8 +17,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
 	"github.com/tollgate-dev/tollgate/pkg/rls"
+	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
 )
 
 func TestMetricFlags(t *testing.T) {

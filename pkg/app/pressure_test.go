@@ -25,7 +25,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/pkg/accesslog"
 	"github.com/tollgate-dev/tollgate/pkg/breaker"
-	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
+	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
 	"github.com/tollgate-dev/tollgate/pkg/ticket"
 	"github.com/tollgate-dev/tollgate/test/redistest"
 )

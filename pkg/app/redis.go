@@ -8,8 +8,8 @@ import (
 	"strings"
 	"sync/atomic"
 
-	"github.com/tollgate-dev/tollgate/pkg/limit/redisstore"
-	"github.com/tollgate-dev/tollgate/pkg/limit/storeguard"
+	"github.com/tollgate-dev/tollgate/pkg/store/redisstore"
+	"github.com/tollgate-dev/tollgate/pkg/store/storeguard"
 )
 
 // recoveries passes the Redis client's news that an address answers again

@@ -16,14 +16,14 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/breaker"
 	"github.com/tollgate-dev/tollgate/pkg/config"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/lease"
-	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
-	"github.com/tollgate-dev/tollgate/pkg/limit/overlimit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/redisstore"
-	"github.com/tollgate-dev/tollgate/pkg/limit/storeguard"
 	"github.com/tollgate-dev/tollgate/pkg/outcome"
 	"github.com/tollgate-dev/tollgate/pkg/rls"
 	"github.com/tollgate-dev/tollgate/pkg/server"
+	"github.com/tollgate-dev/tollgate/pkg/store/lease"
+	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
+	"github.com/tollgate-dev/tollgate/pkg/store/overlimit"
+	"github.com/tollgate-dev/tollgate/pkg/store/redisstore"
+	"github.com/tollgate-dev/tollgate/pkg/store/storeguard"
 )
 
 // serveFlags are serve's settings; each flag can also come from its

@@ -13,8 +13,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/storeguard"
 	"github.com/tollgate-dev/tollgate/pkg/logpace"
+	"github.com/tollgate-dev/tollgate/pkg/store/storeguard"
 )
 
 const (

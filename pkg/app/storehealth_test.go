@@ -11,8 +11,8 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/storeguard"
-	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
+	"github.com/tollgate-dev/tollgate/pkg/store/storeguard"
+	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
 )
 
 var healthT0 = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)

@@ -13,8 +13,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tollgate-dev/tollgate/pkg/config"
-	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
-	"github.com/tollgate-dev/tollgate/pkg/limit/redisstore"
+	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
+	"github.com/tollgate-dev/tollgate/pkg/store/redisstore"
 	"github.com/tollgate-dev/tollgate/pkg/ticket"
 	"github.com/tollgate-dev/tollgate/test/redistest"
 )

@@ -10,8 +10,8 @@ import (
 
 	"github.com/tollgate-dev/tollgate/pkg/breaker"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
-	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
+	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
+	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
 )
 
 var t0 = time.UnixMilli(1_700_000_000_000)

@@ -17,8 +17,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/tollgate-dev/tollgate/pkg/headers"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/rls/headers"
 	"github.com/tollgate-dev/tollgate/pkg/ticket"
 )
 

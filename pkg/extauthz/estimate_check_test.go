@@ -7,7 +7,7 @@ import (
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 
-	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
+	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
 )
 
 // estimateSettings is testSettings with room for larger bodies; images at

@@ -20,7 +20,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/authn"
 	"github.com/tollgate-dev/tollgate/pkg/config"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
+	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
 	"github.com/tollgate-dev/tollgate/pkg/ticket"
 	"github.com/tollgate-dev/tollgate/test/testutil"
 )

@@ -15,7 +15,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/protobuf/encoding/prototext"
 
-	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
+	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
 )
 
 // syncBuffer is a bytes.Buffer safe for the logger's concurrent writes.

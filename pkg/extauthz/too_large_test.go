@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"testing"
 
-	"github.com/tollgate-dev/tollgate/pkg/rls/headers"
+	"github.com/tollgate-dev/tollgate/pkg/headers"
 	"github.com/tollgate-dev/tollgate/test/testutil"
 )
 

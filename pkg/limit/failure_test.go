@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
+	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
 	"github.com/tollgate-dev/tollgate/test/testutil"
 )
 

@@ -16,7 +16,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
+	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
 	"github.com/tollgate-dev/tollgate/pkg/ticket"
 	"github.com/tollgate-dev/tollgate/test/testutil"
 )

@@ -9,8 +9,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/redisstore"
-	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
+	"github.com/tollgate-dev/tollgate/pkg/store/redisstore"
+	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
 	"github.com/tollgate-dev/tollgate/test/redistest"
 )
 

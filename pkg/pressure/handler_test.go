@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
-	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
+	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
+	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
 )
 
 const token = "s3cret-token-s3cret-token-s3cret" // MinTokenBytes

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
+	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
 )
 
 var t0 = time.UnixMilli(1_700_000_000_000)

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
-	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
+	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
+	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
 )
 
 const stepInterval = time.Second

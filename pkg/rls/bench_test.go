@@ -13,7 +13,7 @@ import (
 
 	"github.com/tollgate-dev/tollgate/pkg/config"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
+	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
 )
 
 // benchRules is a high sliding-window limit, so the benchmark measures the

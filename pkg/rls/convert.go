@@ -13,12 +13,12 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/tollgate-dev/tollgate/pkg/headers"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/rls/headers"
 )
 
 // Response headers, as Envoy's DRAFT_VERSION_03 option names them, plus
-// Retry-After on a denial (defined in pkg/rls/headers, which Check shares).
+// Retry-After on a denial (defined in pkg/headers, which Check shares).
 const (
 	HeaderLimit      = headers.Limit
 	HeaderRemaining  = headers.Remaining

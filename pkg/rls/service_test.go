@@ -23,8 +23,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/tollgate-dev/tollgate/pkg/headers"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/rls/headers"
 )
 
 // now is 20.25 s into a minute, 0.25 s into a second and 20.25 s into a

@@ -11,7 +11,7 @@ import (
 )
 
 // spendScript sums a sliding window counter's buckets: the stored value
-// is cmsgpack {width, high, bucket...} (pkg/limit/redisstore/apply.lua's
+// is cmsgpack {width, high, bucket...} (pkg/store/redisstore/apply.lua's
 // loadWindow); an absent key is 0 spent.
 var spendScript = redis.NewScript(`
 local raw = redis.call('GET', KEYS[1])

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
-	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
+	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
+	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
 )
 
 // TestMemstoreHeapBoundedUnderMillionsOfKeys drives 3,000,000 distinct

@@ -4,8 +4,8 @@ import (
 	"testing"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
-	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
+	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
+	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
 )
 
 func TestBoardConformance(t *testing.T) {

@@ -4,9 +4,9 @@ import (
 	"testing"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
-	"github.com/tollgate-dev/tollgate/pkg/limit/overlimit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
+	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
+	"github.com/tollgate-dev/tollgate/pkg/store/overlimit"
+	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
 )
 
 func TestConformance(t *testing.T) {

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/overlimit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/redisstore"
+	"github.com/tollgate-dev/tollgate/pkg/store/overlimit"
+	"github.com/tollgate-dev/tollgate/pkg/store/redisstore"
 	"github.com/tollgate-dev/tollgate/test/redistest"
 )
 

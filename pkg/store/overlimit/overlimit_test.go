@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
-	"github.com/tollgate-dev/tollgate/pkg/limit/overlimit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
+	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
+	"github.com/tollgate-dev/tollgate/pkg/store/overlimit"
+	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
 )
 
 // counting is a limit.Store that counts the calls reaching memstore.

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
+	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
 )
 
 // FuzzApplyFullRange charges one counter with costs and limits drawn from

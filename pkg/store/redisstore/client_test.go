@@ -13,7 +13,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/breaker"
 	"github.com/tollgate-dev/tollgate/pkg/breaker/breakertest"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
+	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
 	"github.com/tollgate-dev/tollgate/test/redistest"
 )
 

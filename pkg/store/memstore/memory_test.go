@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
+	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
 )
 
 // BenchmarkMemoryPerKey measures what one live counter costs the store:

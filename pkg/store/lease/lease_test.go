@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
-	"github.com/tollgate-dev/tollgate/pkg/limit/lease"
-	"github.com/tollgate-dev/tollgate/pkg/limit/memstore"
-	"github.com/tollgate-dev/tollgate/pkg/limit/storetest"
+	"github.com/tollgate-dev/tollgate/pkg/store/lease"
+	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
+	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
 )
 
 var t0 = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
