@@ -102,6 +102,12 @@ SOAK ?= 3m
 soak: redis ## Soak (SOAK=3m): mixed tenants against memstore and Redis side by side; RSS and goroutines must stay flat.
 	TOLLGATE_SOAK='$(SOAK)' $(GO) test -run '^TestSoak$$' -count=1 -v -timeout 60m ./test/lifecycle
 
+LAUNCH_ARGS ?=
+
+.PHONY: launch
+launch: ## Start `tollgate serve` 1,000 times, report exec-to-port and exec-to-/readyz times and every start over 2s (LAUNCH_ARGS='-redis -parallel 8'); docs/startup.md.
+	$(GO) run ./test/launch $(LAUNCH_ARGS)
+
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME each (default 30s).
 	@set -e; for pkg in $$($(GO) list ./...); do \

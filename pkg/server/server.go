@@ -52,6 +52,8 @@ const (
 	// bounds one try.
 	WarmRetry   = 250 * time.Millisecond
 	WarmTimeout = 5 * time.Second
+	// DefaultWarmMax is Config.WarmMax's default: two tries timed out.
+	DefaultWarmMax = 2 * WarmTimeout
 	// warmLogEvery is how often a Warm that keeps failing is logged.
 	warmLogEvery = 10 * time.Second
 )
@@ -77,8 +79,14 @@ type Config struct {
 	// before the gRPC port serves, and again every WarmRetry until it
 	// returns nil; until then the replica is not ready (/readyz says
 	// "warming up" and why) and connections to the gRPC port wait in the
-	// listener's backlog. Each call is bounded by WarmTimeout.
+	// listener's backlog, for WarmMax at most. Each call is bounded by
+	// WarmTimeout.
 	Warm func(ctx context.Context) error
+	// WarmMax bounds how long the gRPC port waits for Warm (Optional;
+	// default DefaultWarmMax). Past it the port serves, and says so in
+	// the log, while Warm is retried and the replica stays unready until
+	// it succeeds: a start never hangs on a store that answers slowly.
+	WarmMax time.Duration
 	// DebugConfig returns the value /debug/config renders as JSON. Its
 	// type decides what is shown, so it should be a view built for the
 	// purpose, with secrets left out or redacted. (Optional; without it
@@ -209,6 +217,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.ConnectionTimeout <= 0 {
 		cfg.ConnectionTimeout = DefaultConnectionTimeout
 	}
+	if cfg.WarmMax <= 0 {
+		cfg.WarmMax = DefaultWarmMax
+	}
 	s := &Server{cfg: cfg, log: cfg.Logger, protect: newProtection(cfg)}
 	if cfg.Warm != nil {
 		s.setWarm(errNotWarm)
@@ -297,8 +308,11 @@ func (s *Server) setHealth(st healthpb.HealthCheckResponse_ServingStatus) {
 // Serve closes both listeners.
 func (s *Server) Serve(ctx context.Context, grpcLis, adminLis net.Listener) error {
 	errc := make(chan error, 2)
+	warmCtx, stopWarm := context.WithCancel(ctx)
+	defer stopWarm()
+	warmDone := make(chan struct{})
 	go func() {
-		if !s.warmUp(ctx) {
+		if !s.waitWarm(warmCtx, warmDone) {
 			_ = grpcLis.Close()
 			errc <- nil
 			return
@@ -335,6 +349,8 @@ func (s *Server) Serve(ctx context.Context, grpcLis, adminLis net.Listener) erro
 		pending--
 	}
 	s.shutdown(hcancel, healthDone)
+	stopWarm()
+	<-warmDone
 	for ; pending > 0; pending-- {
 		if e := <-errc; err == nil {
 			err = e
@@ -419,6 +435,35 @@ func (s *Server) setWarm(err error) {
 		return
 	}
 	s.warm.Store(&err)
+}
+
+// waitWarm runs warmUp, closing done when it returns, and reports when
+// the gRPC port may serve: true once Warm succeeded or WarmMax passed
+// (warmUp then goes on), false when ctx ended first.
+func (s *Server) waitWarm(ctx context.Context, done chan<- struct{}) bool {
+	if s.cfg.Warm == nil {
+		close(done)
+		return true
+	}
+	warmed := make(chan bool, 1)
+	go func() {
+		defer close(done)
+		warmed <- s.warmUp(ctx)
+	}()
+	t := time.NewTimer(s.cfg.WarmMax)
+	defer t.Stop()
+	select {
+	case ok := <-warmed:
+		return ok
+	case <-t.C:
+		var why error = errNotWarm
+		if err := s.warm.Load(); err != nil {
+			why = *err
+		}
+		s.log.Warn("warm-up unfinished; the gRPC port serves without it, and the replica stays unready until it succeeds",
+			zap.Duration("warm_max", s.cfg.WarmMax), zap.Error(why))
+		return true
+	}
 }
 
 // warmUp calls Warm until it succeeds, and reports whether it did before

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
@@ -119,5 +122,56 @@ func TestWarmNeverSucceeds(t *testing.T) {
 	if c, err := net.DialTimeout("tcp", r.grpcAddr, time.Second); err == nil {
 		_ = c.Close()
 		t.Errorf("the gRPC port still accepts after Serve returned")
+	}
+}
+
+// TestWarmMax: a Warm that does not succeed holds the gRPC port for
+// WarmMax, not for ever: then the port serves, the log says why, and the
+// replica stays unready while Warm is retried. A start used to wait as
+// long as the store answered slowly (issue 14 item 9).
+func TestWarmMax(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		give func(context.Context) error
+		want string // in /readyz and the log line
+	}{
+		{
+			name: "fails at once",
+			give: func(context.Context) error { return errors.New("warm up redis: i/o timeout") },
+			want: "warm up redis: i/o timeout",
+		},
+		{
+			name: "times out",
+			give: func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() },
+			want: "warming up",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			core, logs := observer.New(zap.WarnLevel)
+			r := start(t, Config{
+				Services: []Service{&fakeRLS{handle: okHandler}},
+				Logger:   zap.New(core),
+				Warm:     tt.give,
+				WarmMax:  100 * time.Millisecond,
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			defer cancel()
+			if _, err := rlsv3.NewRateLimitServiceClient(r.conn).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "d"}); err != nil {
+				t.Fatalf("a call while Warm does not succeed: %v, want it answered after WarmMax", err)
+			}
+			if code, body := httpGet(t, "http://"+r.adminAddr+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, tt.want) {
+				t.Errorf("/readyz past WarmMax = %d %q, want 503 saying %q", code, body, tt.want)
+			}
+			lines := logs.FilterMessageSnippet("warm-up unfinished").All()
+			if len(lines) != 1 || !strings.Contains(fmt.Sprint(lines[0].ContextMap()["error"]), tt.want) {
+				t.Errorf("log lines on WarmMax: %v, want one saying %q", lines, tt.want)
+			}
+			if err := r.stop(t); err != nil {
+				t.Errorf("Serve = %v, want nil", err)
+			}
+		})
 	}
 }

@@ -489,20 +489,23 @@ func hostPorts(hosts string, defaultPort int) ([]string, error) {
 // the library is then loaded by a later Warm or Ping, or by the first
 // call that needs it.
 func (s *Store) Warm(ctx context.Context) error {
+	wait := warmWait(ctx)
 	if s.cluster != nil {
 		n := min(WarmConns, max(1, s.cluster.Options().PoolSize))
 		err := s.cluster.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
-			return pingMany(ctx, m, n)
+			return pingMany(ctx, m.WithTimeout(wait), n)
 		})
 		if err != nil {
 			return fmt.Errorf("warm up redis cluster: %w", err)
 		}
 	} else {
 		n := 1
-		if c, ok := s.c.(*redis.Client); ok {
-			n = min(WarmConns, max(1, c.Options().PoolSize))
+		c := s.c
+		if rc, ok := s.c.(*redis.Client); ok {
+			n = min(WarmConns, max(1, rc.Options().PoolSize))
+			c = rc.WithTimeout(wait)
 		}
-		if err := pingMany(ctx, s.c, n); err != nil {
+		if err := pingMany(ctx, c, n); err != nil {
 			return fmt.Errorf("warm up redis: %w", err)
 		}
 	}
@@ -516,6 +519,23 @@ func (s *Store) Warm(ctx context.Context) error {
 	}
 	s.loaded.Store(true)
 	return nil
+}
+
+// DefaultWarmWait is how long one of Warm's PINGs may wait for its reply
+// when Warm's context has no deadline.
+const DefaultWarmWait = 5 * time.Second
+
+// warmWait is how long Warm's PINGs may wait for their replies: what is
+// left of ctx. The client's read timeout is a decision's, a few hundred
+// milliseconds; on a busy machine one PING of the sixteen took longer,
+// failed the whole warm-up, and the next try started over: a replica
+// took 15 s to serve (issue 14 item 9). The connections so opened share
+// the client's pool, and its timeouts, once Warm returns them.
+func warmWait(ctx context.Context) time.Duration {
+	if d, ok := ctx.Deadline(); ok {
+		return max(time.Until(d), time.Millisecond)
+	}
+	return DefaultWarmWait
 }
 
 // pingMany leaves n connections of c's pool open: each PING runs on a

@@ -195,3 +195,42 @@ func TestSlowCallsKeepTheirConnections(t *testing.T) {
 		t.Errorf("%d connections open after %d late replies, want about the %d warmed: timed-out calls closed theirs", n, calls, WarmConns)
 	}
 }
+
+// TestWarmSlowReplies: Warm waits for replies as long as its context
+// allows, not the read timeout of a decision. On a busy machine a PING
+// can take longer than DefaultReadTimeout; Warm then failed as a whole,
+// started over, and the gRPC port waited, for 15 s in one of about 185
+// starts (issue 14 item 9).
+func TestWarmSlowReplies(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		give time.Duration // added to every reply
+	}{
+		{name: "just over the read timeout", give: DefaultReadTimeout + 50*time.Millisecond},
+		{name: "twice the read timeout", give: 2 * DefaultReadTimeout},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv := redistest.Start(t)
+			px := faultproxy.New(t, srv.Addr())
+			// Two connections: each waits for its handshake and PING, in turn.
+			c, err := NewClient("redis://" + px.Addr() + "?min_idle_conns=0&pool_size=2")
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := New(c)
+			t.Cleanup(func() { _ = s.Close() })
+			px.Latency(0, tt.give)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := s.Warm(ctx); err != nil {
+				t.Fatalf("Warm with replies %v late: %v", tt.give, err)
+			}
+			if n := px.Conns(); n != 2 {
+				t.Errorf("%d connections open after Warm, want the pool's 2", n)
+			}
+		})
+	}
+}
