@@ -105,7 +105,7 @@ soak: redis ## Soak (SOAK=3m): mixed tenants against memstore and Redis side by 
 LAUNCH_ARGS ?=
 
 .PHONY: launch
-launch: ## Start `tollgate serve` 1,000 times, report exec-to-port and exec-to-/readyz times and every start over 2s (LAUNCH_ARGS='-redis -parallel 8'); docs/startup.md.
+launch: ## Start `tollgate serve` 1,000 times, report exec-to-port and exec-to-/readyz times and every start over 2s (LAUNCH_ARGS='-redis -parallel 8'); docs/security.md, finding 9.
 	$(GO) run ./test/launch $(LAUNCH_ARGS)
 
 .PHONY: fuzz

@@ -1,7 +1,7 @@
 // Command launch starts `tollgate serve` many times and reports how long
 // each start took: from exec to the gRPC port bound (the "serving" log
 // line), to the first gRPC answer (grpc.health.v1 Check), and to /readyz
-// 200. It is the start-up check of issue 14 item 9 (docs/startup.md);
+// 200. It is the start-up check of issue 14 item 9 (docs/security.md, finding 9);
 // `make launch` runs it. It is not part of `make test`: 1,000 launches
 // take minutes.
 package main
