@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -143,6 +144,13 @@ func TestNeverOverAdmits(t *testing.T) {
 			}
 			if admitted < 500 {
 				t.Fatalf("only %d decisions admitted: the schedule tests little", admitted)
+			}
+			var local uint64
+			for _, r := range replicas {
+				local += r.Stats().Local
+			}
+			if local == 0 {
+				t.Fatal("no decision was admitted from a lease: the schedule tests no lease")
 			}
 		})
 	}
@@ -363,13 +371,68 @@ func TestDeniedByExtraRetries(t *testing.T) {
 	}
 }
 
-// TestConformance: with the default options nothing the suite charges is
-// leased, and the decorator changes no answer.
+// returning is a lease.Store that gives every lease back right after the
+// decision that took it, at that decision's time: each decision on a
+// leasable key asks the store for its cost plus a lease, is answered as
+// if it asked for its cost, and the lease's units go back to the bucket
+// they were charged in. The suite's exact answers then hold only if
+// granting, reporting and returning a lease change nothing the store
+// says. (Spending leases locally is what TestNeverOverAdmits drives: an
+// exact suite cannot, as a held lease is room the store counts as spent,
+// by design.)
+type returning struct{ *lease.Store }
+
+func (r returning) Apply(ctx context.Context, now time.Time, charges []limit.Charge, res []limit.Result) (bool, error) {
+	admitted, err := r.Store.Apply(ctx, now, charges, res)
+	r.ReturnAll(ctx, now)
+	return admitted, err
+}
+
+// leaseExcept are the conformance subtests a leasing store does not
+// pass, by design. In a decision that another charge denies, a leased
+// charge is answered as the store answered its cost plus the lease: not
+// fitting (with that RetryAfter) although its cost alone fits. Nothing
+// is kept either way, so no window admits more or less; but these two
+// check every charge's Fits of random decisions against an exact model.
+// The lease promises that no window admits more than its limit (the
+// package doc): TestNeverOverAdmits asserts that over random schedules
+// of the same kinds of charges, from several replicas spending leases.
+var leaseExcept = map[string]string{
+	"Property": "a denied decision's leased charge is reported not fitting when its cost alone fits (see leaseExcept)",
+	"Model":    "a denied decision's leased charge is reported not fitting when its cost alone fits (see leaseExcept)",
+}
+
+// TestConformance runs the conformance suite with leasing on (every
+// window limit leased, each lease up to all the room, see returning),
+// less leaseExcept, and checks that leases were granted and given back:
+// the suite's exact answers hold with leases in play.
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	storetest.Run(t, func(testing.TB) limit.Store {
-		return lease.New(memstore.New(), lease.Options{MinAmount: 1 << 62})
+	var mu sync.Mutex
+	var stores []*lease.Store
+	t.Run("suite", func(t *testing.T) {
+		storetest.RunExcept(t, func(testing.TB) limit.Store {
+			// The suite's steps are seconds apart: a MaxLife of a day
+			// leases every key decided on twice (a lease still ends
+			// before its bucket does).
+			s := lease.New(memstore.New(), lease.Options{MinAmount: 1, Fraction: 1, MaxLife: 24 * time.Hour})
+			mu.Lock()
+			stores = append(stores, s)
+			mu.Unlock()
+			return returning{s}
+		}, leaseExcept)
 	})
+	var sum lease.Stats
+	for _, s := range stores {
+		st := s.Stats()
+		sum.Granted += st.Granted
+		sum.Returned += st.Returned
+	}
+	t.Logf("%d stores: %d leases granted, %d units given back", len(stores), sum.Granted, sum.Returned)
+	if sum.Granted < 100 || sum.Returned == 0 {
+		t.Errorf("leases granted %d, units given back %d: want 100 or more (433 when written) and above 0, or the suite did not run with leasing on",
+			sum.Granted, sum.Returned)
+	}
 }
 
 // TestRunReturnsAndStops: Run gives ended leases back as it goes and all
