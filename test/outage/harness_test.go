@@ -205,6 +205,24 @@ func (d *driver) calm(as []answer, stallLimit time.Duration) []answer {
 	return out
 }
 
+// starved is how long this process was visibly starved during a's call:
+// the sum of how late the jitter goroutine woke, over the wake-ups late by
+// more than stallLimit whose sleep overlapped the call. Two processes on
+// the same two cores mostly starve together, so this is what the machine,
+// not tollgate, added to the call's latency. Smaller delays are not
+// counted: a long call overlaps many wake-ups, each a little late.
+func (d *driver) starved(a answer, stallLimit time.Duration) time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var sum time.Duration
+	for _, s := range d.stalls {
+		if s.late > stallLimit && s.at-s.late-jitterSleep < a.recv && a.send < s.at {
+			sum += s.late
+		}
+	}
+	return sum
+}
+
 // now is the time since the run began, on the answers' clock.
 func (d *driver) now() time.Duration { return time.Since(d.start) }
 
