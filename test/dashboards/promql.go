@@ -285,9 +285,8 @@ func (e Exported) Has(name string) bool {
 	return false
 }
 
-// Missing returns "where: name" for each metric queries use that e lacks,
-// except those in allow.
-func Missing(queries []Query, e Exported, allow map[string]string) ([]string, error) {
+// Missing returns "where: name" for each metric queries use that e lacks.
+func Missing(queries []Query, e Exported) ([]string, error) {
 	var out []string
 	for _, q := range queries {
 		names, err := MetricNames(q.Expr)
@@ -295,7 +294,7 @@ func Missing(queries []Query, e Exported, allow map[string]string) ([]string, er
 			return nil, fmt.Errorf("%s: %w", q.Where, err)
 		}
 		for _, n := range names {
-			if _, ok := allow[n]; !ok && !e.Has(n) {
+			if !e.Has(n) {
 				out = append(out, fmt.Sprintf("%s: %s", q.Where, n))
 			}
 		}
