@@ -2,6 +2,8 @@ package accesslog
 
 import (
 	"bufio"
+	"math"
+	"math/big"
 	"os"
 	"slices"
 	"strings"
@@ -324,8 +326,11 @@ func TestFactsOfGarbage(t *testing.T) {
 }
 
 // FuzzFacts reads arbitrary entries (the table's rows as seeds): Facts
-// and Classify never panic, a success is always an upstream 2xx or 3xx
-// with no flag, and an upstream failure flag is always a failure.
+// agrees with an independent reading of the entry (factsByName: the
+// fields found by their names in the Envoy API, through protoreflect,
+// with the durations converted by hand); Classify never panics; a
+// success is always an upstream 2xx or 3xx with no flag; and an upstream
+// failure flag is always a failure.
 func FuzzFacts(f *testing.F) {
 	for _, r := range outcomeRows {
 		b, err := proto.Marshal(r.give)
@@ -340,6 +345,9 @@ func FuzzFacts(f *testing.F) {
 			return
 		}
 		facts := Facts(&e)
+		if want := factsByName(e.ProtoReflect()); facts != want {
+			t.Fatalf("Facts = %+v, want %+v (read by name)", facts, want)
+		}
 		c := breaker.Config{Key: "model", FailureThreshold: 1, Window: time.Minute, OpenFor: time.Minute, Timeout: time.Duration(max(timeout, 0))}
 		got := breaker.Classify(c, breaker.Outcome{Facts: facts, Name: "m"})
 		if got == breaker.Success && (facts.Status < 200 || facts.Status >= 400 || facts.Flags != 0) {
@@ -352,4 +360,89 @@ func FuzzFacts(f *testing.F) {
 			t.Fatalf("%v of %+v, want failure", got, facts)
 		}
 	})
+}
+
+// factsByName reads the breaker facts of an HTTPAccessLogEntry field by
+// field, by the names data/accesslog/v3 gives them, not through the
+// generated getters Facts uses: a mix-up of two fields, or of presence
+// and value, shows as a difference.
+func factsByName(e protoreflect.Message) breaker.Facts {
+	msg := func(m protoreflect.Message, name protoreflect.Name) (protoreflect.Message, bool) {
+		fd := m.Descriptor().Fields().ByName(name)
+		if fd == nil {
+			panic("no field " + string(name)) // the test's names are wrong
+		}
+		return m.Get(fd).Message(), m.Has(fd)
+	}
+	scalar := func(m protoreflect.Message, name protoreflect.Name) protoreflect.Value {
+		fd := m.Descriptor().Fields().ByName(name)
+		if fd == nil {
+			panic("no field " + string(name))
+		}
+		return m.Get(fd)
+	}
+	// duration converts a google.protobuf.Duration as its documentation
+	// says (seconds and nanos of the same sign), saturating at the range
+	// of time.Duration.
+	duration := func(d protoreflect.Message) time.Duration {
+		ns := new(big.Int).Mul(big.NewInt(scalar(d, "seconds").Int()), big.NewInt(int64(time.Second)))
+		ns.Add(ns, big.NewInt(scalar(d, "nanos").Int()))
+		switch {
+		case ns.Cmp(big.NewInt(math.MaxInt64)) > 0:
+			return math.MaxInt64
+		case ns.Cmp(big.NewInt(math.MinInt64)) < 0:
+			return math.MinInt64
+		}
+		return time.Duration(ns.Int64())
+	}
+	common, _ := msg(e, "common_properties")
+	resp, _ := msg(e, "response")
+	code, _ := msg(resp, "response_code")
+	var out breaker.Facts
+	out.Status = uint32(scalar(code, "value").Uint())
+	out.Details = scalar(resp, "response_code_details").String()
+	d, _ := msg(common, "duration")
+	out.Duration = duration(d)
+	_, out.Received = msg(common, "time_to_last_rx_byte")
+	var sentAt protoreflect.Message
+	sentAt, out.Sent = msg(common, "time_to_last_upstream_tx_byte")
+	if out.Sent {
+		out.SentAt = duration(sentAt)
+	}
+	_, out.Answered = msg(common, "time_to_first_upstream_rx_byte")
+	out.Upstream = scalar(common, "upstream_cluster").String()
+	flags, _ := msg(common, "response_flags")
+	fields := flags.Descriptor().Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		if !flags.Has(fd) {
+			continue
+		}
+		bit, known := flagsByName[string(fd.Name())]
+		if !known {
+			bit = breaker.FlagOther // a kind of trouble this build does not name
+		}
+		out.Flags |= bit
+	}
+	if len(flags.GetUnknown()) > 0 {
+		out.Flags |= breaker.FlagOther
+	}
+	return out
+}
+
+// flagsByName is docs/outcome-classes.md's reading of Envoy's response
+// flags: each names one breaker flag, delay_injected none.
+var flagsByName = map[string]breaker.Flags{
+	"upstream_connection_failure":       breaker.FlagUpstreamConnectionFailure,
+	"upstream_connection_termination":   breaker.FlagUpstreamConnectionTermination,
+	"upstream_remote_reset":             breaker.FlagUpstreamRemoteReset,
+	"upstream_request_timeout":          breaker.FlagUpstreamRequestTimeout,
+	"no_healthy_upstream":               breaker.FlagNoHealthyUpstream,
+	"upstream_protocol_error":           breaker.FlagUpstreamProtocolError,
+	"dns_resolution_failure":            breaker.FlagDNSResolutionFailure,
+	"stream_idle_timeout":               breaker.FlagStreamIdleTimeout,
+	"upstream_overflow":                 breaker.FlagUpstreamOverflow,
+	"downstream_connection_termination": breaker.FlagDownstreamConnectionTermination,
+	"downstream_remote_reset":           breaker.FlagDownstreamRemoteReset,
+	"delay_injected":                    0,
 }
