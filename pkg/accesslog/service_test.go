@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -506,10 +508,35 @@ func counters(t testing.TB, g prometheus.Gatherer) map[string]float64 {
 }
 
 // FuzzAccessLogEntry: an entry is outside input; any bytes that decode as
-// one are handled without a panic.
+// one are handled without a panic, and what the service settles agrees
+// with an independent reading of the entry (expectSettlement): nothing
+// without a ticket that verifies under the loop's keys on a final entry;
+// a settlement with usage only for the usage the entry reports, against
+// the ticket's reservation; a release only without usage; at most one
+// call per entry; and the same entry again makes the very same call, so
+// the limiter can settle it once.
 func FuzzAccessLogEntry(f *testing.F) {
+	unreserved := *testTicket
+	unreserved.Reserved = false
+	intermediate := entry(ticketMeta(testTicket), 200, "x-usage", "700")
+	intermediate.CommonProperties.IntermediateLogEntry = true
+	periodic := entry(ticketMeta(testTicket), 200, "x-usage", "700")
+	periodic.CommonProperties.AccessLogType = datav3.AccessLogType_DownstreamPeriodic
+	trailer := entry(ticketMeta(testTicket), 200)
+	trailer.Response.ResponseTrailers = map[string]string{"x-usage": "650"}
+	both := entry(ticketMeta(testTicket), 200, "x-usage", "700")
+	both.Response.ResponseTrailers = map[string]string{"x-usage": "650"}
+	limited := entry(nil, 200, "x-usage", "300")
+	limited.CommonProperties.Metadata = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
+		ticket.RateLimitNamespace: {Fields: ticketMeta(testTicket)},
+	}}
 	for _, e := range []*datav3.HTTPAccessLogEntry{
+		intermediate, periodic, trailer, both, limited,
 		entry(ticketMeta(testTicket), 200, "x-usage", "700"),
+		entry(ticketMeta(testTicket), 200, "x-usage", " 5 "),
+		entry(ticketMeta(testTicket), 200, "x-usage", "-1"),
+		entry(ticketMeta(testTicket), 0),
+		entry(ticketMeta(&unreserved), 200, "x-usage", "700"),
 		entry(map[string]*structpb.Value{ticket.Field: structpb.NewStringValue("AQ")}, 0),
 		entry(sealedMeta(otherKeys, testTicket), 200),
 		{},
@@ -520,16 +547,84 @@ func FuzzAccessLogEntry(f *testing.F) {
 		}
 		f.Add(b)
 	}
-	reg := prometheus.NewRegistry()
-	svc, err := New(newLoop(f, &fakeLimiter{done: true, rules: testRuleSet(f)}, reg), nil, reg, Options{UsageHeader: "x-usage", Observer: nopObserver{}})
-	if err != nil {
-		f.Fatal(err)
-	}
 	f.Fuzz(func(t *testing.T, wire []byte) {
 		var e datav3.HTTPAccessLogEntry
 		if proto.Unmarshal(wire, &e) != nil {
 			return
 		}
+		lim := &fakeLimiter{done: true, rules: testRuleSet(t)}
+		reg := prometheus.NewRegistry()
+		svc, err := New(newLoop(t, lim, reg), nil, reg, Options{UsageHeader: "x-usage", Observer: nopObserver{}})
+		if err != nil {
+			t.Fatal(err)
+		}
 		svc.entry(context.Background(), &e)
+		first := slices.Clone(lim.calls)
+		want, wantCall := expectSettlement(t, &e)
+		switch {
+		case !wantCall && len(first) > 0:
+			t.Fatalf("calls %+v, want none (no verified, reserved ticket on a final entry)", first)
+		case wantCall && len(first) != 1:
+			t.Fatalf("%d calls %+v, want one: %+v", len(first), first, want)
+		case wantCall:
+			got := first[0]
+			if got.Settle != want.Settle || got.Reserved != want.Reserved || got.Actual != want.Actual || !got.At.Equal(want.At) {
+				t.Fatalf("call %+v, want settle %v of reserved %d, actual %d, at %v", got, want.Settle, want.Reserved, want.Actual, want.At)
+			}
+		}
+		svc.entry(context.Background(), &e)
+		if diff := cmp.Diff(first, lim.calls[len(first):], cmpopts.EquateEmpty()); diff != "" {
+			t.Fatalf("the same entry again made other calls (-first +again):\n%s", diff)
+		}
 	})
+}
+
+// expectSettlement reads, independently of the service, what an entry
+// must settle: its tickets (Check's, else the rate limit filter's)
+// opened with a sealer of testKeys at the loop's time, whether it is
+// the request's final entry, and the usage its x-usage header (else
+// trailer) reports. ok is false when it must settle nothing.
+func expectSettlement(t *testing.T, e *datav3.HTTPAccessLogEntry) (want call, ok bool) {
+	t.Helper()
+	common := e.GetCommonProperties()
+	if common.GetIntermediateLogEntry() {
+		return call{}, false
+	}
+	if typ := common.GetAccessLogType(); typ != datav3.AccessLogType_NotSet && typ != datav3.AccessLogType_DownstreamEnd {
+		return call{}, false
+	}
+	sealer, err := ticket.NewSealer(testKeys, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tk *ticket.Ticket
+	for _, ns := range []string{ticket.MetadataNamespace, ticket.RateLimitNamespace} {
+		s := common.GetMetadata().GetFilterMetadata()[ns].GetFields()[ticket.Field].GetStringValue()
+		if s == "" {
+			continue
+		}
+		if opened, err := sealer.Open(s, fixedClock{}.Now()); err == nil {
+			tk = opened
+			break
+		}
+	}
+	if tk == nil || !tk.Reserved || tk.Domain != "ai" {
+		return call{}, false
+	}
+	want = call{At: tk.At, Reserved: tk.Tokens}
+	for _, m := range []map[string]string{e.GetResponse().GetResponseHeaders(), e.GetResponse().GetResponseTrailers()} {
+		v, found := m["x-usage"]
+		if !found {
+			continue
+		}
+		n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+		if err == nil {
+			want.Settle, want.Actual = true, n
+		}
+		break
+	}
+	if !want.Settle {
+		want.At, want.Reserved = time.Time{}, 0 // a release carries neither
+	}
+	return want, true
 }
