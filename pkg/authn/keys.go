@@ -34,7 +34,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -164,22 +163,11 @@ var _ fmt.Formatter = (*Keys)(nil)
 // Load reads a keys file. Bad contents yield a config.Errors with every
 // problem; a file that cannot be read yields a wrapped I/O error.
 func Load(path string) (*Keys, error) {
-	data, err := readCapped(path)
+	data, err := config.ReadCapped(path)
 	if err != nil {
 		return nil, fmt.Errorf("load keys %q: %w", path, err)
 	}
 	return Parse(path, data)
-}
-
-// readCapped reads at most one byte more than a keys file may hold, which
-// is enough for Parse to reject it without reading a huge file whole.
-func readCapped(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return io.ReadAll(io.LimitReader(f, config.MaxFileBytes+1))
 }
 
 // Parse compiles a keys file's bytes; name is used in errors. The error,

@@ -2,9 +2,7 @@ package extauthz
 
 import (
 	"fmt"
-	"io"
 	"math"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -169,17 +167,6 @@ type Settings struct {
 func LoadSettings(path string) (*Settings, error) {
 	s, _, err := load(path)
 	return s, err
-}
-
-// readCapped reads at most one byte more than a config file may hold,
-// which is enough for the walker to reject it without reading it whole.
-func readCapped(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return io.ReadAll(io.LimitReader(f, config.MaxFileBytes+1))
 }
 
 // ParseSettings compiles an authz config's bytes; name is used in errors
