@@ -1,9 +1,6 @@
 package config
 
 import (
-	"bytes"
-	"errors"
-	"io"
 	"slices"
 	"strings"
 
@@ -37,38 +34,11 @@ func NewWalker(file string) *Walker {
 // larger than MaxFileBytes, it is not YAML, it holds a second document,
 // or it holds none, which is reported with the message empty.
 func (w *Walker) Document(data []byte, empty string) *yaml.Node {
-	if len(data) > maxFileBytes {
-		w.w.addf(nil, "", "file is larger than %d MiB, the most it may hold", maxFileBytes>>20)
-		return nil
+	root := w.w.document(data, docWords{most: "the most it may hold", empty: empty, one: "the file holds one document"})
+	if len(w.w.problems) > 0 {
+		return nil // unlike a rule file's, a second document stops the walk
 	}
-	w.w.budget = len(data) + extraVisits
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var doc yaml.Node
-	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
-		w.w.syntax(err)
-		return nil
-	}
-	for {
-		// Empty documents, as after a trailing ---, are harmless.
-		var extra yaml.Node
-		err := dec.Decode(&extra)
-		if err == nil && (len(extra.Content) == 0 || isNull(extra.Content[0])) {
-			continue
-		}
-		if err == nil {
-			w.w.addf(&extra, "", "a second YAML document; the file holds one document")
-			return nil
-		} else if !errors.Is(err, io.EOF) {
-			w.w.syntax(err)
-			return nil
-		}
-		break
-	}
-	if len(doc.Content) == 0 || isNull(doc.Content[0]) {
-		w.w.addf(&yaml.Node{Line: 1}, "", "%s", empty)
-		return nil
-	}
-	return doc.Content[0]
+	return root
 }
 
 // Resolve follows aliases and charges the node to the walk's budget; call

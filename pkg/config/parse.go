@@ -148,13 +148,10 @@ func Parse(name string, data []byte) (*limit.Domain, error) {
 // parse is Parse that also returns the line of the domain key, so Load
 // can point at the second file that repeats a domain.
 func parse(name string, data []byte) (*limit.Domain, int, error) {
-	if len(data) > maxFileBytes {
-		return nil, 0, Errors{{File: name, Msg: fmt.Sprintf("file is larger than %d MiB, the most a rule file may hold", maxFileBytes>>20)}}
-	}
-	w := &walker{file: name, budget: len(data) + extraVisits}
+	w := &walker{file: name}
 	var d *limit.Domain
 	var line int
-	if root := w.document(data); root != nil {
+	if root := w.document(data, ruleFileDoc); root != nil {
 		d, line = w.domain(root)
 	}
 	if err := w.err(); err != nil {
@@ -205,17 +202,43 @@ func (w *walker) err() error {
 	return w.problems
 }
 
+// docWords are the words a file kind's messages about the file as a
+// whole use: the rule parser's and the Walker's differ.
+type docWords struct {
+	// most ends "file is larger than 4 MiB, ..."
+	most string
+	// empty is the whole message for a file with no document.
+	empty string
+	// one ends "a second YAML document; ..."
+	one string
+}
+
+// ruleFileDoc are a rule file's words.
+var ruleFileDoc = docWords{
+	most:  "the most a rule file may hold",
+	empty: "file is empty; a rule file needs at least a domain",
+	one:   "a rule file holds one document (one domain)",
+}
+
 // document parses data as exactly one YAML document and returns its
-// top-level node, or nil after reporting why there is none.
-func (w *walker) document(data []byte) *yaml.Node {
+// top-level node, or nil after reporting why there is none: the file is
+// larger than maxFileBytes, it is not YAML, or it holds no document. It
+// sets the walk's budget from data's length.
+//
+// A second document, or a syntax error after the first, is reported and
+// the first document is still returned, so that one pass also reports
+// the first one's problems; a caller that must not read on compares
+// problems before and after.
+func (w *walker) document(data []byte, words docWords) *yaml.Node {
+	if len(data) > maxFileBytes {
+		w.addf(nil, "", "file is larger than %d MiB, %s", maxFileBytes>>20, words.most)
+		return nil
+	}
+	w.budget = len(data) + extraVisits
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			w.addf(&yaml.Node{Line: 1}, "", "file is empty; a rule file needs at least a domain")
-		} else {
-			w.syntax(err)
-		}
+	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+		w.syntax(err)
 		return nil
 	}
 	for {
@@ -226,14 +249,14 @@ func (w *walker) document(data []byte) *yaml.Node {
 			continue
 		}
 		if err == nil {
-			w.addf(&extra, "", "a second YAML document; a rule file holds one document (one domain)")
+			w.addf(&extra, "", "a second YAML document; %s", words.one)
 		} else if !errors.Is(err, io.EOF) {
 			w.syntax(err)
 		}
 		break
 	}
 	if len(doc.Content) == 0 || isNull(doc.Content[0]) {
-		w.addf(&yaml.Node{Line: 1}, "", "file is empty; a rule file needs at least a domain")
+		w.addf(&yaml.Node{Line: 1}, "", "%s", words.empty)
 		return nil
 	}
 	return doc.Content[0]
