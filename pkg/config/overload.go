@@ -61,17 +61,10 @@ func (w *walker) shedding(n *yaml.Node, tiers *limit.Tiers, hasTiers bool) *limi
 	if v, has := f["control"]; has {
 		at["control"] = w.resolve(v)
 		s.Control = w.control(v, path+".control", at)
-		switch {
-		case s.Control == nil:
-		case !hasTiers:
-			w.addf(w.resolve(v), path+".control", "the controller sheds tiers: the file needs tiers")
-		case tiers != nil:
-			for j, t := range s.Control.Sheddable {
-				if _, ok := tiers.Plans[t]; !ok && t != "" {
-					p := fmt.Sprintf("control.sheddable[%d]", j)
-					w.addf(at[p], path+"."+p, "%q is not a plan of tiers", t)
-				}
-			}
+		// A tiers section with problems has reported them and is nil
+		// here: the controller is not checked against it.
+		if s.Control != nil && (tiers != nil || !hasTiers) {
+			w.report(n, path, at, s.CheckTiers(tiers))
 		}
 	}
 	if len(w.problems) != before {
