@@ -465,16 +465,7 @@ func merge(over, under map[string]limit.Override) map[string]limit.Override {
 // label reads a non-empty string short enough to be a descriptor value:
 // a tenant, a tier or a key's name.
 func (p *parser) label(n *yaml.Node, path string) string {
-	s, ok := p.w.Str(n, path)
-	switch {
-	case !ok:
-		return ""
-	case s == "":
-		p.w.Addf(n, path, "is empty")
-	case len(s) > limit.MaxValueBytes:
-		p.w.Addf(n, path, "is %d bytes, more than %d", len(s), limit.MaxValueBytes)
-		return ""
-	}
+	s, _ := p.w.Name(n, path, limit.MaxValueBytes)
 	return s
 }
 

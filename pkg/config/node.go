@@ -80,6 +80,13 @@ func (w *Walker) SecretMapping(n *yaml.Node, path string, allowed []string) (f m
 // "". Anything else is a problem.
 func (w *Walker) Str(n *yaml.Node, path string) (string, bool) { return w.w.str(n, path) }
 
+// Name reads a non-empty string of at most max bytes, such as a domain,
+// a descriptor key or a tenant, with the rule files' words for one that
+// is empty ("is empty") or too long ("is N bytes, more than max").
+func (w *Walker) Name(n *yaml.Node, path string, max int) (string, bool) {
+	return w.w.name(n, path, max)
+}
+
 // Flag reads the optional boolean key of f (a Mapping result); absent is
 // false. YAML 1.1's yes, no, on and off are accepted, unquoted.
 func (w *Walker) Flag(f map[string]*yaml.Node, key, path string) bool { return w.w.flag(f, key, path) }

@@ -170,16 +170,9 @@ func (w *walker) domain(root *yaml.Node) (*limit.Domain, int) {
 	line := 0
 	if n, has := f["domain"]; !has {
 		w.addf(root, "", "domain is required")
-	} else if name, ok := w.str(n, "domain"); ok {
+	} else if name, ok := w.name(n, "domain", limit.MaxDomainBytes); ok {
 		line = w.resolve(n).Line
-		switch {
-		case name == "":
-			w.addf(n, "domain", "is empty")
-		case len(name) > limit.MaxDomainBytes:
-			w.addf(n, "domain", "is %d bytes, more than %d", len(name), limit.MaxDomainBytes)
-		default:
-			d.Name = name
-		}
+		d.Name = name
 	}
 	if n, has := f["algorithm"]; has {
 		if a, ok := w.algorithm(n, "algorithm"); ok {
@@ -245,16 +238,11 @@ func (w *walker) rule(n *yaml.Node, path string, depth int, seen map[string]int)
 	keyOK, valueOK := false, true
 	if kn, has := f["key"]; !has {
 		w.addf(n, path, "key is required")
-	} else if k, ok := w.str(kn, path+".key"); ok {
-		switch {
-		case k == "":
-			w.addf(kn, path+".key", "is empty")
-		case len(k) > limit.MaxEntryKeyBytes:
-			w.addf(kn, path+".key", "is %d bytes, more than %d", len(k), limit.MaxEntryKeyBytes)
-		case k == w.tierKey:
+	} else if k, ok := w.name(kn, path+".key", limit.MaxEntryKeyBytes); ok {
+		if k == w.tierKey {
 			// Such a rule could never match: the entry is gone by then.
 			w.addf(kn, path+".key", "%s is the tiers.key; tier entries are read for the plan multiplier and removed before matching", k)
-		default:
+		} else {
 			r.Key, keyOK = k, true
 		}
 	}

@@ -22,15 +22,8 @@ func (w *walker) tiers(n *yaml.Node) *limit.Tiers {
 	t := &limit.Tiers{}
 	if v, has := f["key"]; !has {
 		w.addf(n, path, "key is required")
-	} else if k, ok := w.str(v, path+".key"); ok {
-		switch {
-		case k == "":
-			w.addf(v, path+".key", "is empty")
-		case len(k) > limit.MaxEntryKeyBytes:
-			w.addf(v, path+".key", "is %d bytes, more than %d", len(k), limit.MaxEntryKeyBytes)
-		default:
-			t.Key, w.tierKey = k, k
-		}
+	} else if k, ok := w.name(v, path+".key", limit.MaxEntryKeyBytes); ok {
+		t.Key, w.tierKey = k, k
 	}
 	var names []string
 	if v, has := f["plans"]; !has {

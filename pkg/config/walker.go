@@ -201,6 +201,24 @@ func (w *walker) str(n *yaml.Node, path string) (string, bool) {
 	return n.Value, true
 }
 
+// name reads a non-empty string of at most max bytes: a domain, a
+// descriptor key, a tenant. Every file kind checks its names here, so
+// they are refused with the same words. ok is false after a problem.
+func (w *walker) name(n *yaml.Node, path string, max int) (string, bool) {
+	s, ok := w.str(n, path)
+	switch {
+	case !ok:
+		return "", false
+	case s == "":
+		w.addf(n, path, "is empty")
+		return "", false
+	case len(s) > max:
+		w.addf(n, path, "is %d bytes, more than %d", len(s), max)
+		return "", false
+	}
+	return s, true
+}
+
 // flag reads an optional boolean key of f; absent is false.
 func (w *walker) flag(f map[string]*yaml.Node, key, path string) bool {
 	v, has := f[key]

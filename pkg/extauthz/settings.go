@@ -208,15 +208,8 @@ func (p *settingsParser) file(name string, root *yaml.Node) *Settings {
 	}
 	if n, has := f["domain"]; !has {
 		p.w.Addf(at, "", "domain is required")
-	} else if d, ok := p.w.Str(n, "domain"); ok {
-		switch {
-		case d == "":
-			p.w.Addf(n, "domain", "is empty")
-		case len(d) > limit.MaxDomainBytes:
-			p.w.Addf(n, "domain", "is %d bytes, more than %d", len(d), limit.MaxDomainBytes)
-		default:
-			s.Domain = d
-		}
+	} else if d, ok := p.w.Name(n, "domain", limit.MaxDomainBytes); ok {
+		s.Domain = d
 	}
 	p.callers(f, at, s)
 	if n, has := f["model"]; has {
@@ -455,17 +448,8 @@ func (p *settingsParser) entry(n *yaml.Node, path string) (Entry, bool) {
 	if v, has := f["key"]; !has {
 		p.w.Addf(at, path, "key is required")
 		ok = false
-	} else if k, good := p.w.Str(v, path+".key"); good {
-		switch {
-		case k == "":
-			p.w.Addf(v, path+".key", "is empty")
-			ok = false
-		case len(k) > limit.MaxEntryKeyBytes:
-			p.w.Addf(v, path+".key", "is %d bytes, more than %d", len(k), limit.MaxEntryKeyBytes)
-			ok = false
-		default:
-			e.Key = k
-		}
+	} else if k, good := p.w.Name(v, path+".key", limit.MaxEntryKeyBytes); good {
+		e.Key = k
 	} else {
 		ok = false
 	}
