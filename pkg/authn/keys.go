@@ -515,11 +515,7 @@ func (p *parser) override(n *yaml.Node, path string) (limit.Override, bool) {
 			p.w.Addf(v, path+".unit_multiplier", "applies only with a unit; without one the rule's window is kept")
 			good = false
 		}
-		if u := int64(o.Unit.Duration()); good && u > 0 && m > uint64(math.MaxInt64/u) {
-			// A window is a time.Duration: int64 nanoseconds.
-			p.w.Addf(v, path+".unit_multiplier", "%d %ss is longer than the longest window, %d %ss", m, o.Unit, math.MaxInt64/u, o.Unit)
-			good = false
-		}
+		good = good && p.w.FitsWindow(v, path+".unit_multiplier", m, o.Unit)
 		if good && o.Unit != limit.UnitUnknown {
 			o.Multiplier = uint32(m)
 		}

@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
 // MaxFileBytes is the most a file read through a Walker may hold.
@@ -85,6 +87,13 @@ func (w *Walker) Str(n *yaml.Node, path string) (string, bool) { return w.w.str(
 // is empty ("is empty") or too long ("is N bytes, more than max").
 func (w *Walker) Name(n *yaml.Node, path string, max int) (string, bool) {
 	return w.w.name(n, path, max)
+}
+
+// FitsWindow reports, at n, a unit_multiplier m that makes a window of m
+// units longer than the longest one, in the rule files' words, and says
+// whether m fits.
+func (w *Walker) FitsWindow(n *yaml.Node, path string, m uint64, unit limit.Unit) bool {
+	return w.w.fitsWindow(n, path, m, unit)
 }
 
 // Flag reads the optional boolean key of f (a Mapping result); absent is

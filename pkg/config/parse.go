@@ -370,9 +370,8 @@ func (w *walker) limit(n *yaml.Node, path string, kind limit.Kind) (l *limit.Lim
 	}
 	if v, has := f["unit_multiplier"]; has {
 		m, ok := w.uint(v, path+".unit_multiplier", 1, math.MaxUint32)
-		if u := int64(l.Unit.Duration()); ok && u > 0 && m > uint64(math.MaxInt64/u) {
-			// A window is a time.Duration: int64 nanoseconds.
-			w.addf(v, path+".unit_multiplier", "%d %ss is longer than the longest window, %d %ss", m, l.Unit, math.MaxInt64/u, l.Unit)
+		if ok {
+			w.fitsWindow(v, path+".unit_multiplier", m, l.Unit)
 		}
 		l.Multiplier = uint32(m)
 	}

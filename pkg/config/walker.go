@@ -219,6 +219,17 @@ func (w *walker) name(n *yaml.Node, path string, max int) (string, bool) {
 	return s, true
 }
 
+// fitsWindow reports, at n, a unit_multiplier m that makes a window of m
+// units longer than the longest one, and says whether m fits: a window
+// is a time.Duration, int64 nanoseconds. An unknown unit fits anything.
+func (w *walker) fitsWindow(n *yaml.Node, path string, m uint64, unit limit.Unit) bool {
+	if u := int64(unit.Duration()); u > 0 && m > uint64(math.MaxInt64/u) {
+		w.addf(n, path, "%d %ss is longer than the longest window, %d %ss", m, unit, math.MaxInt64/u, unit)
+		return false
+	}
+	return true
+}
+
 // flag reads an optional boolean key of f; absent is false.
 func (w *walker) flag(f map[string]*yaml.Node, key, path string) bool {
 	v, has := f[key]
