@@ -34,7 +34,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -164,22 +163,11 @@ var _ fmt.Formatter = (*Keys)(nil)
 // Load reads a keys file. Bad contents yield a config.Errors with every
 // problem; a file that cannot be read yields a wrapped I/O error.
 func Load(path string) (*Keys, error) {
-	data, err := readCapped(path)
+	data, err := config.ReadCapped(path)
 	if err != nil {
 		return nil, fmt.Errorf("load keys %q: %w", path, err)
 	}
 	return Parse(path, data)
-}
-
-// readCapped reads at most one byte more than a keys file may hold, which
-// is enough for Parse to reject it without reading a huge file whole.
-func readCapped(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return io.ReadAll(io.LimitReader(f, config.MaxFileBytes+1))
 }
 
 // Parse compiles a keys file's bytes; name is used in errors. The error,
@@ -477,16 +465,7 @@ func merge(over, under map[string]limit.Override) map[string]limit.Override {
 // label reads a non-empty string short enough to be a descriptor value:
 // a tenant, a tier or a key's name.
 func (p *parser) label(n *yaml.Node, path string) string {
-	s, ok := p.w.Str(n, path)
-	switch {
-	case !ok:
-		return ""
-	case s == "":
-		p.w.Addf(n, path, "is empty")
-	case len(s) > limit.MaxValueBytes:
-		p.w.Addf(n, path, "is %d bytes, more than %d", len(s), limit.MaxValueBytes)
-		return ""
-	}
+	s, _ := p.w.Name(n, path, limit.MaxValueBytes)
 	return s
 }
 
@@ -536,11 +515,7 @@ func (p *parser) override(n *yaml.Node, path string) (limit.Override, bool) {
 			p.w.Addf(v, path+".unit_multiplier", "applies only with a unit; without one the rule's window is kept")
 			good = false
 		}
-		if u := int64(o.Unit.Duration()); good && u > 0 && m > uint64(math.MaxInt64/u) {
-			// A window is a time.Duration: int64 nanoseconds.
-			p.w.Addf(v, path+".unit_multiplier", "%d %ss is longer than the longest window, %d %ss", m, o.Unit, math.MaxInt64/u, o.Unit)
-			good = false
-		}
+		good = good && p.w.FitsWindow(v, path+".unit_multiplier", m, o.Unit)
 		if good && o.Unit != limit.UnitUnknown {
 			o.Multiplier = uint32(m)
 		}

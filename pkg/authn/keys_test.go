@@ -281,6 +281,14 @@ keys.yaml:4: keys[2].tier: is empty
 keys.yaml:4: keys[2].name: want a string, got a mapping`,
 		},
 		{
+			name: "tier and name too long",
+			give: "keys:\n" +
+				"  - {key: " + keyAcme + ", tenant: acme, tier: " + strings.Repeat("t", limit.MaxValueBytes+1) + "}\n" +
+				"  - {key: " + keyCI + ", tenant: acme, name: " + strings.Repeat("n", limit.MaxValueBytes+1) + "}\n",
+			want: `keys.yaml:2: keys[0].tier: is 1025 bytes, more than 1024
+keys.yaml:3: keys[1].name: is 1025 bytes, more than 1024`,
+		},
+		{
 			name: "limits of a key",
 			give: "keys:\n" +
 				"  - key: " + keyAcme + "\n" +

@@ -40,7 +40,7 @@ func watch(ctx context.Context, path string, onChange func(*Keys, error), h conf
 		return fmt.Errorf("watch keys %q: %w", path, err)
 	}
 	load := func() (*Keys, [32]byte, []string, error) {
-		data, err := readCapped(path)
+		data, err := config.ReadCapped(path)
 		if err != nil {
 			return nil, sha256.Sum256([]byte("error\x00" + err.Error())), nil, fmt.Errorf("load keys %q: %w", path, err)
 		}

@@ -45,7 +45,7 @@ func readRules(path string) ([]ruleFile, error) {
 		return nil, fmt.Errorf("load rules %q: %w", path, err)
 	}
 	if !fi.IsDir() {
-		data, err := readCapped(path)
+		data, err := ReadCapped(path)
 		if err != nil {
 			return nil, fmt.Errorf("load rules %q: %w", path, err)
 		}
@@ -70,7 +70,7 @@ func readRules(path string) ([]ruleFile, error) {
 		if fi.IsDir() {
 			continue
 		}
-		data, err := readCapped(p)
+		data, err := ReadCapped(p)
 		if err != nil {
 			return nil, fmt.Errorf("load rules %q: %w", path, err)
 		}
@@ -82,9 +82,11 @@ func readRules(path string) ([]ruleFile, error) {
 	return files, nil
 }
 
-// readCapped reads at most one byte more than a rule file may hold, which
-// is enough for Parse to reject it without reading a huge file whole.
-func readCapped(path string) ([]byte, error) {
+// ReadCapped reads at most one byte more than MaxFileBytes from the file
+// at path, which is enough for a parser to reject a file too large
+// without reading it whole. Every file an operator writes (rules, keys,
+// the authz config) is read through it.
+func ReadCapped(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err

@@ -1,13 +1,12 @@
 package config
 
 import (
-	"bytes"
-	"errors"
-	"io"
 	"slices"
 	"strings"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
 // MaxFileBytes is the most a file read through a Walker may hold.
@@ -37,38 +36,11 @@ func NewWalker(file string) *Walker {
 // larger than MaxFileBytes, it is not YAML, it holds a second document,
 // or it holds none, which is reported with the message empty.
 func (w *Walker) Document(data []byte, empty string) *yaml.Node {
-	if len(data) > maxFileBytes {
-		w.w.addf(nil, "", "file is larger than %d MiB, the most it may hold", maxFileBytes>>20)
-		return nil
+	root := w.w.document(data, docWords{most: "the most it may hold", empty: empty, one: "the file holds one document"})
+	if len(w.w.problems) > 0 {
+		return nil // unlike a rule file's, a second document stops the walk
 	}
-	w.w.budget = len(data) + extraVisits
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var doc yaml.Node
-	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
-		w.w.syntax(err)
-		return nil
-	}
-	for {
-		// Empty documents, as after a trailing ---, are harmless.
-		var extra yaml.Node
-		err := dec.Decode(&extra)
-		if err == nil && (len(extra.Content) == 0 || isNull(extra.Content[0])) {
-			continue
-		}
-		if err == nil {
-			w.w.addf(&extra, "", "a second YAML document; the file holds one document")
-			return nil
-		} else if !errors.Is(err, io.EOF) {
-			w.w.syntax(err)
-			return nil
-		}
-		break
-	}
-	if len(doc.Content) == 0 || isNull(doc.Content[0]) {
-		w.w.addf(&yaml.Node{Line: 1}, "", "%s", empty)
-		return nil
-	}
-	return doc.Content[0]
+	return root
 }
 
 // Resolve follows aliases and charges the node to the walk's budget; call
@@ -109,6 +81,20 @@ func (w *Walker) SecretMapping(n *yaml.Node, path string, allowed []string) (f m
 // Str reads any scalar as the text written (value: 200 is "200"); null is
 // "". Anything else is a problem.
 func (w *Walker) Str(n *yaml.Node, path string) (string, bool) { return w.w.str(n, path) }
+
+// Name reads a non-empty string of at most max bytes, such as a domain,
+// a descriptor key or a tenant, with the rule files' words for one that
+// is empty ("is empty") or too long ("is N bytes, more than max").
+func (w *Walker) Name(n *yaml.Node, path string, max int) (string, bool) {
+	return w.w.name(n, path, max)
+}
+
+// FitsWindow reports, at n, a unit_multiplier m that makes a window of m
+// units longer than the longest one, in the rule files' words, and says
+// whether m fits.
+func (w *Walker) FitsWindow(n *yaml.Node, path string, m uint64, unit limit.Unit) bool {
+	return w.w.fitsWindow(n, path, m, unit)
+}
 
 // Flag reads the optional boolean key of f (a Mapping result); absent is
 // false. YAML 1.1's yes, no, on and off are accepted, unquoted.

@@ -15,15 +15,18 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
-// TestLoadBad loads one fixture per failure mode and checks the whole
-// error text: file, line, path and message.
-func TestLoadBad(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		name string
-		give string // under testdata/bad
-		want string
-	}{
+// badFixture is one fixture under testdata/bad and the whole error text
+// Load gives for it: file, line, path and message of every problem.
+type badFixture struct {
+	name string
+	give string // a file or directory directly under testdata/bad
+	want string
+}
+
+// badFixtures lists every fixture under testdata/bad, one per failure
+// mode; TestLoadBadFixturesCovered keeps it in step with the disk.
+func badFixtures() []badFixture {
+	return []badFixture{
 		{
 			name: "unknown key in a descriptor",
 			give: "unknown_key.yaml",
@@ -366,7 +369,13 @@ testdata/bad/control_ranges.yaml:9: shedding.control.window: 100ms is not betwee
 			want: `testdata/bad/breakers_not_list.yaml:3: breakers: want a list of breakers, got a mapping`,
 		},
 	}
-	for _, tt := range tests {
+}
+
+// TestLoadBad loads one fixture per failure mode and checks the whole
+// error text: file, line, path and message.
+func TestLoadBad(t *testing.T) {
+	t.Parallel()
+	for _, tt := range badFixtures() {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			rs, err := Load(filepath.Join("testdata", "bad", tt.give))
@@ -384,8 +393,11 @@ testdata/bad/control_ranges.yaml:9: shedding.control.window: 100ms is not betwee
 	}
 }
 
-// TestLoadBadFixturesCovered keeps the table above in step with the
-// fixtures on disk.
+// TestLoadBadFixturesCovered keeps badFixtures in step with the fixtures
+// on disk: every file and directory under testdata/bad has exactly one
+// entry, so TestLoadBad asserts its exact error, and every entry names a
+// fixture that exists. A fixture added without its expected error, or
+// one renamed or deleted, fails here.
 func TestLoadBadFixturesCovered(t *testing.T) {
 	t.Parallel()
 	entries, err := os.ReadDir(filepath.Join("testdata", "bad"))
@@ -394,6 +406,23 @@ func TestLoadBadFixturesCovered(t *testing.T) {
 	}
 	if len(entries) < 30 {
 		t.Errorf("%d fixtures in testdata/bad, want one per failure mode (30 or more)", len(entries))
+	}
+	rows := map[string]int{} // fixture -> entries of badFixtures naming it
+	for _, f := range badFixtures() {
+		rows[f.give]++
+	}
+	for _, e := range entries {
+		switch n := rows[e.Name()]; n {
+		case 1:
+		case 0:
+			t.Errorf("testdata/bad/%s has no entry in badFixtures: add its exact expected error", e.Name())
+		default:
+			t.Errorf("testdata/bad/%s has %d entries in badFixtures, want 1", e.Name(), n)
+		}
+		delete(rows, e.Name())
+	}
+	for give := range rows {
+		t.Errorf("badFixtures names %s, which is not in testdata/bad", give)
 	}
 }
 
@@ -502,8 +531,10 @@ func TestVisitsPerByte(t *testing.T) {
 			for i := 0; b.Len() < 64<<10; i++ {
 				b.WriteString(tt.give(i))
 			}
-			w := &walker{file: "t.yaml", budget: 1 << 30}
-			if root := w.document([]byte(b.String())); root != nil {
+			w := &walker{file: "t.yaml"}
+			root := w.document([]byte(b.String()), ruleFileDoc)
+			w.budget = 1 << 30 // measure the visits, never stop on them
+			if root != nil {
 				w.domain(root)
 			}
 			if len(w.problems) > 0 {

@@ -2,9 +2,7 @@ package extauthz
 
 import (
 	"fmt"
-	"io"
 	"math"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -171,17 +169,6 @@ func LoadSettings(path string) (*Settings, error) {
 	return s, err
 }
 
-// readCapped reads at most one byte more than a config file may hold,
-// which is enough for the walker to reject it without reading it whole.
-func readCapped(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return io.ReadAll(io.LimitReader(f, config.MaxFileBytes+1))
-}
-
 // ParseSettings compiles an authz config's bytes; name is used in errors
 // and resolves a relative keys_file. It does not load the keys. The error,
 // when there is one, is a config.Errors with every problem found.
@@ -221,20 +208,35 @@ func (p *settingsParser) file(name string, root *yaml.Node) *Settings {
 	}
 	if n, has := f["domain"]; !has {
 		p.w.Addf(at, "", "domain is required")
-	} else if d, ok := p.w.Str(n, "domain"); ok {
-		switch {
-		case d == "":
-			p.w.Addf(n, "domain", "is empty")
-		case len(d) > limit.MaxDomainBytes:
-			p.w.Addf(n, "domain", "is %d bytes, more than %d", len(d), limit.MaxDomainBytes)
-		default:
-			s.Domain = d
-		}
+	} else if d, ok := p.w.Name(n, "domain", limit.MaxDomainBytes); ok {
+		s.Domain = d
 	}
+	p.callers(f, at, s)
+	if n, has := f["model"]; has {
+		p.model(n, s)
+	}
+	if n, has := f["descriptors"]; !has {
+		p.w.Addf(at, "", "descriptors is required")
+	} else {
+		s.Descriptors = p.descriptors(n, "descriptors")
+	}
+	if n, has := f["estimate"]; has {
+		p.estimate(n, s)
+	}
+	if n, has := f["usage_header"]; has {
+		s.UsageHeader = p.headerName(n, "usage_header")
+	}
+	return s
+}
+
+// callers reads how a call is identified: keys_file, api_key_headers,
+// require_api_key and trusted_headers, from f, the file's top-level
+// mapping at node at, into s.
+func (p *settingsParser) callers(f map[string]*yaml.Node, at *yaml.Node, s *Settings) {
 	if n, has := f["keys_file"]; has {
 		if k, ok := p.w.Str(n, "keys_file"); ok && k != "" {
 			if !filepath.IsAbs(k) {
-				k = filepath.Join(filepath.Dir(name), k)
+				k = filepath.Join(filepath.Dir(s.Source), k)
 			}
 			s.KeysFile = k
 		} else if ok {
@@ -265,47 +267,46 @@ func (p *settingsParser) file(name string, root *yaml.Node) *Settings {
 	case !s.RequireAPIKey && s.TenantHeader == "":
 		p.w.Addf(at, "", "trusted_headers.tenant is required when require_api_key is false: a call without a key takes its tenant from it")
 	}
-	if n, has := f["model"]; has {
-		if m, _ := p.w.Mapping(n, "model", modelKeys); m != nil {
-			if v, has := m["body_field"]; has {
-				if b, ok := p.w.Str(v, "model.body_field"); ok {
-					s.ModelBodyField = b // "" reads no model from the body
-				}
-			}
-			if v, has := m["header"]; has {
-				s.ModelHeader = p.headerName(v, "model.header")
-			}
+}
+
+// model reads model: {body_field, header} into s.
+func (p *settingsParser) model(n *yaml.Node, s *Settings) {
+	m, _ := p.w.Mapping(n, "model", modelKeys)
+	if m == nil {
+		return
+	}
+	if v, has := m["body_field"]; has {
+		if b, ok := p.w.Str(v, "model.body_field"); ok {
+			s.ModelBodyField = b // "" reads no model from the body
 		}
 	}
-	if n, has := f["descriptors"]; !has {
-		p.w.Addf(at, "", "descriptors is required")
-	} else {
-		s.Descriptors = p.descriptors(n, "descriptors")
+	if v, has := m["header"]; has {
+		s.ModelHeader = p.headerName(v, "model.header")
 	}
-	if n, has := f["estimate"]; has {
-		if e, _ := p.w.Mapping(n, "estimate", estimateKeys); e != nil {
-			if v, has := e["chars_per_token"]; has {
-				s.CharsPerToken = p.positive(v, "estimate.chars_per_token", maxCharsPerToken)
-			}
-			if v, has := e["default_max_tokens"]; has {
-				s.DefaultMaxTokens, _ = p.w.Uint(v, "estimate.default_max_tokens", 0, maxDefaultMaxTokens)
-			}
-			if v, has := e["max_body_bytes"]; has {
-				b, _ := p.w.Uint(v, "estimate.max_body_bytes", 1, maxMaxBodyBytes)
-				s.MaxBodyBytes = int64(b)
-			}
-			if v, has := e["partial_body"]; has {
-				s.PartialBody = p.partialBody(v, "estimate.partial_body")
-			}
-			if v, has := e["image_tokens"]; has {
-				p.imageTokens(v, &s.ImageTokens)
-			}
-		}
+}
+
+// estimate reads estimate: over the defaults already in s.
+func (p *settingsParser) estimate(n *yaml.Node, s *Settings) {
+	e, _ := p.w.Mapping(n, "estimate", estimateKeys)
+	if e == nil {
+		return
 	}
-	if n, has := f["usage_header"]; has {
-		s.UsageHeader = p.headerName(n, "usage_header")
+	if v, has := e["chars_per_token"]; has {
+		s.CharsPerToken = p.positive(v, "estimate.chars_per_token", maxCharsPerToken)
 	}
-	return s
+	if v, has := e["default_max_tokens"]; has {
+		s.DefaultMaxTokens, _ = p.w.Uint(v, "estimate.default_max_tokens", 0, maxDefaultMaxTokens)
+	}
+	if v, has := e["max_body_bytes"]; has {
+		b, _ := p.w.Uint(v, "estimate.max_body_bytes", 1, maxMaxBodyBytes)
+		s.MaxBodyBytes = int64(b)
+	}
+	if v, has := e["partial_body"]; has {
+		s.PartialBody = p.partialBody(v, "estimate.partial_body")
+	}
+	if v, has := e["image_tokens"]; has {
+		p.imageTokens(v, &s.ImageTokens)
+	}
 }
 
 // partialBody reads a PartialBody by its name; an unknown name is the
@@ -447,17 +448,8 @@ func (p *settingsParser) entry(n *yaml.Node, path string) (Entry, bool) {
 	if v, has := f["key"]; !has {
 		p.w.Addf(at, path, "key is required")
 		ok = false
-	} else if k, good := p.w.Str(v, path+".key"); good {
-		switch {
-		case k == "":
-			p.w.Addf(v, path+".key", "is empty")
-			ok = false
-		case len(k) > limit.MaxEntryKeyBytes:
-			p.w.Addf(v, path+".key", "is %d bytes, more than %d", len(k), limit.MaxEntryKeyBytes)
-			ok = false
-		default:
-			e.Key = k
-		}
+	} else if k, good := p.w.Name(v, path+".key", limit.MaxEntryKeyBytes); good {
+		e.Key = k
 	} else {
 		ok = false
 	}

@@ -83,7 +83,7 @@ func loadFiles(path string, parseKeys func(name string, data []byte) (*authn.Key
 		io.WriteString(h, strconv.Itoa(len(data))+":")
 		h.Write(data)
 	}
-	data, err := readCapped(path)
+	data, err := config.ReadCapped(path)
 	write(data, err)
 	if err != nil {
 		return nil, sum(), "", fmt.Errorf("load authz config %q: %w", path, err)
@@ -95,7 +95,7 @@ func loadFiles(path string, parseKeys func(name string, data []byte) (*authn.Key
 	if s.KeysFile == "" {
 		return s, sum(), "", nil
 	}
-	keys, err := readCapped(s.KeysFile)
+	keys, err := config.ReadCapped(s.KeysFile)
 	write(keys, err)
 	if err != nil {
 		return nil, sum(), s.KeysFile, fmt.Errorf("load keys %q: %w", s.KeysFile, err)

@@ -366,14 +366,8 @@ func (d *Domain) checkAdmission() error {
 		if err := d.Shedding.Validate(); err != nil {
 			return fmt.Errorf("shedding: %w", err)
 		}
-		if c := d.Shedding.Control; c != nil && d.Tiers == nil {
-			return errors.New("shedding: control: the domain has no tiers to shed")
-		} else if c != nil {
-			for j, t := range c.Sheddable {
-				if _, ok := d.Tiers.Plans[t]; !ok {
-					return fmt.Errorf("shedding: control.sheddable[%d]: %q is not a plan of tiers", j, t)
-				}
-			}
+		if fs := d.Shedding.CheckTiers(d.Tiers); len(fs) > 0 {
+			return fmt.Errorf("shedding: %w", fs[0])
 		}
 	}
 	for i, b := range d.Breakers {

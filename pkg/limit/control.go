@@ -95,6 +95,28 @@ func (c Control) WithDefaults() Control {
 	return c
 }
 
+// CheckTiers lists what is wrong with s's controller against its
+// domain's tiers t (nil when the domain has none): the controller sheds
+// tiers, so it needs them, and each tier it may shed must be one of their
+// plans. It is the one check of both for the rule parser, which reports
+// each at its line, and NewRuleSet. Paths are relative to shedding, as
+// Check's are; an empty tier is Check's to report.
+func (s *Shedding) CheckTiers(t *Tiers) []FieldError {
+	if s.Control == nil {
+		return nil
+	}
+	if t == nil {
+		return []FieldError{{"control", "the controller sheds tiers: the file needs tiers"}}
+	}
+	var out []FieldError
+	for j, name := range s.Control.Sheddable {
+		if _, ok := t.Plans[name]; !ok && name != "" {
+			out = append(out, FieldError{fmt.Sprintf("control.sheddable[%d]", j), fmt.Sprintf("%q is not a plan of tiers", name)})
+		}
+	}
+	return out
+}
+
 // Check lists c's invalid fields, its optional ones as given (0 is their
 // default); paths are relative to control.
 func (c *Control) Check() []FieldError {
