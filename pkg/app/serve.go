@@ -17,6 +17,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/config"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/outcome"
+	pressureruntime "github.com/tollgate-dev/tollgate/pkg/pressure/runtime"
 	"github.com/tollgate-dev/tollgate/pkg/rls"
 	"github.com/tollgate-dev/tollgate/pkg/server"
 	"github.com/tollgate-dev/tollgate/pkg/store/lease"
@@ -24,6 +25,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/store/overlimit"
 	"github.com/tollgate-dev/tollgate/pkg/store/redisstore"
 	"github.com/tollgate-dev/tollgate/pkg/store/storeguard"
+	"github.com/tollgate-dev/tollgate/pkg/ticket"
 )
 
 // serveFlags are serve's settings; each flag can also come from its
@@ -202,16 +204,16 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, args []string, log *z
 	}
 	reloads.loaded()
 
-	sh, err := newShedder(ctx, f.pressure, shared, log.Named("pressure"))
+	sh, err := pressureruntime.New(ctx, f.pressure.config(), shared.pressure(), log.Named("pressure"))
 	if err != nil {
 		return err
 	}
-	defer sh.stop()
-	if err := reg.Register(newPressureCollector(sh)); err != nil {
+	defer sh.Stop()
+	if err := reg.Register(sh.Collector()); err != nil {
 		return fmt.Errorf("register pressure metrics: %w", err)
 	}
-	lim := limit.NewLimiter(store, limit.SystemClock{}, rules, append(sh.limiterOptions(), f.failure.option(failures, f.redisURL != "", health.replicas.get))...)
-	loop, err := outcome.New(ticketKeys, lim, log.Named("outcome"), reg, outcome.Options{Completed: sh.completed})
+	lim := limit.NewLimiter(store, limit.SystemClock{}, rules, append(sh.LimiterOptions(), f.failure.option(failures, f.redisURL != "", health.replicas.get))...)
+	loop, err := outcome.New(ticketKeys, lim, log.Named("outcome"), reg, outcome.Options{Completed: func(t *ticket.Ticket) { sh.Completed(t.Request()) }})
 	if err != nil {
 		return err
 	}
@@ -224,20 +226,20 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, args []string, log *z
 	if err != nil {
 		return err
 	}
-	sh.als = az.als
-	if err := sh.apply(rules); err != nil {
+	observeOutcomes(sh, az.als, log.Named("pressure"))
+	if err := sh.Apply(rules); err != nil {
 		return fmt.Errorf("pressure and breakers: %w", err)
 	}
 	admin := map[string]http.Handler{}
 	var debugConfig func() any
 	if f.debug.debug {
-		admin["GET /debug/pressure"] = debugJSON(func() any { return sh.view() })
+		admin["GET /debug/pressure"] = debugJSON(func() any { return sh.View() })
 		debugConfig = func() any {
 			return newConfigView(a.versionString(), f.config, f.redisURL, lim.Rules())
 		}
 	}
 	if f.pressure.tokenFile != "" {
-		admin["/v1/pressure"] = sh.handler()
+		admin["/v1/pressure"] = sh.Handler()
 	}
 	storeReady := &storeReadiness{policy: f.failure.parsed, guard: guard, ping: store.Ping, health: health}
 	srv, err := server.New(server.Config{
@@ -256,7 +258,7 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, args []string, log *z
 		ReadyDetail:          func() string { return joinLines(health.detail(), az.detail()) },
 		DebugConfig:          debugConfig,
 		Admin:                admin,
-		UnaryInterceptors:    sh.interceptors(),
+		UnaryInterceptors:    inFlightInterceptors(sh.InFlight()),
 		Pprof:                f.debug.pprof,
 		Cmdline:              append([]string{"tollgate", "serve"}, redactArgs(args)...),
 		DebugToken:           f.debug.token,
@@ -295,7 +297,7 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, args []string, log *z
 				return
 			}
 			lim.SetRules(rs)
-			if err := sh.apply(rs); err != nil {
+			if err := sh.Apply(rs); err != nil {
 				log.Error("pressure and breakers reload incomplete", zap.Error(err))
 			}
 			reloads.reloaded()
@@ -354,6 +356,11 @@ type sharedState struct {
 	cells   limit.Cells
 }
 
+// pressure is the part of s the pressure runtime uses.
+func (s sharedState) pressure() pressureruntime.Shared {
+	return pressureruntime.Shared{Board: s.board, Cells: s.cells, Breakers: s.breakers, Flights: s.flights, Meters: s.meters}
+}
+
 // openStore returns the in-memory store for an empty URL, else a Redis
 // store, with the board and breaker store beside it; close releases them.
 func openStore(redisURL string, opts ...redisstore.Option) (store pingStore, shared sharedState, close func(), err error) {
@@ -386,6 +393,12 @@ func debugJSON(view func() any) http.Handler {
 		w.Header().Set("Cache-Control", "no-store")
 		_, _ = w.Write(append(b, '\n'))
 	})
+}
+
+func httpJSONError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(map[string]string{"error": msg})
 }
 
 func storeKind(redisURL string) string {
