@@ -3,16 +3,16 @@ package app
 import (
 	"context"
 
-	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
 	"github.com/tollgate-dev/tollgate/pkg/accesslog"
 	"github.com/tollgate-dev/tollgate/pkg/breaker"
+	"github.com/tollgate-dev/tollgate/pkg/extauthz"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/pressure"
 	pressureruntime "github.com/tollgate-dev/tollgate/pkg/pressure/runtime"
+	"github.com/tollgate-dev/tollgate/pkg/rls"
 )
 
 // inFlightInterceptors count the decisions in flight, for the pressure
@@ -23,7 +23,7 @@ func inFlightInterceptors(f *pressure.InFlight) []grpc.UnaryServerInterceptor {
 	}
 	return []grpc.UnaryServerInterceptor{func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		switch info.FullMethod {
-		case rlsv3.RateLimitService_ShouldRateLimit_FullMethodName, authv3.Authorization_Check_FullMethodName:
+		case rls.ShouldRateLimitMethod, extauthz.CheckMethod:
 			f.Inc()
 			defer f.Dec()
 		}
