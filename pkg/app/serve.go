@@ -164,7 +164,11 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, args []string, log *z
 	if err != nil {
 		return err
 	}
-	return serveAll(ctx, f, srv, grpcLis, adminLis, st, sh, apis, m, log)
+	return serveAll(ctx, srv, grpcLis, adminLis,
+		func(ctx context.Context) { watchRules(ctx, f.config, apis.lim, sh, m.reloads, log) },
+		apis.az.watch,
+		func(ctx context.Context) { st.keepKeys(ctx, apis.loop.Sealer()) },
+	)
 }
 
 // serveStores are the store, its decorators and what watches its
@@ -380,28 +384,22 @@ func (a *App) listen(ctx context.Context, f *serveFlags) (grpcLis, adminLis net.
 // cancels the rest. When ctx ends the watchers stop and the server
 // drains; when the server returns, for any reason, the watchers stop
 // too, and serveAll returns once all have.
-func serveAll(ctx context.Context, f *serveFlags, srv *server.Server, grpcLis, adminLis net.Listener, st *serveStores, sh *pressureruntime.Runtime, apis *serveAPIs, m *serveMetrics, log *zap.Logger) error {
+func serveAll(ctx context.Context, srv *server.Server, grpcLis, adminLis net.Listener, watchers ...func(context.Context)) error {
 	g, gctx := errgroup.WithContext(ctx)
-	// A server that returns nil (ctx ended during warm-up) cancels no
-	// errgroup context: stopWatch ends the watchers then.
+	// The watchers also end when the server returns: a nil return
+	// cancels no errgroup context, and they must not outlive it.
 	watchCtx, stopWatch := context.WithCancel(gctx)
 	defer stopWatch()
 	g.Go(func() error {
 		defer stopWatch()
 		return srv.Serve(gctx, grpcLis, adminLis)
 	})
-	g.Go(func() error {
-		watchRules(watchCtx, f.config, apis.lim, sh, m.reloads, log)
-		return nil
-	})
-	g.Go(func() error {
-		apis.az.watch(watchCtx)
-		return nil
-	})
-	g.Go(func() error {
-		st.keepKeys(watchCtx, apis.loop.Sealer())
-		return nil
-	})
+	for _, w := range watchers {
+		g.Go(func() error {
+			w(watchCtx)
+			return nil
+		})
+	}
 	return g.Wait()
 }
 
