@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tollgate-dev/tollgate/pkg/pressure"
+	pressureruntime "github.com/tollgate-dev/tollgate/pkg/pressure/runtime"
 	"github.com/tollgate-dev/tollgate/pkg/ticket"
 	"github.com/tollgate-dev/tollgate/test/redistest"
 )
@@ -46,7 +47,7 @@ shedding:
 func (r *replica) control() pressure.ControlView {
 	r.t.Helper()
 	code, body := r.pressure(http.MethodGet, "", r.token)
-	var v pressureView
+	var v pressureruntime.View
 	if err := json.Unmarshal([]byte(body), &v); code != http.StatusOK || err != nil {
 		r.t.Fatalf("GET /v1/pressure = %d %s (%v)", code, body, err)
 	}

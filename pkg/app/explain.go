@@ -14,6 +14,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/config"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/pressure"
+	pressureruntime "github.com/tollgate-dev/tollgate/pkg/pressure/runtime"
 )
 
 const explainUsage = `Usage: tollgate explain --config PATH --domain D --descriptor k=v[,k=v...] [--descriptor ...]
@@ -153,7 +154,7 @@ func runExplain(f explainFlags) (*explainOutput, error) {
 			// other falls back to global, as the Gate does in serve.
 			names := []string{limit.ScopeGlobal}
 			if dom.Shedding.Scope == limit.ScopeModel {
-				names = append(names, modelsOf(dom.Descriptors)...)
+				names = append(names, pressureruntime.ModelsOf(dom.Descriptors)...)
 			}
 			gate := pressure.NewGate()
 			var entries []pressure.GateEntry

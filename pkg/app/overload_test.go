@@ -9,7 +9,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tollgate-dev/tollgate/pkg/extauthz"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/rls"
 )
 
 func TestOverloadAnswer(t *testing.T) {
@@ -27,7 +29,7 @@ func TestOverloadAnswer(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			answer := overloadAnswer(tt.give)
-			got, err := answer(context.Background(), methodShouldRateLimit, nil)
+			got, err := answer(context.Background(), rls.ShouldRateLimitMethod, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -38,7 +40,7 @@ func TestOverloadAnswer(t *testing.T) {
 			if !hasHeaderValue(rl.GetResponseHeadersToAdd(), "x-tollgate-degraded", "overload") {
 				t.Errorf("ShouldRateLimit headers %v lack x-tollgate-degraded: overload", rl.GetResponseHeadersToAdd())
 			}
-			got, err = answer(context.Background(), methodCheck, nil)
+			got, err = answer(context.Background(), extauthz.CheckMethod, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	pressureruntime "github.com/tollgate-dev/tollgate/pkg/pressure/runtime"
 )
 
 // reloadRules is domain shed with its tiers; region adds an unrelated
@@ -202,7 +204,7 @@ func TestPressureReload(t *testing.T) {
 		t.Errorf("GET /v1/pressure without shedding = %d %s, want 404", code, body)
 	}
 	code, body := r.get("/debug/pressure")
-	var v pressureView
+	var v pressureruntime.View
 	if err := json.Unmarshal([]byte(body), &v); code != http.StatusOK || err != nil || len(v.Domains) != 0 {
 		t.Errorf("/debug/pressure without shedding = %d %s (%v), want no domains", code, body, err)
 	}

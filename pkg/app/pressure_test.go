@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"github.com/tollgate-dev/tollgate/pkg/pressure"
+	pressureruntime "github.com/tollgate-dev/tollgate/pkg/pressure/runtime"
 	"io"
 	"net/http"
 	"path/filepath"
@@ -192,7 +193,7 @@ func (r *replica) push(score string) {
 func (r *replica) global() pressure.ScopeView {
 	r.t.Helper()
 	code, body := r.pressure(http.MethodGet, "", r.token)
-	var v pressureView
+	var v pressureruntime.View
 	if err := json.Unmarshal([]byte(body), &v); code != http.StatusOK || err != nil {
 		r.t.Fatalf("GET /v1/pressure = %d %s (%v)", code, body, err)
 	}

@@ -12,11 +12,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/tollgate-dev/tollgate/pkg/breaker"
 	"github.com/tollgate-dev/tollgate/pkg/config"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/outcome"
+	pressureruntime "github.com/tollgate-dev/tollgate/pkg/pressure/runtime"
 	"github.com/tollgate-dev/tollgate/pkg/rls"
 	"github.com/tollgate-dev/tollgate/pkg/server"
 	"github.com/tollgate-dev/tollgate/pkg/store/lease"
@@ -24,6 +26,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/store/overlimit"
 	"github.com/tollgate-dev/tollgate/pkg/store/redisstore"
 	"github.com/tollgate-dev/tollgate/pkg/store/storeguard"
+	"github.com/tollgate-dev/tollgate/pkg/ticket"
 )
 
 // serveFlags are serve's settings; each flag can also come from its
@@ -118,7 +121,9 @@ var (
 )
 
 // runServe serves with f; args are serve's arguments as given, which
-// /debug/pprof/cmdline shows redacted.
+// /debug/pprof/cmdline shows redacted. Each step builds on the one
+// before; what they start is stopped in reverse by the defers, after the
+// server has drained and the watchers have ended.
 func (a *App) runServe(ctx context.Context, f *serveFlags, args []string, log *zap.Logger) error {
 	log.Info("starting", zap.String("version", a.versionString()))
 	rules, err := config.Load(f.config)
@@ -127,23 +132,91 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, args []string, log *z
 		return fmt.Errorf("load rules %q: the rules above must be fixed", f.config)
 	}
 	log.Info("rules loaded", zap.String("path", f.config), zap.Int("domains", len(rules.Domains())))
+	st, err := a.openStores(ctx, f, log)
+	if err != nil {
+		return err
+	}
+	defer st.close()
+	reg, m, err := a.newServeMetrics(st)
+	if err != nil {
+		return err
+	}
+	sh, err := pressureruntime.New(ctx, f.pressure.config(), st.shared.pressure(), log.Named("pressure"))
+	if err != nil {
+		return err
+	}
+	defer sh.Stop()
+	if err := reg.Register(sh.Collector()); err != nil {
+		return fmt.Errorf("register pressure metrics: %w", err)
+	}
+	apis, err := newServeAPIs(f, st, sh, m, reg, rules, log)
+	if err != nil {
+		return err
+	}
+	if err := sh.Apply(rules); err != nil {
+		return fmt.Errorf("pressure and breakers: %w", err)
+	}
+	srv, err := a.newServer(f, args, st, sh, apis, reg, log)
+	if err != nil {
+		return err
+	}
+	grpcLis, adminLis, err := a.listen(ctx, f)
+	if err != nil {
+		return err
+	}
+	return serveAll(ctx, srv, grpcLis, adminLis,
+		func(ctx context.Context) { watchRules(ctx, f.config, apis.lim, sh, m.reloads, log) },
+		apis.az.watch,
+		func(ctx context.Context) { st.keepKeys(ctx, apis.loop.Sealer()) },
+	)
+}
 
+// serveStores are the store, its decorators and what watches its
+// health; close undoes openStores in reverse.
+type serveStores struct {
+	store  pingStore // what decisions use: raw under its decorators
+	raw    pingStore // the store itself, which warm-up pings
+	shared sharedState
+	health *storeHealth
+	guard  *storeguard.Guard // nil for the in-memory store
+	local  *overlimit.Store  // nil for the in-memory store
+	leases *lease.Store      // nil for the in-memory store or without leases
+
+	ticketKeys *ticket.Keys
+	keepKeys   func(context.Context, *ticket.Sealer)
+
+	closers []func()
+}
+
+func (s *serveStores) close() {
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		s.closers[i]()
+	}
+}
+
+// openStores opens the store named by --redis-url, the ticket keys on
+// it, its health watch, and on Redis its decorators.
+func (a *App) openStores(ctx context.Context, f *serveFlags, log *zap.Logger) (_ *serveStores, err error) {
 	// The client learns first that Redis is back (its probe, every
 	// redisstore.RedialInterval); the store circuit, made below, then
 	// probes at once instead of at the end of its backoff (issue 13).
 	var recovered recoveries
 	store, shared, closeStore, err := openStore(f.redisURL, append(f.redis.options(), redisstore.WithRecovered(recovered.retry))...)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer closeStore()
-	ticketKeys, keepKeys, err := f.tickets.ticketKeys(ctx, store, log.Named("tickets"))
+	st := &serveStores{shared: shared, closers: []func(){closeStore}}
+	defer func() {
+		if err != nil {
+			st.close()
+		}
+	}()
+	st.ticketKeys, st.keepKeys, err = f.tickets.ticketKeys(ctx, store, log.Named("tickets"))
 	if err != nil {
-		return fmt.Errorf("--ticket-key-file: %w", err)
+		return nil, fmt.Errorf("--ticket-key-file: %w", err)
 	}
 	raw, health := store, newStoreHealth(log.Named("store"), f.failure, shared.replicas, f.pressure.replica())
-	stopHealth := health.start(ctx)
-	defer stopHealth()
+	st.closers = append(st.closers, health.start(ctx))
 	var local *overlimit.Store
 	var leases *lease.Store
 	var guard *storeguard.Guard
@@ -163,7 +236,7 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, args []string, log *z
 		var outer limit.Store
 		var stopLeases func()
 		leases, outer, stopLeases = f.lease.wrap(context.WithoutCancel(ctx), local, log)
-		defer stopLeases()
+		st.closers = append(st.closers, stopLeases)
 		store = pingable{Store: outer, ping: store.Ping}
 	}
 	if a.wrapStore != nil {
@@ -174,74 +247,94 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, args []string, log *z
 	} else {
 		log.Info("store", zap.String("kind", "redis"), zap.String("url", redactURL(f.redisURL)))
 	}
+	st.store, st.raw, st.health, st.guard, st.local, st.leases = store, raw, health, guard, local, leases
+	return st, nil
+}
 
+// serveMetrics are the metrics serve itself keeps.
+type serveMetrics struct {
+	failures *failureMetrics
+	reloads  *reloadMetrics
+}
+
+// newServeMetrics makes the registry every component registers on, with
+// the process's and the stores' metrics.
+func (a *App) newServeMetrics(st *serveStores) (*prometheus.Registry, *serveMetrics, error) {
 	reg := prometheus.NewRegistry()
 	if err := registerProcessMetrics(reg, a.versionString()); err != nil {
-		return err
+		return nil, nil, err
 	}
-	if local != nil {
+	if local := st.local; local != nil {
 		if err := reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "tollgate_store_local_denials_total",
 			Help: "Decisions denied without a store call because every key they charge was known to be over its limit.",
 		}, func() float64 { return float64(local.LocalDenials()) })); err != nil {
-			return err
+			return nil, nil, err
 		}
 	}
-	if leases != nil {
-		if err := registerLeaseMetrics(reg, leases); err != nil {
-			return err
+	if st.leases != nil {
+		if err := registerLeaseMetrics(reg, st.leases); err != nil {
+			return nil, nil, err
 		}
 	}
-	failures, err := newFailureMetrics(reg, guard, health)
+	failures, err := newFailureMetrics(reg, st.guard, st.health)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	reloads, err := newReloadMetrics(reg)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	reloads.loaded()
+	return reg, &serveMetrics{failures: failures, reloads: reloads}, nil
+}
 
-	sh, err := newShedder(ctx, f.pressure, shared, log.Named("pressure"))
+// serveAPIs are the Limiter and the APIs over it.
+type serveAPIs struct {
+	lim  *limit.Limiter
+	loop *outcome.Loop
+	rls  *rls.Service
+	az   *authz
+}
+
+// newServeAPIs builds the Limiter over the store and the pressure
+// runtime, the outcome loop, and the APIs Envoy calls.
+func newServeAPIs(f *serveFlags, st *serveStores, sh *pressureruntime.Runtime, m *serveMetrics, reg prometheus.Registerer, rules *limit.RuleSet, log *zap.Logger) (*serveAPIs, error) {
+	lim := limit.NewLimiter(st.store, limit.SystemClock{}, rules, append(sh.LimiterOptions(), f.failure.option(m.failures, f.redisURL != "", st.health.replicas.get))...)
+	loop, err := outcome.New(st.ticketKeys, lim, log.Named("outcome"), reg, outcome.Options{Completed: func(t *ticket.Ticket) { sh.Completed(t.Request()) }})
 	if err != nil {
-		return err
-	}
-	defer sh.stop()
-	if err := reg.Register(newPressureCollector(sh)); err != nil {
-		return fmt.Errorf("register pressure metrics: %w", err)
-	}
-	lim := limit.NewLimiter(store, limit.SystemClock{}, rules, append(sh.limiterOptions(), f.failure.option(failures, f.redisURL != "", health.replicas.get))...)
-	loop, err := outcome.New(ticketKeys, lim, log.Named("outcome"), reg, outcome.Options{Completed: sh.completed})
-	if err != nil {
-		return err
+		return nil, err
 	}
 	rlsSvc, err := rls.New(lim, log.Named("rls"), reg, f.metrics.rlsOptions()...)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	rlsSvc.SetSealer(loop.Sealer())
 	az, err := newAuthz(f.authz, lim, loop, log, reg)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	sh.als = az.als
-	if err := sh.apply(rules); err != nil {
-		return fmt.Errorf("pressure and breakers: %w", err)
-	}
+	observeOutcomes(sh, az.als, log.Named("pressure"))
+	return &serveAPIs{lim: lim, loop: loop, rls: rlsSvc, az: az}, nil
+}
+
+// newServer builds the gRPC and admin server over the APIs.
+func (a *App) newServer(f *serveFlags, args []string, st *serveStores, sh *pressureruntime.Runtime, apis *serveAPIs, reg *prometheus.Registry, log *zap.Logger) (*server.Server, error) {
+	lim, az := apis.lim, apis.az
 	admin := map[string]http.Handler{}
 	var debugConfig func() any
 	if f.debug.debug {
-		admin["GET /debug/pressure"] = debugJSON(func() any { return sh.view() })
+		admin["GET /debug/pressure"] = debugJSON(func() any { return sh.View() })
 		debugConfig = func() any {
 			return newConfigView(a.versionString(), f.config, f.redisURL, lim.Rules())
 		}
 	}
 	if f.pressure.tokenFile != "" {
-		admin["/v1/pressure"] = sh.handler()
+		admin["/v1/pressure"] = sh.Handler()
 	}
-	storeReady := &storeReadiness{policy: f.failure.parsed, guard: guard, ping: store.Ping, health: health}
-	srv, err := server.New(server.Config{
-		Services: append([]server.Service{rlsSvc}, az.services()...),
+	storeReady := &storeReadiness{policy: f.failure.parsed, guard: st.guard, ping: st.store.Ping, health: st.health}
+	return server.New(server.Config{
+		Services: append([]server.Service{apis.rls}, az.services()...),
 		Logger:   log.Named("server"),
 		Gatherer: reg,
 		TLS:      f.tls.server(),
@@ -252,11 +345,11 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, args []string, log *z
 			}
 			return storeReady.ready(ctx)
 		},
-		Warm:                 storeReady.warmUp(raw),
-		ReadyDetail:          func() string { return joinLines(health.detail(), az.detail()) },
+		Warm:                 storeReady.warmUp(st.raw),
+		ReadyDetail:          func() string { return joinLines(st.health.detail(), az.detail()) },
 		DebugConfig:          debugConfig,
 		Admin:                admin,
-		UnaryInterceptors:    sh.interceptors(),
+		UnaryInterceptors:    inFlightInterceptors(sh.InFlight()),
 		Pprof:                f.debug.pprof,
 		Cmdline:              append([]string{"tollgate", "serve"}, redactArgs(args)...),
 		DebugToken:           f.debug.token,
@@ -266,64 +359,69 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, args []string, log *z
 		MaxConnections:       f.protect.connections(),
 		MaxConcurrentStreams: f.protect.streams(),
 	})
-	if err != nil {
-		return err
-	}
+}
 
+// listen binds --grpc-addr and --admin-addr and tells a.Listening.
+func (a *App) listen(ctx context.Context, f *serveFlags) (grpcLis, adminLis net.Listener, err error) {
 	var lc net.ListenConfig
-	grpcLis, err := lc.Listen(ctx, "tcp", f.grpcAddr)
+	grpcLis, err = lc.Listen(ctx, "tcp", f.grpcAddr)
 	if err != nil {
-		return fmt.Errorf("listen --grpc-addr: %w", err)
+		return nil, nil, fmt.Errorf("listen --grpc-addr: %w", err)
 	}
-	adminLis, err := lc.Listen(ctx, "tcp", f.adminAddr)
+	adminLis, err = lc.Listen(ctx, "tcp", f.adminAddr)
 	if err != nil {
 		_ = grpcLis.Close()
-		return fmt.Errorf("listen --admin-addr: %w", err)
+		return nil, nil, fmt.Errorf("listen --admin-addr: %w", err)
 	}
 	if a.Listening != nil {
 		a.Listening(Addrs{GRPC: grpcLis.Addr(), Admin: adminLis.Addr()})
 	}
+	return grpcLis, adminLis, nil
+}
 
-	watchCtx, stopWatch := context.WithCancel(ctx)
-	watchDone := make(chan struct{})
-	go func() {
-		defer close(watchDone)
-		onChange := func(rs *limit.RuleSet, err error) {
-			if err != nil {
-				reloads.failed()
-				logProblems(log, "rules reload rejected; the previous rules keep serving", err)
-				return
-			}
-			lim.SetRules(rs)
-			if err := sh.apply(rs); err != nil {
-				log.Error("pressure and breakers reload incomplete", zap.Error(err))
-			}
-			reloads.reloaded()
-			log.Info("rules reloaded", zap.String("path", f.config), zap.Int("domains", len(rs.Domains())))
-		}
-		if err := config.Watch(watchCtx, f.config, onChange); err != nil {
-			// Serving the rules loaded at start beats not serving.
-			log.Error("rules will not reload", zap.Error(err))
-		}
-	}()
-	authzDone := make(chan struct{})
-	go func() {
-		defer close(authzDone)
-		az.watch(watchCtx)
-	}()
-	keysDone := make(chan struct{})
-	go func() {
-		defer close(keysDone)
-		keepKeys(watchCtx, loop.Sealer())
-	}()
-	defer func() {
-		stopWatch()
-		<-watchDone
-		<-authzDone
-		<-keysDone
-	}()
+// serveAll runs the server and the watchers (rules, API keys and
+// ext_authz settings, ticket keys) as one errgroup: the first error
+// cancels the rest. When ctx ends the watchers stop and the server
+// drains; when the server returns, for any reason, the watchers stop
+// too, and serveAll returns once all have.
+func serveAll(ctx context.Context, srv *server.Server, grpcLis, adminLis net.Listener, watchers ...func(context.Context)) error {
+	g, gctx := errgroup.WithContext(ctx)
+	// The watchers also end when the server returns: a nil return
+	// cancels no errgroup context, and they must not outlive it.
+	watchCtx, stopWatch := context.WithCancel(gctx)
+	defer stopWatch()
+	g.Go(func() error {
+		defer stopWatch()
+		return srv.Serve(gctx, grpcLis, adminLis)
+	})
+	for _, w := range watchers {
+		g.Go(func() error {
+			w(watchCtx)
+			return nil
+		})
+	}
+	return g.Wait()
+}
 
-	return srv.Serve(ctx, grpcLis, adminLis)
+// watchRules applies each change of the rules at path until ctx ends.
+func watchRules(ctx context.Context, path string, lim *limit.Limiter, sh *pressureruntime.Runtime, reloads *reloadMetrics, log *zap.Logger) {
+	onChange := func(rs *limit.RuleSet, err error) {
+		if err != nil {
+			reloads.failed()
+			logProblems(log, "rules reload rejected; the previous rules keep serving", err)
+			return
+		}
+		lim.SetRules(rs)
+		if err := sh.Apply(rs); err != nil {
+			log.Error("pressure and breakers reload incomplete", zap.Error(err))
+		}
+		reloads.reloaded()
+		log.Info("rules reloaded", zap.String("path", path), zap.Int("domains", len(rs.Domains())))
+	}
+	if err := config.Watch(ctx, path, onChange); err != nil {
+		// Serving the rules loaded at start beats not serving.
+		log.Error("rules will not reload", zap.Error(err))
+	}
 }
 
 func (a *App) versionString() string {
@@ -352,6 +450,11 @@ type sharedState struct {
 	flights limit.Flights
 	meters  limit.Meters
 	cells   limit.Cells
+}
+
+// pressure is the part of s the pressure runtime uses.
+func (s sharedState) pressure() pressureruntime.Shared {
+	return pressureruntime.Shared{Board: s.board, Cells: s.cells, Breakers: s.breakers, Flights: s.flights, Meters: s.meters}
 }
 
 // openStore returns the in-memory store for an empty URL, else a Redis
@@ -386,6 +489,12 @@ func debugJSON(view func() any) http.Handler {
 		w.Header().Set("Cache-Control", "no-store")
 		_, _ = w.Write(append(b, '\n'))
 	})
+}
+
+func httpJSONError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(map[string]string{"error": msg})
 }
 
 func storeKind(redisURL string) string {

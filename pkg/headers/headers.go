@@ -27,9 +27,11 @@ const (
 	// SDKs read it and then skip the retries they make on any 429.
 	ShouldRetry = "x-should-retry"
 	// Degraded says the store could not answer and the rules'
-	// store_failure did; its value is DegradedStore.
-	Degraded      = "x-tollgate-degraded"
-	DegradedStore = "store"
+	// store_failure did; its value is DegradedStore. DegradedOverload
+	// says the replica answered without deciding, past --max-in-flight.
+	Degraded         = "x-tollgate-degraded"
+	DegradedStore    = "store"
+	DegradedOverload = "overload"
 )
 
 // Quota is one status as the headers report it.

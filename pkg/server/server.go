@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
@@ -307,31 +308,33 @@ func (s *Server) setHealth(st healthpb.HealthCheckResponse_ServingStatus) {
 // done: nil after ctx ends, or the error that stopped a listener early.
 // Serve closes both listeners.
 func (s *Server) Serve(ctx context.Context, grpcLis, adminLis net.Listener) error {
-	errc := make(chan error, 2)
+	// The two servers are one group: the first to fail ends gctx, which
+	// starts the shutdown below as the end of ctx does, and Wait returns
+	// that first error once both have stopped.
+	g, gctx := errgroup.WithContext(ctx)
 	warmCtx, stopWarm := context.WithCancel(ctx)
 	defer stopWarm()
 	warmDone := make(chan struct{})
-	go func() {
+	g.Go(func() error {
 		if !s.waitWarm(warmCtx, warmDone) {
 			_ = grpcLis.Close()
-			errc <- nil
-			return
+			return nil
 		}
 		// Serve after GracefulStop (shutdown began as warm-up ended)
 		// returns ErrServerStopped at once: a normal end.
 		if err := s.grpc.Serve(s.protect.listener(grpcLis)); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			errc <- fmt.Errorf("serve grpc on %s: %w", grpcLis.Addr(), err)
-			return
+			return fmt.Errorf("serve grpc on %s: %w", grpcLis.Addr(), err)
 		}
-		errc <- nil
-	}()
-	go func() {
+		return nil
+	})
+	g.Go(func() error {
 		if err := s.admin.Serve(adminLis); !errors.Is(err, http.ErrServerClosed) {
-			errc <- fmt.Errorf("serve admin on %s: %w", adminLis.Addr(), err)
-			return
+			return fmt.Errorf("serve admin on %s: %w", adminLis.Addr(), err)
 		}
-		errc <- nil
-	}()
+		return nil
+	})
+	// Readiness is not in the group: shutdown stops it first, so that
+	// Envoy and Kubernetes see the replica go unready before the drain.
 	hctx, hcancel := context.WithCancel(ctx)
 	healthDone := make(chan struct{})
 	go func() {
@@ -341,22 +344,11 @@ func (s *Server) Serve(ctx context.Context, grpcLis, adminLis net.Listener) erro
 	s.log.Info("serving", zap.Stringer("grpc_addr", grpcLis.Addr()), zap.Stringer("admin_addr", adminLis.Addr()),
 		zap.Bool("grpc_tls", s.tls != nil), zap.Bool("grpc_mtls", s.tls != nil && s.tls.mutual()))
 
-	var err error
-	pending := 2
-	select {
-	case <-ctx.Done():
-	case err = <-errc:
-		pending--
-	}
+	<-gctx.Done()
 	s.shutdown(hcancel, healthDone)
 	stopWarm()
 	<-warmDone
-	for ; pending > 0; pending-- {
-		if e := <-errc; err == nil {
-			err = e
-		}
-	}
-	return err
+	return g.Wait()
 }
 
 // shutdown stops taking traffic, in the order that lets Envoy and

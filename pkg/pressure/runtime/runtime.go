@@ -1,17 +1,24 @@
-package app
+// Package runtime runs the pressure half of the decision: the Gate and
+// the breaker Set the Limiter consults, the overload controller, this
+// replica's signals, one Combiner per domain with shedding, the push
+// endpoint, the debug view and the metrics, and what keeps them current
+// across rule reloads.
+//
+// It lives beside pkg/pressure, not in it, because it needs zap and
+// Prometheus and the breakers, which the pressure algorithms (standard
+// library and pkg/limit only) must not. It imports no adapter and no
+// gRPC: the caller turns its in-flight counter into an interceptor and
+// feeds it the access log's outcomes.
+package runtime
 
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"reflect"
 	"slices"
 	"strings"
@@ -19,104 +26,63 @@ import (
 	"sync/atomic"
 	"time"
 
-	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
 
-	"github.com/tollgate-dev/tollgate/pkg/accesslog"
 	"github.com/tollgate-dev/tollgate/pkg/breaker"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/pressure"
-	"github.com/tollgate-dev/tollgate/pkg/ticket"
 )
 
-// pressureFlags are serve's pressure and breaker settings.
-type pressureFlags struct {
-	replicaID    string
-	interval     time.Duration
-	ttl          time.Duration
-	combine      string
-	capacity     int
-	tokenFile    string
-	latencySLA   time.Duration
-	maxErrorRate float64
-	window       time.Duration
-	maxOverload  float64
-	errors       bool
-	promURL      string
-	promQuery    string
-	promInterval time.Duration
-}
-
-func (p *pressureFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&p.replicaID, "replica-id", "", "this replica's name on the pressure board, unique among live replicas; default the hostname, else a random id")
-	fs.DurationVar(&p.interval, "pressure-interval", time.Second, "how often each replica publishes its pressure and reads the combined one")
-	fs.DurationVar(&p.ttl, "pressure-ttl", 5*time.Second, "how long a published pressure counts: a replica that stops publishing stops counting after this")
-	fs.StringVar(&p.combine, "pressure-combine", "max", "how replicas' pressures combine: max or mean")
-	fs.IntVar(&p.capacity, "pressure-capacity", 0, "in-flight ShouldRateLimit and Check calls this replica handles comfortably (in-flight/capacity is a pressure signal); 0: no in-flight signal")
-	fs.StringVar(&p.tokenFile, "pressure-token-file", "", "file holding the bearer token of PUT/GET /v1/pressure on the admin port; empty: the endpoint is not served")
-	fs.DurationVar(&p.latencySLA, "pressure-latency-sla", 0, "upstream p95 latency promised (from the access log): a p95 above it is a pressure signal, full at 2x; also turns on the error-rate signal; 0: off")
-	fs.Float64Var(&p.maxErrorRate, "pressure-max-error-rate", pressure.DefaultMaxErrorRate, "upstream failure rate (5xx, resets, timeouts of an upstream not at capacity; docs/outcome-classes.md) that is full pressure, in (0,1]")
-	fs.DurationVar(&p.window, "pressure-window", pressure.DefaultOutcomeInterval, "the sliding window of the access log's latency, failure and overload signals (moves in tenths); at least 10ms")
-	fs.Float64Var(&p.maxOverload, "pressure-max-overload-rate", pressure.DefaultMaxOverloadRate, "rate of overload answers (the vendor's 429, a busy upstream's 503/504/timeout, Envoy's overflow) that is full pressure, in (0,1]")
-	fs.BoolVar(&p.errors, "pressure-errors", false, "use the error-rate signal without --pressure-latency-sla")
-	fs.StringVar(&p.promURL, "pressure-prom-url", "", "Prometheus base URL polled for a global pressure signal (with --pressure-prom-query); empty: off")
-	fs.StringVar(&p.promQuery, "pressure-prom-query", "", "PromQL instant query whose largest sample, clamped to [0,1], is a global pressure signal")
-	fs.DurationVar(&p.promInterval, "pressure-prom-interval", pressure.DefaultPromInterval, "how often --pressure-prom-query is polled")
-}
-
-// check rejects settings that cannot mean what they seem to.
-func (p *pressureFlags) check() error {
-	if _, err := pressure.ParseCombine(p.combine); err != nil {
-		return fmt.Errorf("--pressure-combine: %w", err)
-	}
-	switch {
-	case p.interval <= 0:
-		return fmt.Errorf("--pressure-interval: %v is not positive", p.interval)
-	case p.ttl < p.interval:
-		return fmt.Errorf("--pressure-ttl %v is under --pressure-interval %v: every replica would blink out between publishes", p.ttl, p.interval)
-	case p.capacity < 0:
-		return fmt.Errorf("--pressure-capacity: %d is negative", p.capacity)
-	case p.latencySLA < 0 || (p.latencySLA > 0 && p.latencySLA < time.Millisecond):
-		return fmt.Errorf("--pressure-latency-sla: %v is not 0 or at least 1ms", p.latencySLA)
-	case !(p.maxErrorRate > 0 && p.maxErrorRate <= 1):
-		return fmt.Errorf("--pressure-max-error-rate: %v is not in (0,1]", p.maxErrorRate)
-	case !(p.maxOverload > 0 && p.maxOverload <= 1):
-		return fmt.Errorf("--pressure-max-overload-rate: %v is not in (0,1]", p.maxOverload)
-	case p.window < 10*time.Millisecond:
-		return fmt.Errorf("--pressure-window: %v is under 10ms", p.window)
-	case (p.promURL == "") != (p.promQuery == ""):
-		return errors.New("--pressure-prom-url and --pressure-prom-query must be given together")
-	case p.promInterval <= 0:
-		return fmt.Errorf("--pressure-prom-interval: %v is not positive", p.promInterval)
-	}
-	if p.tokenFile != "" {
-		if _, err := readToken("--pressure-token-file", p.tokenFile); err != nil {
-			return err
-		}
-	}
-	return nil
+// Config is what the runtime is built from; serve fills it from its
+// --pressure-* flags, which check the values.
+type Config struct {
+	// Replica is this replica's name on the pressure board (Required).
+	Replica string
+	// Interval is how often each Combiner publishes and reads (Required).
+	Interval time.Duration
+	// TTL is how long a published score counts (Required).
+	TTL time.Duration
+	// Combine is how replicas' scores combine.
+	Combine pressure.Combine
+	// Capacity is the in-flight decisions this replica handles
+	// comfortably (Optional; 0: no in-flight signal).
+	Capacity int
+	// TokenFile holds the bearer token of /v1/pressure (Optional; empty:
+	// Handler answers 404 for every domain).
+	TokenFile string
+	// LatencySLA is the upstream p95 latency promised (Optional; 0: no
+	// latency signal).
+	LatencySLA time.Duration
+	// Errors turns on the error-rate and overload signals without a
+	// LatencySLA (a LatencySLA turns them on too).
+	Errors bool
+	// MaxErrorRate, MaxOverloadRate and Window shape the outcome
+	// signals (Required with LatencySLA or Errors).
+	MaxErrorRate    float64
+	MaxOverloadRate float64
+	Window          time.Duration
+	// PromURL and PromQuery poll Prometheus for a global signal every
+	// PromInterval (Optional; empty: off).
+	PromURL      string
+	PromQuery    string
+	PromInterval time.Duration
 }
 
 // outcomeSignals says whether the access log feeds pressure.
-func (p *pressureFlags) outcomeSignals() bool { return p.latencySLA > 0 || p.errors }
+func (c Config) outcomeSignals() bool { return c.LatencySLA > 0 || c.Errors }
 
-// replica is --replica-id, the hostname, or a random id.
-func (p *pressureFlags) replica() string {
-	if p.replicaID != "" {
-		return p.replicaID
-	}
-	if h, err := os.Hostname(); err == nil && h != "" {
-		return h
-	}
-	b := make([]byte, 8)
-	_, _ = rand.Read(b) // never fails
-	return "tollgate-" + hex.EncodeToString(b)
+// Shared is where replicas meet besides the counters, on one store.
+type Shared struct {
+	Board    limit.Board
+	Cells    limit.Cells // the steps' shared step and hold
+	Breakers breaker.Store
+	// The overload controller's shared state.
+	Flights limit.Flights
+	Meters  limit.Meters
 }
 
-// shedder is the pressure and breaker half of the decision: the Gate and
+// Runtime is the pressure and breaker half of the decision: the Gate and
 // the breaker Set the Limiter consults, and what keeps them current.
 //
 // Pressure is per scope ("global", or a model), shared by every domain:
@@ -126,29 +92,27 @@ func (p *pressureFlags) replica() string {
 // through their own policies. A domain with scope: model gets a scope
 // per model its rules name with an exact value of the descriptor key
 // "model", besides "global" (other models read the global pressure).
-type shedder struct {
-	f       pressureFlags
+type Runtime struct {
+	f       Config
 	name    string // replica
 	combine pressure.Combine
 	board   limit.Board
-	cells   limit.Cells // the steps' shared step and hold
+	cells   limit.Cells
 	brStore breaker.Store
 	clock   limit.Clock
 	log     *zap.Logger
-	// als is the access log whose Observer apply sets (Required before
-	// apply: it is built over the Limiter that is built over the Gate).
-	als      *accesslog.Service
+
 	gate     *pressure.Gate
 	ctl      *pressure.Controller // the overload controller of domains with shedding.control
 	breakers *breaker.Set
-	inflight *pressure.InFlight // nil without --pressure-capacity
+	inflight *pressure.InFlight // nil without Capacity
 	outcomes *pressure.Outcomes // nil without outcome signals
 	prom     *pressure.PromQuery
 
 	base    context.Context // the Combiners run under it
 	cancel  context.CancelFunc
 	promWG  sync.WaitGroup
-	mu      sync.Mutex // serializes apply and stop
+	mu      sync.Mutex // serializes Apply and Stop
 	stopped bool
 	cur     atomic.Pointer[shedState]
 
@@ -156,6 +120,8 @@ type shedder struct {
 	// classes (breaker.BusyFunc); nil: never. The overload controller
 	// sets it before the first apply.
 	busy breaker.BusyFunc
+	// onBreakers are told each Apply's breakers.
+	onBreakers []func([]breaker.SetEntry)
 
 	retiredMu      sync.Mutex
 	retired        map[[2]breaker.State]uint64 // transitions of Breakers a reload dropped
@@ -181,24 +147,23 @@ type shedDomain struct {
 	tiers    []string
 	scopes   map[string]*pressure.Evaluator
 	combiner *pressure.Combiner
-	handler  http.Handler // nil without --pressure-token-file
+	handler  http.Handler // nil without TokenFile
 	stop     context.CancelFunc
 	done     chan struct{}
 }
 
-func newShedder(ctx context.Context, f pressureFlags, shared sharedState, log *zap.Logger) (*shedder, error) {
-	combine, err := pressure.ParseCombine(f.combine)
-	if err != nil {
-		return nil, err
-	}
-	s := &shedder{
-		f: f, name: f.replica(), combine: combine, board: shared.board, cells: shared.cells, brStore: shared.breakers, clock: limit.SystemClock{},
+// New starts the overload controller and the Prometheus poller under
+// ctx; Apply then makes a rule set current, and Stop ends them all.
+func New(ctx context.Context, f Config, shared Shared, log *zap.Logger) (*Runtime, error) {
+	s := &Runtime{
+		f: f, name: f.Replica, combine: f.Combine, board: shared.Board, cells: shared.Cells, brStore: shared.Breakers, clock: limit.SystemClock{},
 		log: log, gate: pressure.NewGate(), breakers: breaker.NewSet(),
 		retired: map[[2]breaker.State]uint64{}, retiredClasses: map[breakerClass]uint64{},
 	}
 	ctlLog := log.Named("control")
+	var err error
 	s.ctl, err = pressure.NewController(pressure.ControllerConfig{
-		Flights: shared.flights, Meters: shared.meters, Cells: shared.cells, Replica: s.name, Clock: s.clock,
+		Flights: shared.Flights, Meters: shared.Meters, Cells: shared.Cells, Replica: s.name, Clock: s.clock,
 		OnError: func(op string, err error) {
 			// Counted in tollgate_control_store_errors_total; a line per
 			// tick would drown the log while the store is down.
@@ -212,23 +177,23 @@ func newShedder(ctx context.Context, f pressureFlags, shared sharedState, log *z
 	// A 503/504 while the upstream is at its capacity is overload, not a
 	// failure: it must shed, not open the breaker.
 	s.busy = s.ctl.Busy
-	if f.capacity > 0 {
-		s.inflight = pressure.NewInFlight(f.capacity)
+	if f.Capacity > 0 {
+		s.inflight = pressure.NewInFlight(f.Capacity)
 	}
 	if f.outcomeSignals() {
-		sla := f.latencySLA
+		sla := f.LatencySLA
 		if sla == 0 {
 			sla = time.Second // unused: only the error rate is read
 		}
 		if s.outcomes, err = pressure.NewOutcomes(pressure.OutcomeConfig{
-			Interval: f.window, SLA: sla, MaxErrorRate: f.maxErrorRate, MaxOverloadRate: f.maxOverload,
+			Interval: f.Window, SLA: sla, MaxErrorRate: f.MaxErrorRate, MaxOverloadRate: f.MaxOverloadRate,
 		}); err != nil {
 			return nil, fmt.Errorf("pressure outcomes: %w", err)
 		}
 	}
-	if f.promURL != "" {
+	if f.PromURL != "" {
 		s.prom, err = pressure.NewPromQuery(pressure.PromConfig{
-			URL: f.promURL, Query: f.promQuery, Interval: f.promInterval, Scope: limit.ScopeGlobal,
+			URL: f.PromURL, Query: f.PromQuery, Interval: f.PromInterval, Scope: limit.ScopeGlobal,
 			Client: &http.Client{},
 			OnError: func(_ string, err error) {
 				s.log.Debug("pressure prometheus query", zap.Error(err))
@@ -246,22 +211,41 @@ func newShedder(ctx context.Context, f pressureFlags, shared sharedState, log *z
 	return s, nil
 }
 
-// limiterOptions make a Limiter shed by pressure and consult breakers,
+// LimiterOptions make a Limiter shed by pressure and consult breakers,
 // and tell the overload controller of the decisions of its domains.
-func (s *shedder) limiterOptions() []limit.Option {
+func (s *Runtime) LimiterOptions() []limit.Option {
 	return []limit.Option{limit.WithShedder(s.gate), limit.WithBreakers(s.breakers), limit.WithAdmissions(s.ctl)}
 }
 
-// completed ends the flight of a verified ticket's request: the outcome
+// Completed ends the flight of a verified ticket's request: the outcome
 // loop calls it for each ticket a completion brings (the access log's
 // final entry, ext_proc's end of stream; whichever comes first ends it).
-func (s *shedder) completed(t *ticket.Ticket) { s.ctl.Completed(t.Request()) }
+func (s *Runtime) Completed(req *limit.Request) { s.ctl.Completed(req) }
+
+// OnBreakers has Apply tell f the breakers of each rule set it makes
+// current; call it before the first Apply.
+func (s *Runtime) OnBreakers(f func([]breaker.SetEntry)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onBreakers = append(s.onBreakers, f)
+}
+
+// InFlight is the in-flight signal the decisions count themselves in;
+// nil without Config.Capacity.
+func (s *Runtime) InFlight() *pressure.InFlight { return s.inflight }
+
+// Outcomes are the latency, failure and overload signals the access log
+// feeds; nil without Config.LatencySLA or Config.Errors.
+func (s *Runtime) Outcomes() *pressure.Outcomes { return s.outcomes }
+
+// BusyFunc is Busy as the breakers' classes take it.
+func (s *Runtime) BusyFunc() breaker.BusyFunc { return s.busy }
 
 // Busy reports whether domain's upstream had at least its capacity in
 // flight at the controller's last count: an overload answer from it then
 // is not a failure (the breaker's rule). False for an upstream without a
 // controller.
-func (s *shedder) Busy(domain, upstream string) bool { return s.ctl.Busy(domain, upstream) }
+func (s *Runtime) Busy(domain, upstream string) bool { return s.ctl.Busy(domain, upstream) }
 
 // controlDomains are the controller's domains of rs: each domain with
 // shedding.control, its plans, and its controlled upstreams: those
@@ -296,26 +280,12 @@ func controlDomains(rs *limit.RuleSet) []pressure.ControlDomain {
 	return out
 }
 
-// interceptors count the decisions in flight, for the in-flight signal.
-func (s *shedder) interceptors() []grpc.UnaryServerInterceptor {
-	if s.inflight == nil {
-		return nil
-	}
-	f := s.inflight
-	return []grpc.UnaryServerInterceptor{func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		switch info.FullMethod {
-		case rlsv3.RateLimitService_ShouldRateLimit_FullMethodName, authv3.Authorization_Check_FullMethodName:
-			f.Inc()
-			defer f.Dec()
-		}
-		return h(ctx, req)
-	}}
-}
-
-// apply makes rs's shedding policies and breakers current: Evaluators
+// Apply makes rs's shedding policies and breakers current: Evaluators
 // and Breakers whose configuration did not change are kept with their
-// state, the Combiners are restarted on the new scopes.
-func (s *shedder) apply(rs *limit.RuleSet) error {
+// state, the Combiners are restarted on the new scopes. The onBreakers
+// hooks are told the new breakers (the access log's observer) before
+// the Combiners restart, as the rules change in one step.
+func (s *Runtime) Apply(rs *limit.RuleSet) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopped {
@@ -359,13 +329,15 @@ func (s *shedder) apply(rs *limit.RuleSet) error {
 	}
 	s.gate.Set(gate...)
 	s.breakers.Replace(next.breakers...)
-	s.als.SetObserver(s.observer(next))
+	for _, f := range s.onBreakers {
+		f(next.breakers)
+	}
 	for _, d := range next.domains {
 		ctx, stop := context.WithCancel(s.base)
 		d.stop, d.done = stop, make(chan struct{})
 		go func() {
 			defer close(d.done)
-			d.combiner.Run(ctx, s.f.interval)
+			d.combiner.Run(ctx, s.f.Interval)
 		}()
 	}
 	s.cur.Store(next)
@@ -375,7 +347,7 @@ func (s *shedder) apply(rs *limit.RuleSet) error {
 // breakerFor returns the Breaker of domain's c: the one in force if its
 // configuration is the same (it keeps its snapshot and counts), else a
 // new one.
-func (s *shedder) breakerFor(old *shedState, domain string, c limit.BreakerConfig) (*breaker.Breaker, error) {
+func (s *Runtime) breakerFor(old *shedState, domain string, c limit.BreakerConfig) (*breaker.Breaker, error) {
 	full, err := c.WithDefaults()
 	if err != nil {
 		return nil, err
@@ -392,7 +364,7 @@ func (s *shedder) breakerFor(old *shedState, domain string, c limit.BreakerConfi
 
 // retire keeps the counts of the Breakers a reload dropped, so that the
 // transition counter never goes down.
-func (s *shedder) retire(old, next []breaker.SetEntry) {
+func (s *Runtime) retire(old, next []breaker.SetEntry) {
 	s.retiredMu.Lock()
 	defer s.retiredMu.Unlock()
 	for _, e := range old {
@@ -411,7 +383,7 @@ func (s *shedder) retire(old, next []breaker.SetEntry) {
 
 // domain builds d's Combiner, keeping the Evaluators of scopes whose
 // policy did not change, so a reload does not reset their steps.
-func (s *shedder) domain(old *shedState, d *limit.Domain) (*shedDomain, error) {
+func (s *Runtime) domain(old *shedState, d *limit.Domain) (*shedDomain, error) {
 	sd := &shedDomain{name: d.Name, policy: *d.Shedding, scopes: map[string]*pressure.Evaluator{}}
 	if d.Tiers != nil {
 		for t := range d.Tiers.Plans {
@@ -429,7 +401,7 @@ func (s *shedder) domain(old *shedState, d *limit.Domain) (*shedDomain, error) {
 	}
 	names := []string{limit.ScopeGlobal}
 	if d.Shedding.Scope == limit.ScopeModel {
-		names = append(names, modelsOf(d.Descriptors)...)
+		names = append(names, ModelsOf(d.Descriptors)...)
 	}
 	var scopes []pressure.Scope
 	for _, name := range names {
@@ -450,10 +422,10 @@ func (s *shedder) domain(old *shedState, d *limit.Domain) (*shedDomain, error) {
 		scopes = append(scopes, pressure.Scope{Name: name, Local: s.local(name), Evaluator: ev})
 	}
 	c, err := pressure.NewCombiner(pressure.CombinerConfig{
-		Board: s.board, Replica: s.name, Combine: s.combine, TTL: s.f.ttl, Clock: s.clock, Scopes: scopes,
+		Board: s.board, Replica: s.name, Combine: s.combine, TTL: s.f.TTL, Clock: s.clock, Scopes: scopes,
 		// The replicas share each scope's step and hold, so they shed
 		// alike (docs/overload-control.md, "Steps across replicas").
-		Cells: s.cells, Domain: d.Name, Interval: s.f.interval,
+		Cells: s.cells, Domain: d.Name, Interval: s.f.Interval,
 		OnError: func(scope string, err error) {
 			// Stale readings show in tollgate_pressure_board_stale; one
 			// line a tick per scope would drown the log while the store
@@ -465,8 +437,8 @@ func (s *shedder) domain(old *shedState, d *limit.Domain) (*shedDomain, error) {
 		return nil, err
 	}
 	sd.combiner = c
-	if s.f.tokenFile != "" {
-		if sd.handler, err = pressure.NewHandler(pressure.HandlerConfig{Combiner: c, TokenFile: s.f.tokenFile, DefaultTTL: time.Minute}); err != nil {
+	if s.f.TokenFile != "" {
+		if sd.handler, err = pressure.NewHandler(pressure.HandlerConfig{Combiner: c, TokenFile: s.f.TokenFile, DefaultTTL: time.Minute}); err != nil {
 			return nil, err
 		}
 	}
@@ -475,7 +447,7 @@ func (s *shedder) domain(old *shedState, d *limit.Domain) (*shedDomain, error) {
 
 // local is this replica's signal for scope. It is never nil, so that
 // every replica shows on the board, at 0 when it has no signal.
-func (s *shedder) local(scope string) pressure.Signals {
+func (s *Runtime) local(scope string) pressure.Signals {
 	sig := pressure.Signals{}
 	if scope == limit.ScopeGlobal {
 		if s.inflight != nil {
@@ -494,7 +466,7 @@ func (s *shedder) local(scope string) pressure.Signals {
 				return sig
 			}
 		}
-		if s.f.latencySLA > 0 {
+		if s.f.LatencySLA > 0 {
 			sig = append(sig, w.Latency())
 		}
 		sig = append(sig, w.ErrorRate(), w.OverloadRate())
@@ -502,9 +474,9 @@ func (s *shedder) local(scope string) pressure.Signals {
 	return sig
 }
 
-// modelsOf lists the exact values of the rules on limit.ModelKey, at any
+// ModelsOf lists the exact values of the rules on limit.ModelKey, at any
 // depth: the models a domain names are the ones it gets scopes for.
-func modelsOf(rules []*limit.Rule) []string { return valuesOf(rules, limit.ModelKey) }
+func ModelsOf(rules []*limit.Rule) []string { return valuesOf(rules, limit.ModelKey) }
 
 // valuesOf lists the exact values of the rules on key, at any depth.
 func valuesOf(rules []*limit.Rule, key string) []string {
@@ -523,24 +495,9 @@ func valuesOf(rules []*limit.Rule, key string) []string {
 	return out
 }
 
-// observer feeds the access log's outcomes to st's breakers and to the
-// outcome signals.
-func (s *shedder) observer(st *shedState) accesslog.Observer {
-	var obs fanOut
-	if len(st.breakers) > 0 {
-		obs = append(obs, accesslog.NewBreakerObserver(s.clock, s.log.Named("breaker"), 0, st.breakers...).WithBusy(s.busy))
-	}
-	if s.outcomes != nil {
-		obs = append(obs, outcomeObserver{o: s.outcomes, clock: s.clock, busy: s.busy})
-	}
-	if len(obs) == 0 {
-		return nil
-	}
-	return obs
-}
-
-// stop ends the Combiners and the Prometheus poller and waits for them.
-func (s *shedder) stop() {
+// Stop ends the Combiners, the overload controller and the Prometheus
+// poller and waits for them; Apply fails after it.
+func (s *Runtime) Stop() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stopped = true
@@ -554,48 +511,11 @@ func (s *shedder) stop() {
 	s.promWG.Wait()
 }
 
-// fanOut is an Observer that tells each of its Observers in turn.
-type fanOut []accesslog.Observer
-
-var _ accesslog.Observer = fanOut(nil)
-
-func (f fanOut) Observe(ctx context.Context, o *accesslog.Outcome) {
-	for _, x := range f {
-		x.Observe(ctx, o)
-	}
-}
-
-// outcomeObserver feeds the latency, failure and overload signals, each
-// outcome classified as the breakers classify it (docs/outcome-classes.md)
-// with busy as their BusyFunc.
-type outcomeObserver struct {
-	o     *pressure.Outcomes
-	clock limit.Clock
-	busy  breaker.BusyFunc
-}
-
-func (x outcomeObserver) Observe(_ context.Context, o *accesslog.Outcome) {
-	busy := x.busy != nil && o.Model != "" && breaker.MayBeOverload(o.Facts) && x.busy(o.Domain, o.Model)
-	kind := pressure.Served
-	switch breaker.ClassifyFacts(o.Facts, busy, 0) {
-	case breaker.Failure:
-		kind = pressure.Failed
-	case breaker.Overload:
-		kind = pressure.Overloaded
-	}
-	// A request that reached no upstream was refused by Tollgate or
-	// another filter: counting its 503 would make shedding feed on
-	// itself. Envoy's own overflow (UO) is the exception: it is load.
-	if o.UpstreamCluster == "" && kind != pressure.Overloaded {
-		return
-	}
-	x.o.Observe(x.clock.Now(), kind, o.Duration, o.Model)
-}
-
-// handler serves /v1/pressure over the domains' pressure handlers. A
+// Handler serves /v1/pressure over the domains' pressure handlers. A
 // push is for a scope, which every domain that has it reads, so a PUT
 // goes to the first domain that knows the scope; GET lists every domain.
-func (s *shedder) handler() http.Handler {
+// Serve it only with a Config.TokenFile: the domains' handlers check it.
+func (s *Runtime) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		st := s.cur.Load()
 		if st == nil || len(st.domains) == 0 {
@@ -616,7 +536,7 @@ func (s *shedder) handler() http.Handler {
 			}
 			w.Header().Set("Content-Type", "application/json")
 			w.Header().Set("Cache-Control", "no-store")
-			_ = json.NewEncoder(w).Encode(s.view())
+			_ = json.NewEncoder(w).Encode(s.View())
 			return
 		}
 		body, err := io.ReadAll(io.LimitReader(r.Body, 64<<10))
@@ -664,9 +584,9 @@ func (s *statusOnly) WriteHeader(code int) {
 	}
 }
 
-// pressureView is /debug/pressure and GET /v1/pressure: the live
-// readings and the breakers as this replica last saw them.
-type pressureView struct {
+// View is /debug/pressure and GET /v1/pressure: the live readings and
+// the breakers as this replica last saw them.
+type View struct {
 	Replica  string              `json:"replica"`
 	Combine  string              `json:"combine"`
 	Interval string              `json:"interval"`
@@ -696,9 +616,10 @@ type breakerStateView struct {
 	OpenUntil *time.Time `json:"open_until,omitempty"`
 }
 
-func (s *shedder) view() pressureView {
-	v := pressureView{
-		Replica: s.name, Combine: s.combine.String(), Interval: s.f.interval.String(), TTL: s.f.ttl.String(),
+// View is the live readings and breakers now.
+func (s *Runtime) View() View {
+	v := View{
+		Replica: s.name, Combine: s.combine.String(), Interval: s.f.Interval.String(), TTL: s.f.TTL.String(),
 		Domains: []domainPressure{}, Breakers: []breakerStatesView{}, Control: s.ctl.Snapshot(),
 	}
 	if v.Control == nil {
@@ -730,11 +651,15 @@ func (s *shedder) view() pressureView {
 	return v
 }
 
+// Collector exports the readings and breaker states at scrape time
+// (tollgate_pressure_*, tollgate_breaker_*, tollgate_control_*).
+func (s *Runtime) Collector() prometheus.Collector { return newPressureCollector(s) }
+
 // pressureCollector exports the readings and breaker states at scrape
 // time. Its label values come from the rules (domains, scopes, breaker
 // keys) and from the breaker package's bounded tracked set.
 type pressureCollector struct {
-	s                                         *shedder
+	s                                         *Runtime
 	score, local, level, factor, stale, state *prometheus.Desc
 	stepsAlone                                *prometheus.Desc
 	transitions, untracked, promErrors        *prometheus.Desc
@@ -745,7 +670,7 @@ type pressureCollector struct {
 
 var _ prometheus.Collector = (*pressureCollector)(nil)
 
-func newPressureCollector(s *shedder) *pressureCollector {
+func newPressureCollector(s *Runtime) *pressureCollector {
 	ds := []string{"domain", "scope"}
 	return &pressureCollector{
 		s:           s,
