@@ -178,7 +178,7 @@ func readCapped(path string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer f.Close() //nolint:errcheck // opened read-only: a close error loses nothing
 	return io.ReadAll(io.LimitReader(f, config.MaxFileBytes+1))
 }
 
