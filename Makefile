@@ -45,6 +45,20 @@ test: redis prometheus ## Vet, then run every test (with the race detector) agai
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) test $(GOTEST_FLAGS) ./...
 
+.PHONY: test-short
+test-short: redis ## Unit tests in under 2 minutes: `go test -short`, where the slow tests skip (they still run in make test).
+	$(GO) test -short -count=1 ./...
+
+# golangci-lint for `make lint`, installed like helm: into bin/, checked against the pinned version.
+GOLANGCI_LINT_VERSION ?= v2.15.0
+
+.PHONY: lint
+lint: ## Run golangci-lint (GOLANGCI_LINT_VERSION, installed into bin/ when missing) with .golangci.yml: bug linters and the layering's import rules.
+	@v=$$($(BIN)/golangci-lint version --short 2>/dev/null || true); [ "v$${v#v}" = "$(GOLANGCI_LINT_VERSION)" ] || { \
+	  echo "installing golangci-lint $(GOLANGCI_LINT_VERSION) into $(BIN)/ (found: $${v:-none})"; \
+	  GOBIN=$(abspath $(BIN)) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION); }
+	$(BIN)/golangci-lint run ./...
+
 .PHONY: bench
 bench: redis ## Go benchmarks of the decision path on memstore and Redis (ns/op, allocs/op).
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./pkg/...

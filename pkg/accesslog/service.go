@@ -237,7 +237,7 @@ func (s *Service) open(checked, limited string) *ticket.Ticket {
 // periodic entry comes while the request is still running, and settling
 // it then would release its lease and refund its tokens too early.
 func final(c *datav3.AccessLogCommon) bool {
-	if c.GetIntermediateLogEntry() {
+	if c.GetIntermediateLogEntry() { //nolint:staticcheck // SA1019: replaced by access_log_type, which older Envoys do not send
 		return false
 	}
 	switch c.GetAccessLogType() {

@@ -38,7 +38,7 @@ type redisFlags struct {
 
 // redisPasswordEnv holds the Redis password. It is no flag's variable on
 // purpose: a --redis-password flag would put it on the command line.
-const redisPasswordEnv = "TOLLGATE_REDIS_PASSWORD"
+const redisPasswordEnv = "TOLLGATE_REDIS_PASSWORD" //nolint:gosec // G101: the name of the variable, not a password
 
 func (r *redisFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&r.tlsCA, "redis-tls-ca", "", "PEM CA bundle that signs the Redis servers' certificates (sentinels and cluster nodes too), for a rediss URL; empty trusts the system's roots")

@@ -91,7 +91,7 @@ func ReadCapped(path string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer f.Close() //nolint:errcheck // opened read-only: a close error loses nothing
 	return io.ReadAll(io.LimitReader(f, maxFileBytes+1))
 }
 

@@ -61,7 +61,7 @@ func WatchFilesWithHooks[T any](ctx context.Context, dirs []string, load func() 
 	if err != nil {
 		return fmt.Errorf("watch files: %w", err)
 	}
-	defer w.Close()
+	defer w.Close() //nolint:errcheck // closing the watcher on return; its error has no one to tell
 	watched := map[string]bool{}
 	for _, d := range dirs {
 		d = filepath.Clean(d)

@@ -36,7 +36,7 @@ func startGunzip(dst *usageReader, limit int64) *gunzipper {
 		g.err = g.run(pr, dst, limit)
 		// Any later write fails at once instead of blocking: the stream
 		// goroutine then just stops feeding.
-		pr.CloseWithError(errStopped)
+		_ = pr.CloseWithError(errStopped) // always nil for a PipeReader
 	}()
 	return g
 }

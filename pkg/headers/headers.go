@@ -145,7 +145,7 @@ func Append(dst []Header, quotas []Quota) []Header {
 	if over {
 		from := 0
 		if n > 0 {
-			from = ends[n-1]
+			from = ends[n-1] //nolint:gosec // G602: n > 0 here
 		}
 		dst = append(dst, Header{RetryAfter, vals[from:ends[n]]})
 	}

@@ -24,6 +24,9 @@ import (
 // were added to the first bucket after it, which read as a 50x burst of
 // every tier (premium's took all of R).
 func TestControllerRedisRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("restarts a redis-server: about 9 s")
+	}
 	t.Parallel()
 	ctx := context.Background()
 	srv := redistest.Start(t)

@@ -229,7 +229,6 @@ func TestControllerReplicasAgree(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	// Flights never end: in-flight climbs past capacity, so the
 	// controller must shed, and every replica must shed alike.
-	var changes []uint64
 	for tick := range 40 {
 		cl.offer(rng, "premium", 7)
 		cl.offer(rng, "standard", 7)
@@ -250,7 +249,6 @@ func TestControllerReplicasAgree(t *testing.T) {
 		if by == "" {
 			t.Fatalf("tick %d: no replica wrote the state", tick)
 		}
-		changes = append(changes, cl.ctl[0].Snapshot()[0].Changes)
 	}
 	last := cl.ctl[0].Snapshot()[0]
 	if last.Shed["free"] == 0 {

@@ -216,7 +216,7 @@ func (p *PromQuery) query(ctx context.Context) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer resp.Body.Close()
+	defer resp.Body.Close() //nolint:errcheck // the body was read; a close error loses nothing
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxPromBody+1))
 	if err != nil {
 		return 0, fmt.Errorf("read response: %w", err)

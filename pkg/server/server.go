@@ -259,8 +259,8 @@ func New(cfg Config) (*Server, error) {
 		grpc.ConnectionTimeout(cfg.ConnectionTimeout),
 		// An idle connection gives its 32 KiB write buffer back to a pool,
 		// so thousands of Envoy connections that are mostly idle cost
-		// their goroutines, not their buffers.
-		grpc.SharedWriteBuffer(true),
+		// their goroutines, not their buffers. grpc-go does this by default
+		// now, and deprecated the SharedWriteBuffer option that asked for it.
 		// Envoy keeps its connections for a long time: ping idle ones so a
 		// peer that vanished (node gone, no FIN) is noticed, and tolerate
 		// Envoy's own keepalive pings down to 10s, with or without calls.
@@ -448,7 +448,7 @@ func (s *Server) waitWarm(ctx context.Context, done chan<- struct{}) bool {
 	case ok := <-warmed:
 		return ok
 	case <-t.C:
-		var why error = errNotWarm
+		why := errNotWarm
 		if err := s.warm.Load(); err != nil {
 			why = *err
 		}

@@ -87,7 +87,7 @@ func start(t *testing.T, cfg Config) *running {
 		cancel()
 		_ = r.conn.Close()
 		select {
-		case <-r.done:
+		case <-r.done: //nolint:errcheck // the cleanup only waits; Serve's error is checked by the tests that stop it
 		case <-time.After(wait):
 			t.Error("Serve did not return after cancel")
 		}

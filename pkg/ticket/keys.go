@@ -191,7 +191,7 @@ func LoadKeys(path string) (*Keys, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read ticket keys: %w", err)
 	}
-	defer f.Close()
+	defer f.Close() //nolint:errcheck // opened read-only: a close error loses nothing
 	data, err := io.ReadAll(io.LimitReader(f, maxKeyFileBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("read ticket keys %q: %w", path, err)

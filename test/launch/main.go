@@ -71,7 +71,7 @@ func run() error {
 		if err != nil {
 			return err
 		}
-		defer os.RemoveAll(dir)
+		defer os.RemoveAll(dir) //nolint:errcheck // a leftover temp dir is not worth failing the measurement
 		o.bin = filepath.Join(dir, "tollgate")
 		build := exec.Command("go", "build", "-o", o.bin, "./cmd/tollgate")
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr
@@ -160,7 +160,7 @@ func launch(o options, i int) (r result) {
 			}
 		case <-time.After(o.timeout):
 			_ = cmd.Process.Kill()
-			<-exited
+			<-exited //nolint:errcheck // killed on the timeout above: its exit error says only that
 			r.stop = time.Since(t)
 			if r.err == nil {
 				r.err = fmt.Errorf("launch %d: still running %v after SIGTERM; killed", i, o.timeout)

@@ -39,6 +39,9 @@ const testTimeout = 25 * time.Second
 const skipEnv = "TOLLGATE_SKIP_PROMETHEUS"
 
 func TestPromQueryFollowsRealPrometheus(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for a real Prometheus to scrape: about 8 s")
+	}
 	t.Parallel()
 	bin, err := exec.LookPath("prometheus")
 	if err != nil {

@@ -122,6 +122,9 @@ func TestStartSentinel(t *testing.T) {
 }
 
 func TestClusterRestartNode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("restarts a cluster node: about 4 s")
+	}
 	t.Parallel()
 	c := StartCluster(t, 3)
 	cl := c.Client(t)
@@ -169,6 +172,9 @@ func TestStartTLS(t *testing.T) {
 }
 
 func TestStartReplica(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for a replica to sync: about 5 s")
+	}
 	t.Parallel()
 	master := Start(t)
 	replica := Start(t, WithReplicaOf(master))
@@ -191,6 +197,9 @@ func TestStartReplica(t *testing.T) {
 }
 
 func TestStartClusterWithReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a six-node cluster: about 11 s")
+	}
 	t.Parallel()
 	c := StartCluster(t, 3, WithReplicas(1))
 	if got := len(c.Replicas()); got != 3 {

@@ -278,6 +278,9 @@ func force(c limit.Charge) limit.Charge { c.Force = true; return c }
 // (restarted without persistence) gets it again: decisions on its slots
 // alone, and across slots, run after it rejoins.
 func TestClusterRestartedMaster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("restarts a cluster master: about 4 s")
+	}
 	t.Parallel()
 	c := redistest.StartCluster(t, 3)
 	client, err := NewClient("redis+cluster://" + strings.Join(c.Addrs(), ","))

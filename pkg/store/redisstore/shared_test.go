@@ -28,12 +28,18 @@ func runShared(t *testing.T, c redis.UniversalClient) {
 }
 
 func TestSharedConformance(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the shared-limit suite against one Redis: about 28 s")
+	}
 	t.Parallel()
 	s, _ := newSingle(t)
 	runShared(t, s.c)
 }
 
 func TestSharedConformanceCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the shared-limit suite against a cluster: about 26 s")
+	}
 	t.Parallel()
 	runShared(t, newCluster(t).c)
 }

@@ -19,13 +19,12 @@ import (
 // deferred_close_timeout for Tollgate to close it, as Envoy's deferred
 // close does, and resets it after that.
 type procStream struct {
-	mu     sync.Mutex
-	q      []*extprocv3.ProcessingRequest
-	ended  bool
-	wake   chan struct{}
-	md     *corev3.Metadata // metadata_context of every message
-	mode   *extprocfv3.ProcessingMode
-	hasMsg bool
+	mu    sync.Mutex
+	q     []*extprocv3.ProcessingRequest
+	ended bool
+	wake  chan struct{}
+	md    *corev3.Metadata // metadata_context of every message
+	mode  *extprocfv3.ProcessingMode
 }
 
 // openProc starts the response's ext_proc stream with its headers, when
