@@ -288,7 +288,8 @@ func isHex(c byte) bool {
 
 // feed scans p. Work is linear in len(p) and allocates nothing. The runs
 // of plain bytes in keys and strings, most of a document, are read here
-// in bulk; every other byte is one step of the state machine.
+// in bulk; every other byte is one step of the state machine, by the
+// state's method.
 func (s *jsonScanner) feed(p []byte) {
 	for i := 0; i < len(p); {
 		c := p[i]
@@ -319,8 +320,18 @@ func (s *jsonScanner) feed(p []byte) {
 			s.escapeByte(c)
 		case sLit:
 			s.literalByte(c)
-		default:
-			s.structure(c)
+		case sValue, sArrFirst:
+			s.valueByte(c)
+		case sObjFirst, sObjKey:
+			s.keyStart(c)
+		case sColon:
+			s.colon(c)
+		case sAfter:
+			s.after(c)
+		case sEnd:
+			if !isSpace(c) {
+				s.state = sBad
+			}
 		}
 		i++
 	}
@@ -412,56 +423,59 @@ func (s *jsonScanner) literalByte(c byte) {
 	}
 }
 
-// structure reads a byte between tokens: white space, the start of a
-// value or key, a colon, a comma, or a closing bracket.
-func (s *jsonScanner) structure(c byte) {
-	switch s.state {
-	case sEnd:
-		if !isSpace(c) {
-			s.state = sBad
-		}
-	case sValue, sArrFirst:
-		if isSpace(c) {
-			break
-		}
-		if c == ']' && s.state == sArrFirst {
-			s.close(false)
-			break
-		}
+// valueByte reads a byte where a value is due: white space, the value's
+// first byte, or the ']' of an empty array.
+func (s *jsonScanner) valueByte(c byte) {
+	switch {
+	case isSpace(c):
+	case c == ']' && s.state == sArrFirst:
+		s.close(false)
+	default:
 		s.startValue(c)
-	case sObjFirst, sObjKey:
-		switch {
-		case isSpace(c):
-		case c == '"':
-			s.state, s.keyLen, s.keyLong = sKey, 0, false
-		case c == '}' && s.state == sObjFirst:
-			s.close(true)
-		default:
-			s.state = sBad
+	}
+}
+
+// keyStart reads a byte where a key is due: white space, its opening
+// quote, or the '}' of an empty object.
+func (s *jsonScanner) keyStart(c byte) {
+	switch {
+	case isSpace(c):
+	case c == '"':
+		s.state, s.keyLen, s.keyLong = sKey, 0, false
+	case c == '}' && s.state == sObjFirst:
+		s.close(true)
+	default:
+		s.state = sBad
+	}
+}
+
+// colon reads a byte between a key and its value.
+func (s *jsonScanner) colon(c byte) {
+	switch {
+	case isSpace(c):
+	case c == ':':
+		s.state = sValue
+	default:
+		s.state = sBad
+	}
+}
+
+// after reads a byte after a value in a container: white space, a
+// comma, or the container's close.
+func (s *jsonScanner) after(c byte) {
+	top := &s.stack[s.depth-1]
+	switch {
+	case isSpace(c):
+	case c == ',':
+		if top.obj {
+			s.state = sObjKey
+		} else {
+			s.state, s.nextRole, s.nextLeaf = sValue, element(top.role), leafNone
 		}
-	case sColon:
-		switch {
-		case isSpace(c):
-		case c == ':':
-			s.state = sValue
-		default:
-			s.state = sBad
-		}
-	case sAfter:
-		top := &s.stack[s.depth-1]
-		switch {
-		case isSpace(c):
-		case c == ',':
-			if top.obj {
-				s.state = sObjKey
-			} else {
-				s.state, s.nextRole, s.nextLeaf = sValue, element(top.role), leafNone
-			}
-		case c == '}' && top.obj, c == ']' && !top.obj:
-			s.close(top.obj)
-		default:
-			s.state = sBad
-		}
+	case c == '}' && top.obj, c == ']' && !top.obj:
+		s.close(top.obj)
+	default:
+		s.state = sBad
 	}
 }
 
