@@ -286,143 +286,196 @@ func isHex(c byte) bool {
 	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }
 
-// feed scans p. Work is linear in len(p) and allocates nothing.
+// feed scans p. Work is linear in len(p) and allocates nothing. The runs
+// of plain bytes in keys and strings, most of a document, are read here
+// in bulk; every other byte is one step of the state machine, by the
+// state's method.
 func (s *jsonScanner) feed(p []byte) {
 	for i := 0; i < len(p); {
 		c := p[i]
 		switch s.state {
 		case sBad:
 			return
-		case sEnd:
-			if !isSpace(c) {
-				s.state = sBad
-				return
-			}
-		case sValue, sArrFirst:
-			if isSpace(c) {
-				break
-			}
-			if c == ']' && s.state == sArrFirst {
-				s.close(false)
-				break
-			}
-			s.startValue(c)
-		case sObjFirst, sObjKey:
-			switch {
-			case isSpace(c):
-			case c == '"':
-				s.state, s.keyLen, s.keyLong = sKey, 0, false
-			case c == '}' && s.state == sObjFirst:
-				s.close(true)
-			default:
-				s.state = sBad
-			}
 		case sKey:
-			// The common case: plain key bytes up to the closing quote.
-			j := i
-			for j < len(p) && p[j] != '"' && p[j] != '\\' && p[j] >= 0x20 {
-				j++
-			}
-			if n := j - i; n > 0 {
-				if s.keyLen+n <= maxKey {
-					copy(s.key[s.keyLen:], p[i:j])
-					s.keyLen += n
-				} else {
-					s.keyLong = true
-				}
+			if j := plainRun(p, i); j > i {
+				s.keyBytes(p[i:j])
 				i = j
 				continue
 			}
-			switch c {
-			case '"':
-				s.endKey()
-			case '\\':
-				s.state, s.keyLong = sKeyEsc, true
-			default: // a control character
-				s.state = sBad
-			}
-		case sKeyEsc, sStrEsc:
-			switch c {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				s.state--
-			case 'u':
-				s.state++
-				s.hexLeft = 4
-			default:
-				s.state = sBad
-				return
-			}
-			if s.state == sStr || s.state == sStrHex {
-				s.escapedChar()
-			}
-		case sKeyHex, sStrHex:
-			if !isHex(c) {
-				s.state = sBad
-				return
-			}
-			if s.hexLeft--; s.hexLeft == 0 {
-				s.state -= 2
-			}
-		case sColon:
-			switch {
-			case isSpace(c):
-			case c == ':':
-				s.state = sValue
-			default:
-				s.state = sBad
-			}
-		case sAfter:
-			top := &s.stack[s.depth-1]
-			switch {
-			case isSpace(c):
-			case c == ',':
-				if top.obj {
-					s.state = sObjKey
-				} else {
-					s.state, s.nextRole, s.nextLeaf = sValue, element(top.role), leafNone
-				}
-			case c == '}' && top.obj, c == ']' && !top.obj:
-				s.close(top.obj)
-			default:
-				s.state = sBad
-			}
+			s.keyEnd(c)
 		case sStr:
-			j := i
-			for j < len(p) && p[j] != '"' && p[j] != '\\' && p[j] >= 0x20 {
-				j++
-			}
-			if j > i {
+			if j := plainRun(p, i); j > i {
 				s.stringBytes(p[i:j])
 				i = j
 				continue
 			}
-			switch c {
-			case '"':
-				s.endValue()
-			case '\\':
-				s.state = sStrEsc
-			default:
-				s.state = sBad
-			}
+			s.stringEnd(c)
 		case sNum:
-			if s.numByte(c) {
-				break
-			}
-			s.endNumber()
-			s.endValue()
-			continue // c ends the number and is read again in the new state
-		case sLit:
-			lit := literals[s.lit]
-			if c != lit[s.litPos] {
-				s.state = sBad
-				return
-			}
-			if s.litPos++; int(s.litPos) == len(lit) {
-				s.endLiteral()
+			if !s.numByte(c) {
+				s.endNumber()
 				s.endValue()
+				continue // c ends the number and is read again in the new state
+			}
+		case sKeyEsc, sStrEsc, sKeyHex, sStrHex:
+			s.escapeByte(c)
+		case sLit:
+			s.literalByte(c)
+		case sValue, sArrFirst:
+			s.valueByte(c)
+		case sObjFirst, sObjKey:
+			s.keyStart(c)
+		case sColon:
+			s.colon(c)
+		case sAfter:
+			s.after(c)
+		case sEnd:
+			if !isSpace(c) {
+				s.state = sBad
 			}
 		}
 		i++
+	}
+}
+
+// plainRun is the end of the run of plain string bytes (no quote,
+// backslash or control character) that starts at p[i].
+func plainRun(p []byte, i int) int {
+	for i < len(p) && p[i] != '"' && p[i] != '\\' && p[i] >= 0x20 {
+		i++
+	}
+	return i
+}
+
+// keyBytes adds plain bytes to the key being read; one too long for
+// maxKey matches nothing.
+func (s *jsonScanner) keyBytes(b []byte) {
+	if s.keyLen+len(b) <= maxKey {
+		copy(s.key[s.keyLen:], b)
+		s.keyLen += len(b)
+	} else {
+		s.keyLong = true
+	}
+}
+
+// keyEnd reads the byte that ends a run in a key.
+func (s *jsonScanner) keyEnd(c byte) {
+	switch c {
+	case '"':
+		s.endKey()
+	case '\\':
+		s.state, s.keyLong = sKeyEsc, true
+	default: // a control character
+		s.state = sBad
+	}
+}
+
+// stringEnd reads the byte that ends a run in a string value.
+func (s *jsonScanner) stringEnd(c byte) {
+	switch c {
+	case '"':
+		s.endValue()
+	case '\\':
+		s.state = sStrEsc
+	default: // a control character
+		s.state = sBad
+	}
+}
+
+// escapeByte reads a byte of an escape in a key or a string value: the
+// letter after the backslash, or a hex digit of \u.
+func (s *jsonScanner) escapeByte(c byte) {
+	switch s.state {
+	case sKeyEsc, sStrEsc:
+		switch c {
+		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			s.state--
+		case 'u':
+			s.state++
+			s.hexLeft = 4
+		default:
+			s.state = sBad
+			return
+		}
+		if s.state == sStr || s.state == sStrHex {
+			s.escapedChar()
+		}
+	default: // sKeyHex, sStrHex
+		if !isHex(c) {
+			s.state = sBad
+			return
+		}
+		if s.hexLeft--; s.hexLeft == 0 {
+			s.state -= 2
+		}
+	}
+}
+
+// literalByte reads a byte of true, false or null.
+func (s *jsonScanner) literalByte(c byte) {
+	lit := literals[s.lit]
+	if c != lit[s.litPos] {
+		s.state = sBad
+		return
+	}
+	if s.litPos++; int(s.litPos) == len(lit) {
+		s.endLiteral()
+		s.endValue()
+	}
+}
+
+// valueByte reads a byte where a value is due: white space, the value's
+// first byte, or the ']' of an empty array.
+func (s *jsonScanner) valueByte(c byte) {
+	switch {
+	case isSpace(c):
+	case c == ']' && s.state == sArrFirst:
+		s.close(false)
+	default:
+		s.startValue(c)
+	}
+}
+
+// keyStart reads a byte where a key is due: white space, its opening
+// quote, or the '}' of an empty object.
+func (s *jsonScanner) keyStart(c byte) {
+	switch {
+	case isSpace(c):
+	case c == '"':
+		s.state, s.keyLen, s.keyLong = sKey, 0, false
+	case c == '}' && s.state == sObjFirst:
+		s.close(true)
+	default:
+		s.state = sBad
+	}
+}
+
+// colon reads a byte between a key and its value.
+func (s *jsonScanner) colon(c byte) {
+	switch {
+	case isSpace(c):
+	case c == ':':
+		s.state = sValue
+	default:
+		s.state = sBad
+	}
+}
+
+// after reads a byte after a value in a container: white space, a
+// comma, or the container's close.
+func (s *jsonScanner) after(c byte) {
+	top := &s.stack[s.depth-1]
+	switch {
+	case isSpace(c):
+	case c == ',':
+		if top.obj {
+			s.state = sObjKey
+		} else {
+			s.state, s.nextRole, s.nextLeaf = sValue, element(top.role), leafNone
+		}
+	case c == '}' && top.obj, c == ']' && !top.obj:
+		s.close(top.obj)
+	default:
+		s.state = sBad
 	}
 }
 

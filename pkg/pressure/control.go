@@ -141,107 +141,149 @@ func (w law) target() float64 { return w.cfg.Target * float64(w.capacity) }
 
 // next is the state after prev given reading r at now.
 func (w law) next(prev ControlState, r ControlReading, now time.Time) ControlState {
+	prev = w.afterGap(prev, now)
+	out, cur := w.carry(prev, r, now)
+	w.measure(&out, r, now)
+	rate := w.rate(&out)
+	out.Rate = rate
+	over := float64(max(r.InFlight, 0)) > w.target()
+	if w.tighten(&out, cur, w.allocate(rate, r.Offered), over) {
+		out.Changed, out.Changes = now, out.Changes+1
+		return out
+	}
+	if over || now.Sub(prev.Changed) < w.cfg.Dwell {
+		return out
+	}
+	// A fraction falls only to what is wanted at loosenHeadroom of the
+	// rate, and a quantum or more: on a quantum's edge it neither falls
+	// and rises every dwell nor falls into an overload a noisy rate
+	// estimate did not see.
+	if w.loosen(&out, cur, w.allocate(rate*loosenHeadroom, r.Offered), now.Sub(prev.Changed)) {
+		out.Changed, out.Changes = now, out.Changes+1
+	}
+	return out
+}
+
+// afterGap is prev with its measurement restarted if no state was
+// computed for a window (the store was down): the in-flight counts kept
+// are of another time, and flights begun meanwhile were never counted,
+// while the rates read now hold their admissions. Measured together they
+// read a latency far too high (0.41 s for 0.25 s after 20 s without
+// Redis, which shed half of free at 24 of 32 in flight). The measurement
+// starts again, as at start-up; the last estimate stands until it has a
+// window.
+func (w law) afterGap(prev ControlState, now time.Time) ControlState {
 	if !prev.At.IsZero() && now.Sub(prev.At) > w.cfg.Window {
-		// No state was computed for a window (the store was down): the
-		// in-flight counts kept are of another time, and flights begun
-		// meanwhile were never counted, while the rates read now hold
-		// their admissions. Measured together they read a latency far
-		// too high (0.41 s for 0.25 s after 20 s without Redis, which
-		// shed half of free at 24 of 32 in flight). The measurement
-		// starts again, as at start-up; the last estimate stands until
-		// it has a window.
 		prev.Counts, prev.Since = nil, time.Time{}
 	}
-	n := len(w.cfg.Sheddable)
-	cur := prev.Fractions
-	if len(cur) != n {
+	return prev
+}
+
+// carry starts the state after prev: its fractions, changes and estimate
+// carried over, reading r's count appended to the recent ones. cur is
+// prev's fractions, one for each Sheddable tier.
+func (w law) carry(prev ControlState, r ControlReading, now time.Time) (out ControlState, cur []float64) {
+	cur = prev.Fractions
+	if n := len(w.cfg.Sheddable); len(cur) != n {
 		cur = make([]float64, n)
 	}
-	out := ControlState{
+	out = ControlState{
 		Fractions: slices.Clone(cur), Changed: prev.Changed, Changes: prev.Changes,
 		At: now, InFlight: r.InFlight, Latency: prev.Latency, Mean: prev.Mean, Done: prev.Done, Since: prev.Since,
 	}
 	if out.Since.IsZero() {
 		out.Since = now
 	}
-	in, t := float64(max(r.InFlight, 0)), w.target()
 	k := w.recentTicks()
 	out.Counts = append(slices.Clone(prev.Counts), max(r.InFlight, 0))
 	if len(out.Counts) > k+1 {
 		out.Counts = out.Counts[len(out.Counts)-k-1:]
 	}
+	return out, cur
+}
+
+// measure updates out's mean in flight, completion rate and latency
+// estimate from its counts and r's admitted rate.
+func (w law) measure(out *ControlState, r ControlReading, now time.Time) {
+	k := w.recentTicks()
 	// Before a whole window of counts, the admitted rate reads low and
 	// the latency high: an estimate then would shed at start-up. With
 	// nothing completed the last estimate stands.
-	if len(out.Counts) == k+1 && now.Sub(out.Since) >= w.cfg.Window {
-		var sum int64
-		for _, c := range out.Counts[1:] {
-			sum += c
-		}
-		mean := float64(sum) / float64(k)
-		// Completions are admissions less what stayed in flight: by
-		// Little's law over admissions, L would soar the moment
-		// shedding cuts them while a queue still drains.
-		span := float64(k) * w.cfg.Interval.Seconds()
-		done := r.Admitted - float64(out.Counts[k]-out.Counts[0])/span
-		out.Done, out.Mean = max(done, 0), mean
-		if done > 0 && mean > 0 {
-			// Smoothed over about two ticks: in the tick a spike's
-			// queue lands, the mean already holds it and the completions
-			// do not yet, and L would read as if the upstream had slowed.
-			l := mean / done
-			if out.Latency > 0 {
-				l = out.Latency + min(1, 2*w.cfg.Interval.Seconds()/w.cfg.Window.Seconds())*(l-out.Latency)
-			}
-			out.Latency = l
-		}
+	if len(out.Counts) != k+1 || now.Sub(out.Since) < w.cfg.Window {
+		return
 	}
-	rate := math.Inf(1)
+	var sum int64
+	for _, c := range out.Counts[1:] {
+		sum += c
+	}
+	mean := float64(sum) / float64(k)
+	// Completions are admissions less what stayed in flight: by
+	// Little's law over admissions, L would soar the moment
+	// shedding cuts them while a queue still drains.
+	span := float64(k) * w.cfg.Interval.Seconds()
+	done := r.Admitted - float64(out.Counts[k]-out.Counts[0])/span
+	out.Done, out.Mean = max(done, 0), mean
+	if done > 0 && mean > 0 {
+		// Smoothed over about two ticks: in the tick a spike's
+		// queue lands, the mean already holds it and the completions
+		// do not yet, and L would read as if the upstream had slowed.
+		l := mean / done
+		if out.Latency > 0 {
+			l = out.Latency + min(1, 2*w.cfg.Interval.Seconds()/w.cfg.Window.Seconds())*(l-out.Latency)
+		}
+		out.Latency = l
+	}
+}
+
+// rate is R, the admission rate aimed at given out's estimate; +Inf while
+// there is none.
+func (w law) rate(out *ControlState) float64 {
+	t := w.target()
 	switch {
 	case out.Done == 0 && out.Mean > t:
 		// More than T in flight and nothing completes: the upstream
 		// takes nothing (or every completion is lost and the leases
 		// will tell).
-		rate = 0
+		return 0
 	case out.Latency > 0:
 		// T / L is what the upstream completes now, scaled to T in
 		// flight; not less than what it completes now, as a smoothed L
 		// can still hold a drained queue's wait, and a completion rate
 		// over the window still holds the time before a spike. Above T
 		// the excess drains within a window.
-		rate = max(t/out.Latency, out.Done) - max(0, out.Mean-t)/(2*w.cfg.Window.Seconds())
-		rate = max(rate, 0)
+		rate := max(t/out.Latency, out.Done) - max(0, out.Mean-t)/(2*w.cfg.Window.Seconds())
+		return max(rate, 0)
 	}
-	out.Rate = rate
-	want := w.allocate(rate, r.Offered)
-	tighten := false
+	return math.Inf(1)
+}
+
+// tighten raises at once each fraction of out that want is above cur,
+// and says whether one rose. over says a queue is building (more than T
+// in flight).
+func (w law) tighten(out *ControlState, cur, want []float64, over bool) bool {
+	tightened := false
 	for i := range want {
 		if want[i] > cur[i]+eps {
 			f := want[i]
-			if in > t {
+			if over {
 				// A queue is building, which the drain term sees only
 				// as the window's mean catches up: a quantum more now
 				// is one change, where catching up tick by tick is two
 				// or three (and one more to loosen a dwell later).
 				f = min(1, f+w.cfg.Quantum)
 			}
-			out.Fractions[i], tighten = f, true
+			out.Fractions[i], tightened = f, true
 		}
 	}
-	if tighten {
-		out.Changed, out.Changes = now, out.Changes+1
-		return out
-	}
-	if in > t || now.Sub(prev.Changed) < w.cfg.Dwell {
-		return out
-	}
+	return tightened
+}
+
+// loosen lowers the fractions of out that are a quantum or more above
+// want, the fractions wanted at loosenHeadroom of the rate, and says
+// whether one fell; since is the time since the last change.
+func (w law) loosen(out *ControlState, cur, want []float64, since time.Duration) bool {
 	q := w.cfg.Quantum
-	loosen := false
-	// A fraction falls only to what is wanted at loosenHeadroom of the
-	// rate, and a quantum or more: on a quantum's edge it neither falls
-	// and rises every dwell nor falls into an overload a noisy rate
-	// estimate did not see.
-	want = w.allocate(rate*loosenHeadroom, r.Offered)
+	loosened := false
 	for i := range want {
 		if want[i] > 0 && want[i]+q > cur[i]+eps {
 			continue
@@ -265,19 +307,16 @@ func (w law) next(prev ControlState, r ControlReading, now time.Time) ControlSta
 			// load reads high (a batch serves faster the emptier it is):
 			// such a probe may run into an overload and tighten back,
 			// two changes, which must stay rare.
-			if now.Sub(prev.Changed) < creepDwells*w.cfg.Dwell {
+			if since < creepDwells*w.cfg.Dwell {
 				continue
 			}
 			f = max(want[i], cur[i]-q)
 		}
 		if f < cur[i]-eps {
-			out.Fractions[i], loosen = f, true
+			out.Fractions[i], loosened = f, true
 		}
 	}
-	if loosen {
-		out.Changed, out.Changes = now, out.Changes+1
-	}
-	return out
+	return loosened
 }
 
 // Rates are one tier's counts at a tick: over the window (Win requests

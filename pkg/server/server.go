@@ -182,11 +182,43 @@ type Server struct {
 
 // New builds a Server; Serve starts it.
 func New(cfg Config) (*Server, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, protect: newProtection(cfg)}
+	if cfg.Warm != nil {
+		s.setWarm(errNotWarm)
+	}
+	if err := s.protect.register(cfg.Registerer); err != nil {
+		return nil, err
+	}
+	if err := s.buildGRPC(); err != nil {
+		return nil, err
+	}
+	admin, err := s.adminHandler()
+	if err != nil {
+		return nil, err
+	}
+	s.admin = &http.Server{
+		Handler:           admin,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       time.Minute,
+		ErrorLog:          zap.NewStdLog(s.log.Named("admin")),
+	}
+	return s, nil
+}
+
+// withDefaults is cfg with its unset options at their defaults, or why
+// it cannot serve.
+func (cfg Config) withDefaults() (Config, error) {
 	if len(cfg.Services) == 0 {
-		return nil, errors.New("server: no services")
+		return cfg, errors.New("server: no services")
 	}
 	if cfg.Gatherer == nil {
-		return nil, errors.New("server: no metrics gatherer")
+		return cfg, errors.New("server: no metrics gatherer")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
@@ -221,23 +253,24 @@ func New(cfg Config) (*Server, error) {
 	if cfg.WarmMax <= 0 {
 		cfg.WarmMax = DefaultWarmMax
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, protect: newProtection(cfg)}
-	if cfg.Warm != nil {
-		s.setWarm(errNotWarm)
-	}
-	if err := s.protect.register(cfg.Registerer); err != nil {
-		return nil, err
-	}
+	return cfg, nil
+}
+
+// buildGRPC builds s.grpc, its interceptors, codec and credentials, and
+// registers the services, health (not serving until Ready says so) and
+// reflection on it.
+func (s *Server) buildGRPC() error {
+	cfg := s.cfg
 	codec := newUTF8Codec()
 	if err := codec.register(cfg.Registerer); err != nil {
-		return nil, err
+		return err
 	}
 	unary := []grpc.UnaryServerInterceptor{recoverUnary(s.log)}
 	stream := []grpc.StreamServerInterceptor{recoverStream(s.log)}
 	if cfg.Callers != nil {
 		g, err := s.guardCallers()
 		if err != nil {
-			return nil, err
+			return err
 		}
 		unary, stream = append(unary, g.unary()), append(stream, g.stream())
 	}
@@ -245,7 +278,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.TLS != nil {
 		files, err := newTLSFiles(*cfg.TLS, s.log)
 		if err != nil {
-			return nil, fmt.Errorf("server: %w", err)
+			return fmt.Errorf("server: %w", err)
 		}
 		s.tls = files
 		creds = append(creds, grpc.Creds(credentials.NewTLS(files.serverConfig())))
@@ -278,20 +311,7 @@ func New(cfg Config) (*Server, error) {
 	reflection.Register(s.grpc)
 	// health.NewServer reports "" as SERVING; nothing is until Ready says so.
 	s.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
-
-	admin, err := s.adminHandler()
-	if err != nil {
-		return nil, err
-	}
-	s.admin = &http.Server{
-		Handler:           admin,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       time.Minute,
-		ErrorLog:          zap.NewStdLog(s.log.Named("admin")),
-	}
-	return s, nil
+	return nil
 }
 
 func (s *Server) setHealth(st healthpb.HealthCheckResponse_ServingStatus) {

@@ -107,20 +107,66 @@ func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	for i := range charges {
-		ch := &charges[i]
-		if ch.Algorithm > limit.Once {
-			return false, fmt.Errorf("memstore: charges[%d]: unknown algorithm %v", i, ch.Algorithm)
-		}
-		if ch.Algorithm == limit.Concurrency && ch.Cost != 0 && ch.Member == "" {
-			return false, fmt.Errorf("memstore: charges[%d]: concurrency charge of cost %d has no member", i, ch.Cost)
-		}
+	if err := checkCharges(charges); err != nil {
+		return false, err
 	}
 	ms := now.UnixMilli()
 	sc := s.scratch.Get().(*scratch)
 	defer s.release(sc)
 
-	var locked [numShards / 64]uint64
+	locked := s.gather(sc, charges)
+	s.lock(locked)
+	for j := range sc.slots {
+		sl := &sc.slots[j]
+		sl.e = s.shards[sl.shard].m[sl.key]
+		sl.live = sl.e != nil && sl.e.expires > ms
+		sl.load()
+	}
+	admitted, void := sc.step(charges, res, ms)
+	switch {
+	case void:
+		// Keep nothing: the Results describe the stored counters.
+		admitted = false
+		sc.load()
+	case !admitted:
+		sc.keepDenied(charges, ms)
+	}
+	if !void {
+		s.commitAll(sc, charges, ms)
+	}
+	s.unlock(locked)
+
+	for i := range charges {
+		rem, reset := sc.slots[sc.slot[i]].c.Report(&charges[i], ms)
+		res[i].Remaining = rem
+		res[i].ResetAfter = limit.Millis(reset)
+	}
+	return admitted, nil
+}
+
+// checkCharges refuses a charge the store cannot apply.
+func checkCharges(charges []limit.Charge) error {
+	for i := range charges {
+		ch := &charges[i]
+		if ch.Algorithm > limit.Once {
+			return fmt.Errorf("memstore: charges[%d]: unknown algorithm %v", i, ch.Algorithm)
+		}
+		if ch.Algorithm == limit.Concurrency && ch.Cost != 0 && ch.Member == "" {
+			return fmt.Errorf("memstore: charges[%d]: concurrency charge of cost %d has no member", i, ch.Cost)
+		}
+	}
+	return nil
+}
+
+// shardSet is a set of shards, a bit each.
+type shardSet [numShards / 64]uint64
+
+func (set *shardSet) add(sh int) { set[sh/64] |= 1 << (sh % 64) }
+
+// gather fills sc with a slot for each distinct key of charges, and
+// returns the shards they fall in.
+func (s *Store) gather(sc *scratch, charges []limit.Charge) shardSet {
+	var locked shardSet
 	sc.slot = sc.slot[:0]
 	for i := range charges {
 		key := charges[i].Key
@@ -140,27 +186,42 @@ func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge
 			}
 			sl := &sc.slots[j]
 			sl.key, sl.shard = key, sh
-			locked[sh/64] |= 1 << (sh % 64)
+			locked.add(sh)
 		}
 		sc.slots[j].last = i
 		sc.slot = append(sc.slot, j)
 	}
+	return locked
+}
 
-	for w, word := range locked {
+// lock locks the shards of set in ascending order, so that decisions
+// never deadlock.
+func (s *Store) lock(set shardSet) {
+	for w, word := range set {
 		for word != 0 {
 			b := bits.TrailingZeros64(word)
 			word &^= 1 << b
 			s.shards[w*64+b].mu.Lock()
 		}
 	}
-	for j := range sc.slots {
-		sl := &sc.slots[j]
-		sl.e = s.shards[sl.shard].m[sl.key]
-		sl.live = sl.e != nil && sl.e.expires > ms
-		sl.load()
-	}
+}
 
-	admitted, void := true, false
+// unlock unlocks the shards of set.
+func (s *Store) unlock(set shardSet) {
+	for w, word := range set {
+		for word != 0 {
+			b := bits.TrailingZeros64(word)
+			word &^= 1 << b
+			s.shards[w*64+b].mu.Unlock()
+		}
+	}
+}
+
+// step evaluates the charges in order on the working counters, writing
+// res. admitted is false when a charge that is neither Shadow nor Force
+// does not fit; void when a Once charge does not.
+func (sc *scratch) step(charges []limit.Charge, res []limit.Result, ms int64) (admitted, void bool) {
+	admitted = true
 	for i := range charges {
 		ch := &charges[i]
 		fits, retry := sc.slots[sc.slot[i]].c.Step(ch, ms)
@@ -173,59 +234,49 @@ func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge
 			admitted = false
 		}
 	}
-	switch {
-	case void:
-		// Keep nothing: the Results describe the stored counters.
-		admitted = false
-		for j := range sc.slots {
-			sc.slots[j].load()
-		}
-	case !admitted:
-		// Start over from the stored state: keep the refunds, the Force
-		// charges and the Once marks, and the time the other charges saw.
-		for j := range sc.slots {
-			sc.slots[j].load()
-		}
-		for i := range charges {
-			ch, c := &charges[i], &sc.slots[sc.slot[i]].c
-			if ch.Cost < 0 || (ch.Cost > 0 && (ch.Force || ch.Algorithm == limit.Once)) {
-				c.Step(ch, ms)
-			} else {
-				c.Touch(ch, ms)
-			}
+	return admitted, void
+}
+
+// load sets every working counter back to the stored state.
+func (sc *scratch) load() {
+	for j := range sc.slots {
+		sc.slots[j].load()
+	}
+}
+
+// keepDenied starts over from the stored state for a denied decision:
+// it keeps the refunds, the Force charges and the Once marks, and the
+// time the other charges saw.
+func (sc *scratch) keepDenied(charges []limit.Charge, ms int64) {
+	sc.load()
+	for i := range charges {
+		ch, c := &charges[i], &sc.slots[sc.slot[i]].c
+		if ch.Cost < 0 || (ch.Cost > 0 && (ch.Force || ch.Algorithm == limit.Once)) {
+			c.Step(ch, ms)
+		} else {
+			c.Touch(ch, ms)
 		}
 	}
-	if !void {
-		var grown [numShards / 64]uint64
-		for j := range sc.slots {
-			if sl := &sc.slots[j]; s.commit(sl, &charges[sl.last], ms) {
-				grown[sl.shard/64] |= 1 << (sl.shard % 64)
-			}
-		}
-		// Sweep after every commit: a sweep may drop an expired entry that
-		// a later slot of this decision would otherwise write into.
-		for w, word := range grown {
-			for word != 0 {
-				b := bits.TrailingZeros64(word)
-				word &^= 1 << b
-				sweep(&s.shards[w*64+b], ms)
-			}
+}
+
+// commitAll stores every slot's working counter, its shard locked, then
+// sweeps the shards that gained a key.
+func (s *Store) commitAll(sc *scratch, charges []limit.Charge, ms int64) {
+	var grown shardSet
+	for j := range sc.slots {
+		if sl := &sc.slots[j]; s.commit(sl, &charges[sl.last], ms) {
+			grown.add(sl.shard)
 		}
 	}
-	for w, word := range locked {
+	// Sweep after every commit: a sweep may drop an expired entry that
+	// a later slot of this decision would otherwise write into.
+	for w, word := range grown {
 		for word != 0 {
 			b := bits.TrailingZeros64(word)
 			word &^= 1 << b
-			s.shards[w*64+b].mu.Unlock()
+			sweep(&s.shards[w*64+b], ms)
 		}
 	}
-
-	for i := range charges {
-		rem, reset := sc.slots[sc.slot[i]].c.Report(&charges[i], ms)
-		res[i].Remaining = rem
-		res[i].ResetAfter = limit.Millis(reset)
-	}
-	return admitted, nil
 }
 
 // load sets the working counter to the stored state (fresh when absent or

@@ -409,18 +409,7 @@ func propLeases(t *testing.T, newStore func(testing.TB) limit.Store, seed uint64
 	W := c.Window.Milliseconds()
 	t.Logf("amount %d", c.Amount)
 
-	held := map[string]int64{} // member -> deadline, ms after base
-	liveAt := func(m map[string]int64, now int64) (n uint64, first int64) {
-		for _, d := range m {
-			if d > now {
-				if n == 0 || d-now < first {
-					first = d - now
-				}
-				n++
-			}
-		}
-		return n, first
-	}
+	held := leaseRecord{} // member -> deadline, ms after base
 	now, admittedN, fullN := int64(0), 0, 0
 	defer func() { t.Logf("%d of 1000 decisions admitted, %d found the cap full", admittedN, fullN) }()
 	for step := 0; step < 1000; step++ {
@@ -428,81 +417,126 @@ func propLeases(t *testing.T, newStore func(testing.TB) limit.Store, seed uint64
 			now += r.Int64N(W / 4)
 		}
 		e.at(now)
-		var charges []limit.Charge
-		for range 1 + r.IntN(3) {
-			ch := c
-			ch.Member = fmt.Sprintf("m%d", r.IntN(2*int(c.Amount)+2))
-			ch.Cost = []int64{1, 1, 1, -1, 0}[r.IntN(5)]
-			charges = append(charges, ch)
-		}
-		if r.IntN(3) == 0 {
-			charges = append(charges, cost(f, 1))
-		}
+		charges := leaseCharges(r, c, f)
 		admitted, rs := e.apply(charges...)
 		checkAdmitted(t, step, charges, rs, admitted)
 		if admitted {
 			admittedN++
 		}
+		fullN += held.checkFits(t, step, now, c, charges, rs)
+		held.keep(c, charges, rs, admitted, now)
+		held.checkReport(t, step, now, c, charges, rs)
+	}
+}
 
-		// What each charge saw: the record, with the decision's earlier
-		// charges applied.
-		seen := map[string]int64{}
-		for m, d := range held {
-			if d > now {
-				seen[m] = d
+// leaseCharges is one random decision of propLeases: one to three
+// acquisitions, releases or checks of Concurrency charge c by a few
+// members, and now and then fixed window f.
+func leaseCharges(r *rand.Rand, c, f limit.Charge) []limit.Charge {
+	var charges []limit.Charge
+	for range 1 + r.IntN(3) {
+		ch := c
+		ch.Member = fmt.Sprintf("m%d", r.IntN(2*int(c.Amount)+2))
+		ch.Cost = []int64{1, 1, 1, -1, 0}[r.IntN(5)]
+		charges = append(charges, ch)
+	}
+	if r.IntN(3) == 0 {
+		charges = append(charges, cost(f, 1))
+	}
+	return charges
+}
+
+// leaseRecord is propLeases' own record of the leases held: member ->
+// deadline, ms after base.
+type leaseRecord map[string]int64
+
+// live is how many leases of m are live at now, and how long until the
+// first of them ends.
+func (m leaseRecord) live(now int64) (n uint64, first int64) {
+	for _, d := range m {
+		if d > now {
+			if n == 0 || d-now < first {
+				first = d - now
+			}
+			n++
+		}
+	}
+	return n, first
+}
+
+// checkFits checks each charge on c's key against what it saw: the
+// record, with the decision's earlier charges applied. It returns how
+// many found the cap full.
+func (m leaseRecord) checkFits(tb testing.TB, step int, now int64, c limit.Charge, charges []limit.Charge, rs []limit.Result) (full int) {
+	tb.Helper()
+	W := c.Window.Milliseconds()
+	seen := leaseRecord{}
+	for mem, d := range m {
+		if d > now {
+			seen[mem] = d
+		}
+	}
+	for i, ch := range charges {
+		if ch.Key != c.Key {
+			continue
+		}
+		n, first := seen.live(now)
+		_, isHeld := seen[ch.Member]
+		var fits bool
+		switch {
+		case ch.Cost < 0:
+			fits = true
+			delete(seen, ch.Member)
+		case ch.Cost == 0:
+			fits = n < c.Amount
+		default:
+			fits = isHeld || n < c.Amount
+			if fits {
+				seen[ch.Member] = now + W
 			}
 		}
-		for i, ch := range charges {
-			if ch.Key != c.Key {
-				continue
-			}
-			n, first := liveAt(seen, now)
-			_, isHeld := seen[ch.Member]
-			var fits bool
-			switch {
-			case ch.Cost < 0:
-				fits = true
-				delete(seen, ch.Member)
-			case ch.Cost == 0:
-				fits = n < c.Amount
-			default:
-				fits = isHeld || n < c.Amount
-				if fits {
-					seen[ch.Member] = now + W
-				}
-			}
-			if !fits {
-				fullN++
-			}
-			want := limit.Result{Fits: fits}
-			if !fits {
-				want.RetryAfter = ms(first)
-			}
-			if rs[i].Fits != want.Fits || rs[i].RetryAfter != want.RetryAfter {
-				t.Fatalf("step %d at %dms: charge %d (%s cost %d): %s, want Fits %v RetryAfter %v", step, now, i, ch.Member, ch.Cost, fmtResult(rs[i]), want.Fits, want.RetryAfter)
-			}
+		if !fits {
+			full++
 		}
-		// What was kept: all of it when admitted, the releases otherwise.
-		for i, ch := range charges {
-			switch {
-			case ch.Key != c.Key:
-			case ch.Cost < 0:
-				delete(held, ch.Member)
-			case ch.Cost > 0 && admitted && rs[i].Fits:
-				held[ch.Member] = now + W
-			}
+		want := limit.Result{Fits: fits}
+		if !fits {
+			want.RetryAfter = ms(first)
 		}
-		n, first := liveAt(held, now)
-		if n > c.Amount {
-			t.Fatalf("step %d at %dms: %d live leases, cap %d", step, now, n, c.Amount)
+		if rs[i].Fits != want.Fits || rs[i].RetryAfter != want.RetryAfter {
+			tb.Fatalf("step %d at %dms: charge %d (%s cost %d): %s, want Fits %v RetryAfter %v", step, now, i, ch.Member, ch.Cost, fmtResult(rs[i]), want.Fits, want.RetryAfter)
 		}
-		for i, ch := range charges {
-			if ch.Key != c.Key {
-				continue
-			}
-			if rs[i].Remaining != c.Amount-n || rs[i].ResetAfter != ms(first) {
-				t.Fatalf("step %d at %dms: charge %d: %s, want Remaining %d ResetAfter %dms", step, now, i, fmtResult(rs[i]), c.Amount-n, first)
-			}
+	}
+	return full
+}
+
+// keep records what the store kept: all of it when admitted, the
+// releases otherwise.
+func (m leaseRecord) keep(c limit.Charge, charges []limit.Charge, rs []limit.Result, admitted bool, now int64) {
+	for i, ch := range charges {
+		switch {
+		case ch.Key != c.Key:
+		case ch.Cost < 0:
+			delete(m, ch.Member)
+		case ch.Cost > 0 && admitted && rs[i].Fits:
+			m[ch.Member] = now + c.Window.Milliseconds()
+		}
+	}
+}
+
+// checkReport checks the cap, and each charge's Remaining and ResetAfter
+// on c's key, against the record after the decision.
+func (m leaseRecord) checkReport(tb testing.TB, step int, now int64, c limit.Charge, charges []limit.Charge, rs []limit.Result) {
+	tb.Helper()
+	n, first := m.live(now)
+	if n > c.Amount {
+		tb.Fatalf("step %d at %dms: %d live leases, cap %d", step, now, n, c.Amount)
+	}
+	for i, ch := range charges {
+		if ch.Key != c.Key {
+			continue
+		}
+		if rs[i].Remaining != c.Amount-n || rs[i].ResetAfter != ms(first) {
+			tb.Fatalf("step %d at %dms: charge %d: %s, want Remaining %d ResetAfter %dms", step, now, i, fmtResult(rs[i]), c.Amount-n, first)
 		}
 	}
 }
