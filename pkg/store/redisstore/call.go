@@ -71,14 +71,15 @@ func flags(ch *limit.Charge) string {
 }
 
 // params maps a charge to the script's kind and parameters (see
-// apply.lua), with limit.Counter's readings: a window under 1ms is 1ms,
-// Buckets above limit.MaxBuckets is limit.MaxBuckets, At counts on a
-// sliding window only.
+// apply.lua), with limit.Counter's readings (limit.WindowMillis and
+// limit.Geometry): a window under 1ms is 1ms, Buckets above
+// limit.MaxBuckets is limit.MaxBuckets, At counts on a sliding window
+// only.
 func params(ch *limit.Charge) (kind string, p1, p2 uint64, p3 any, err error) {
-	W := uint64(max(ch.Window.Milliseconds(), 1))
+	W := uint64(limit.WindowMillis(ch))
 	switch ch.Algorithm {
 	case limit.SlidingWindow:
-		w, m := geometry(ch)
+		w, m := limit.Geometry(ch)
 		return "s", uint64(w), uint64(m), ch.At, nil
 	case limit.FixedWindow:
 		return "f", W, 0, 0, nil
@@ -97,22 +98,6 @@ func params(ch *limit.Charge) (kind string, p1, p2 uint64, p3 any, err error) {
 		return "o", W, 0, 0, nil
 	}
 	return "", 0, 0, nil, fmt.Errorf("unknown algorithm %v", ch.Algorithm)
-}
-
-// geometry is a window charge's bucket width and M in ms, as limit.Counter
-// computes them (a fixed window is one bucket of W with M = 0).
-func geometry(ch *limit.Charge) (w, m int64) {
-	W := max(ch.Window.Milliseconds(), 1)
-	if ch.Algorithm == limit.FixedWindow {
-		return W, 0
-	}
-	n := int64(ch.Buckets)
-	if n == 0 {
-		n = limit.DefaultBuckets
-	}
-	n = min(n, limit.MaxBuckets)
-	w = (W + n - 1) / n
-	return w, (W + w - 1) / w
 }
 
 var errReply = errors.New("malformed reply from the apply script")
