@@ -29,10 +29,9 @@
 -- window keeps is in [h-M, h], so the array is dense and short, and one
 -- GET and one SET read and write it (a hash of bucket fields took three
 -- or four commands and most of the script's time to parse and diff). A
--- window still in the hash of earlier versions ("w", "h" and bucket
--- index -> count) is read as such and written in the new layout. A token
--- bucket is the string "At:Debt": tat = At + Debt, At the integer ms of
--- the last write, Debt the float ms the bucket was then short of full.
+-- token bucket is the string "At:Debt": tat = At + Debt, At the integer
+-- ms of the last write, Debt the float ms the bucket was then short of
+-- full.
 -- Concurrency leases are a sorted set, member -> deadline (ms): the live
 -- ones are those scored above now, and every write first drops the rest
 -- (ZREMRANGEBYSCORE), as limit.Counter drops them on every step. A Once
@@ -94,45 +93,13 @@ end
 -- A window counter c: c[1] is the width, c[2] the high-water index h,
 -- and c[3 + i] the count of bucket h - i.
 
--- legacyWindow reads a window from the hash of earlier versions.
-local function legacyWindow(key)
-  local flat = redis.call('HGETALL', key)
-  local width, high, b = 0, 0, {}
-  for i = 1, #flat, 2 do
-    local f, v = flat[i], tonumber(flat[i + 1])
-    if v == nil then fail(key, 'does not hold a window') end
-    if f == 'w' then
-      width = v
-    elseif f == 'h' then
-      high = v
-    else
-      local idx = tonumber(f)
-      if idx == nil or v <= 0 then fail(key, 'does not hold a window') end
-      b[idx] = v
-    end
-  end
-  if width <= 0 then fail(key, 'does not hold a window') end
-  local c = {width, high}
-  for idx, v in pairs(b) do
-    -- Only the buckets in [h-maxBuckets, h] can still count.
-    local i = 3 + high - idx
-    if i >= 3 and i <= 3 + maxBuckets then
-      for j = #c + 1, i - 1 do c[j] = 0 end
-      c[i] = v
-    end
-  end
-  return c
-end
-
 -- loadWindow returns the stored counter, whether the key exists, and the
 -- string it holds (save writes only a counter whose string differs).
 local function loadWindow(key)
   local raw = redis.pcall('GET', key)
   if raw == false then return {0, 0}, false, nil end
-  if type(raw) == 'table' then
-    -- WRONGTYPE: the hash of earlier versions, or not a window at all.
-    return legacyWindow(key), true, nil
-  end
+  -- A table is WRONGTYPE: a key of another type.
+  if type(raw) ~= 'string' then fail(key, 'does not hold a window') end
   local ok, c = pcall(cmsgpack.unpack, raw)
   if not ok or type(c) ~= 'table' or type(c[1]) ~= 'number' or c[1] <= 0 or type(c[2]) ~= 'number' then
     fail(key, 'does not hold a window')
