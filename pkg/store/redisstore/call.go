@@ -118,7 +118,7 @@ func (c *call) decode(rep []any, charges []limit.Charge, res []limit.Result) (bo
 	c.admitted = admitted
 	want := 1 + repPerCharge*len(charges)
 	if admitted && c.mode == "try" {
-		want += 2 * len(c.keys)
+		want += len(c.keys)
 	}
 	if len(rep) != want {
 		return false, malformed("%d values for %d charges on %d keys", len(rep), len(charges), len(c.keys))
@@ -179,11 +179,11 @@ func (c *call) report(ch *limit.Charge, v []any, r *limit.Result) error {
 }
 
 // undoCall builds the call that takes back what an admitted try kept,
-// from the 2 values per key that follow the charges in its reply; ok is
+// from the value per key that follows the charges in its reply; ok is
 // false when it kept nothing.
 func (c *call) undoCall(rep []any) (u *call, ok bool, err error) {
 	tail := rep[1+repPerCharge*c.charges:]
-	if len(tail) != 2*len(c.keys) {
+	if len(tail) != len(c.keys) {
 		return nil, false, malformed("%d undo values for %d keys", len(tail), len(c.keys))
 	}
 	u = &call{mode: "undo", now: c.now, charges: c.charges, keys: c.keys, args: make([]any, len(c.args), len(c.args)+len(tail))}
