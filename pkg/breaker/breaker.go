@@ -74,7 +74,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"hash/fnv"
 	"strconv"
 	"time"
 
@@ -234,8 +233,8 @@ type Report struct {
 const MaxOnceBytes = 128
 
 // OnceKey is the store key of the marker of a failure named once on the
-// breaker at key: key's hash tag, so that one script reaches both.
-func OnceKey(key, once string) string { return key + ":once:" + once }
+// breaker at key: limit.BreakerOnceKey.
+func OnceKey(key, once string) string { return limit.BreakerOnceKey(key, once) }
 
 // OnceTTL is how long a failure's marker is kept: its Window, so that it
 // cannot count twice while it could count at all, and at least Retain,
@@ -292,26 +291,8 @@ func ValidProbeID(id string) bool {
 }
 
 // StoreKey is the store key of the breaker named name for descriptor key
-// descKey. Like limit.Key it starts with a hash tag that is a hash of the
-// two (so a brace in a value cannot move it) and writes each string with
-// its length in front.
-func StoreKey(descKey, name string) string {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte(descKey))
-	_, _ = h.Write([]byte{0})
-	_, _ = h.Write([]byte(name))
-	b := make([]byte, 0, 32+len(descKey)+len(name))
-	b = append(b, "tg:{"...)
-	b = fmt.Appendf(b, "%016x", h.Sum64())
-	b = append(b, "}:b:"...)
-	b = strconv.AppendInt(b, int64(len(descKey)), 10)
-	b = append(b, ':')
-	b = append(b, descKey...)
-	b = strconv.AppendInt(b, int64(len(name)), 10)
-	b = append(b, ':')
-	b = append(b, name...)
-	return string(b)
-}
+// descKey: limit.BreakerKey, where the Redis key format lives.
+func StoreKey(descKey, name string) string { return limit.BreakerKey(descKey, name) }
 
 // checkName rejects names a descriptor could not carry.
 func checkName(name string) error {

@@ -143,9 +143,12 @@ const maxDebt = float64(MaxWindow / time.Millisecond)
 // two, so B*T*tbEps is exact).
 const tbEps = 1.0 / (1 << 32)
 
-// geometry returns a window charge's bucket width w and M, in ms.
-func geometry(ch *Charge) (w, m int64) {
-	W := windowMillis(ch)
+// Geometry returns a window charge's bucket width w and M, in ms: the one
+// derivation of a window's buckets in Go (redisstore passes w and M to
+// apply.lua, which keeps the bucket arithmetic that follows from them; a
+// test there checks it agrees with Counter's).
+func Geometry(ch *Charge) (w, m int64) {
+	W := WindowMillis(ch)
 	if ch.Algorithm == FixedWindow {
 		return W, 0
 	}
@@ -166,18 +169,20 @@ func geometry(ch *Charge) (w, m int64) {
 // with the geometry every Store uses. Decorators that act per bucket
 // (lease, overlimit) read it here rather than repeat the arithmetic.
 func BucketEnd(ch *Charge, at int64) int64 {
-	w, _ := geometry(ch)
+	w, _ := Geometry(ch)
 	return (floorDiv(at, w) + 1) * w
 }
 
 // BucketWidth is the width in ms of a window charge's bucket (see
 // BucketEnd).
 func BucketWidth(ch *Charge) int64 {
-	w, _ := geometry(ch)
+	w, _ := Geometry(ch)
 	return w
 }
 
-func windowMillis(ch *Charge) int64 {
+// WindowMillis is ch's Window in ms, at least 1: a window under 1ms
+// counts as 1ms.
+func WindowMillis(ch *Charge) int64 {
 	if W := ch.Window.Milliseconds(); W >= 1 {
 		return W
 	}
@@ -219,7 +224,7 @@ func (c *Counter) Touch(ch *Charge, now int64) {
 	case Concurrency:
 		c.live(now)
 	default:
-		w, m := geometry(ch)
+		w, m := Geometry(ch)
 		c.touch(w, m, now)
 	}
 }
@@ -238,7 +243,7 @@ func (c *Counter) Report(ch *Charge, now int64) (remaining uint64, resetAfter in
 	case Once:
 		return 0, 0
 	}
-	w, m := geometry(ch)
+	w, m := Geometry(ch)
 	v := c.view(w, m, now)
 	u := v.usage()
 	if u < ch.Amount {
@@ -269,7 +274,7 @@ func (c *Counter) Expiry(ch *Charge) (at int64, ok bool) {
 	case Once:
 		return c.Until, c.Marked
 	}
-	w, m := geometry(ch)
+	w, m := Geometry(ch)
 	if c.Width != w {
 		return 0, false
 	}
@@ -343,7 +348,7 @@ func (v *window) retryAfter(fixed bool, need, amount uint64, now int64) int64 {
 }
 
 func (c *Counter) windowStep(ch *Charge, now int64) (bool, int64) {
-	w, m := geometry(ch)
+	w, m := Geometry(ch)
 	c.touch(w, m, now)
 	v := c.view(w, m, now)
 	fixed := ch.Algorithm == FixedWindow
@@ -437,7 +442,7 @@ func bucketParams(ch *Charge) (T, BT, lim float64, burst uint64) {
 	if burst == 0 {
 		burst = ch.Amount
 	}
-	T = float64(windowMillis(ch)) / float64(ch.Amount)
+	T = float64(WindowMillis(ch)) / float64(ch.Amount)
 	BT = float64(burst) * T
 	lim = BT + float64(BT*tbEps)
 	return T, BT, lim, burst
@@ -580,7 +585,7 @@ func (c *Counter) leaseStep(ch *Charge, now int64) (bool, int64) {
 	if !fits && !ch.Force {
 		return false, first
 	}
-	deadline := now + windowMillis(ch)
+	deadline := now + WindowMillis(ch)
 	if held >= 0 {
 		c.Leases[held].Deadline = deadline
 	} else {
@@ -602,7 +607,7 @@ func (c *Counter) markStep(ch *Charge, now int64) (bool, int64) {
 		return false, 0
 	case ch.Cost > 0:
 		c.clear()
-		c.Marked, c.Until = true, now+windowMillis(ch)
+		c.Marked, c.Until = true, now+WindowMillis(ch)
 	}
 	return true, 0
 }

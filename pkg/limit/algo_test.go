@@ -27,7 +27,7 @@ func TestGeometry(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			w, m := geometry(&tt.give)
+			w, m := Geometry(&tt.give)
 			if w != tt.wantW || m != tt.wantM {
 				t.Errorf("geometry = w %d, M %d; want w %d, M %d", w, m, tt.wantW, tt.wantM)
 			}

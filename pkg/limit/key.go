@@ -133,8 +133,13 @@ func appendTag(b []byte, domain string, entries []Entry) []byte {
 		_, _ = h.Write([]byte{0})
 		_, _ = h.Write([]byte(entries[0].Value))
 	}
+	return appendHex(b, h.Sum64())
+}
+
+// appendHex appends v as 16 lower-case hex digits, the tag of every
+// hashed key.
+func appendHex(b []byte, v uint64) []byte {
 	const hex = "0123456789abcdef"
-	v := h.Sum64()
 	for i := 60; i >= 0; i -= 4 {
 		b = append(b, hex[(v>>uint(i))&0xf])
 	}
@@ -158,4 +163,74 @@ func HashTag(key string) string {
 		}
 	}
 	return key
+}
+
+// The rest of the Redis key format, beside Key and onceKey so that every
+// key Tollgate stores is spelled in this one file. Keys outlive a process:
+// a rolling update reads the keys the previous version wrote, so these
+// bytes change only with a migration (TestKeyFormatPinned pins them).
+// Each key starts with "tg:{", a Cluster hash tag, "}": every call on one
+// counter, breaker, scope or cell touches one slot.
+
+// BreakerKey is the store key of the breaker named name for descriptor
+// key descKey. Like Key it starts with a hash tag that is a hash of the
+// two (so a brace in a value cannot move it) and writes each string with
+// its length in front.
+func BreakerKey(descKey, name string) string {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(descKey))
+	_, _ = h.Write([]byte{0})
+	_, _ = h.Write([]byte(name))
+	b := make([]byte, 0, 32+len(descKey)+len(name))
+	b = append(b, "tg:{"...)
+	b = appendHex(b, h.Sum64())
+	b = append(b, "}:b:"...)
+	b = appendString(b, descKey)
+	b = appendString(b, name)
+	return string(b)
+}
+
+// BreakerOnceKey is the store key of the marker of a failure named once
+// on the breaker at key: key's hash tag, so that one script reaches both.
+func BreakerOnceKey(key, once string) string { return key + ":once:" + once }
+
+// BoardKey and PushedKey are the pressure board of scope: the hash of the
+// replicas' scores, and the score an outside controller pushes. Every
+// scope shares the tag {pressure}; an operator may SET the pushed key.
+func BoardKey(scope string) string  { return "tg:{pressure}:" + scope }
+func PushedKey(scope string) string { return "tg:{pressure}pushed:" + scope }
+
+// FlightsKey, MeterKey and CellKey are the control loop's shared state
+// (Flights, Meters, Cells): each under a hash tag that is a hash of its
+// kind letter (f, m, c; no other key uses them) and scope, then the
+// letter and the scope with its length in front:
+//
+//	tg:{<16 hex>}:f:<len>:<scope>                  flights
+//	tg:{<16 hex>}:m:<len>:<scope>:<width>:<start>  a meter bucket
+//	tg:{<16 hex>}:c:<len>:<key>                    a cell
+func FlightsKey(scope string) string { return string(sharedKey('f', scope, 0)) }
+
+// MeterKey is the meter bucket of scope of width ms starting at start ms.
+func MeterKey(scope string, width, start int64) string {
+	b := sharedKey('m', scope, 40)
+	b = append(b, ':')
+	b = strconv.AppendInt(b, width, 10)
+	b = append(b, ':')
+	b = strconv.AppendInt(b, start, 10)
+	return string(b)
+}
+
+// CellKey is the cell named key.
+func CellKey(key string) string { return string(sharedKey('c', key, 0)) }
+
+func sharedKey(kind byte, scope string, extra int) []byte {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte{kind, 0})
+	_, _ = h.Write([]byte(scope))
+	b := make([]byte, 0, 32+len(scope)+extra)
+	b = append(b, "tg:{"...)
+	b = appendHex(b, h.Sum64())
+	b = append(b, "}:"...)
+	b = append(b, kind, ':')
+	return appendString(b, scope)
 }

@@ -29,10 +29,9 @@
 -- window keeps is in [h-M, h], so the array is dense and short, and one
 -- GET and one SET read and write it (a hash of bucket fields took three
 -- or four commands and most of the script's time to parse and diff). A
--- window still in the hash of earlier versions ("w", "h" and bucket
--- index -> count) is read as such and written in the new layout. A token
--- bucket is the string "At:Debt": tat = At + Debt, At the integer ms of
--- the last write, Debt the float ms the bucket was then short of full.
+-- token bucket is the string "At:Debt": tat = At + Debt, At the integer
+-- ms of the last write, Debt the float ms the bucket was then short of
+-- full.
 -- Concurrency leases are a sorted set, member -> deadline (ms): the live
 -- ones are those scored above now, and every write first drops the rest
 -- (ZREMRANGEBYSCORE), as limit.Counter drops them on every step. A Once
@@ -52,9 +51,9 @@
 -- charges as a voided "apply" does, whatever they find.
 --
 -- A Redis Cluster decision whose keys span slots runs "try" on each slot:
--- "apply", plus, when the slot admits, 2 values per key that "undo" needs
+-- "apply", plus, when the slot admits, 1 value per key that "undo" needs
 -- to take back what the slot kept if another slot denies. "undo" takes
--- the same charges at the same now, then those 2 values per key, and
+-- the same charges at the same now, then those values, one per key, and
 -- leaves each key as a denied "apply" would have, except Once marks: a
 -- try holds either Once charges only or none, and one with Once charges
 -- is undone only when the decision is void, so undo puts a mark back as
@@ -94,45 +93,13 @@ end
 -- A window counter c: c[1] is the width, c[2] the high-water index h,
 -- and c[3 + i] the count of bucket h - i.
 
--- legacyWindow reads a window from the hash of earlier versions.
-local function legacyWindow(key)
-  local flat = redis.call('HGETALL', key)
-  local width, high, b = 0, 0, {}
-  for i = 1, #flat, 2 do
-    local f, v = flat[i], tonumber(flat[i + 1])
-    if v == nil then fail(key, 'does not hold a window') end
-    if f == 'w' then
-      width = v
-    elseif f == 'h' then
-      high = v
-    else
-      local idx = tonumber(f)
-      if idx == nil or v <= 0 then fail(key, 'does not hold a window') end
-      b[idx] = v
-    end
-  end
-  if width <= 0 then fail(key, 'does not hold a window') end
-  local c = {width, high}
-  for idx, v in pairs(b) do
-    -- Only the buckets in [h-maxBuckets, h] can still count.
-    local i = 3 + high - idx
-    if i >= 3 and i <= 3 + maxBuckets then
-      for j = #c + 1, i - 1 do c[j] = 0 end
-      c[i] = v
-    end
-  end
-  return c
-end
-
 -- loadWindow returns the stored counter, whether the key exists, and the
 -- string it holds (save writes only a counter whose string differs).
 local function loadWindow(key)
   local raw = redis.pcall('GET', key)
   if raw == false then return {0, 0}, false, nil end
-  if type(raw) == 'table' then
-    -- WRONGTYPE: the hash of earlier versions, or not a window at all.
-    return legacyWindow(key), true, nil
-  end
+  -- A table is WRONGTYPE: a key of another type.
+  if type(raw) ~= 'string' then fail(key, 'does not hold a window') end
   local ok, c = pcall(cmsgpack.unpack, raw)
   if not ok or type(c) ~= 'table' or type(c[1]) ~= 'number' or c[1] <= 0 or type(c[2]) ~= 'number' then
     fail(key, 'does not hold a window')
@@ -530,126 +497,85 @@ end
 
 -- Undo ------------------------------------------------------------------
 
--- encodeLeases writes {member, kept, alt} entries as "len:member" then
--- "kept,alt;" (either may be empty: no lease): a member may hold any byte.
-local function encodeLeases(entries)
-  local parts = {}
-  for _, e in ipairs(entries) do
-    parts[#parts + 1] = fmtint(#e[1]) .. ':' .. e[1] .. (e[2] and fmtint(e[2]) or '') .. ',' ..
-      (e[3] and fmtint(e[3]) or '') .. ';'
-  end
-  return table.concat(parts)
-end
-
-local function decodeLeases(s)
-  local entries, pos = {}, 1
-  while pos <= #s do
-    local len, p = string.match(s, '^(%d+):()', pos)
-    if len == nil then return nil end
-    local member = string.sub(s, p, p + tonumber(len) - 1)
-    local kept, alt, q = string.match(s, '^(-?%d*),(-?%d*);()', p + tonumber(len))
-    if q == nil then return nil end
-    entries[#entries + 1] = {member, tonumber(kept), tonumber(alt)}
-    pos = q
-  end
-  return entries
-end
-
--- undoData describes how k's kept state (work) differs from the state a
--- denial would have kept (alt): for a window, the width and the counts to
--- take off, "w;idx:count,..."; for a token bucket, both states; for
--- leases, each member whose deadline differs, with both deadlines; for a
--- mark, the kept and the stored deadlines (see the head of the script).
+-- undoData is what undo needs to take back what a try kept on k (work)
+-- where a denial would have kept alt: '' when they agree, else the
+-- MessagePack array of, for a window, its width then idx, count for each
+-- bucket's count to take off; for a token bucket, at and debt of work,
+-- then of alt; for leases, member, kept, alt for each member whose
+-- deadline differs; for a mark, the kept and the stored deadlines (see
+-- the head of the script). false stands for no lease or no mark.
 local function undoData(k, work, alt)
+  local d = {}
   if k.type == 'mark' then
-    local a, b = work.untl, k.stored.untl
-    if a == b then return '', '' end
-    return a and fmtint(a) or '', b and fmtint(b) or ''
-  end
-  if k.type == 'lease' then
-    local was, entries = {}, {}
+    if work.untl ~= k.stored.untl then d = {work.untl or false, k.stored.untl or false} end
+  elseif k.type == 'token' then
+    if tokenString(work) ~= tokenString(alt) then d = {work.at, work.debt, alt.at, alt.debt} end
+  elseif k.type == 'lease' then
+    local was = {}
     for _, x in ipairs(alt.l) do was[x[1]] = x[2] end
     for _, x in ipairs(work.l) do
-      if was[x[1]] ~= x[2] then entries[#entries + 1] = {x[1], x[2], was[x[1]]} end
+      if was[x[1]] ~= x[2] then d[#d + 1], d[#d + 2], d[#d + 3] = x[1], x[2], was[x[1]] or false end
       was[x[1]] = nil
     end
     for _, x in ipairs(alt.l) do
-      if was[x[1]] ~= nil then entries[#entries + 1] = {x[1], nil, x[2]} end
+      if was[x[1]] ~= nil then d[#d + 1], d[#d + 2], d[#d + 3] = x[1], false, x[2] end
     end
-    return encodeLeases(entries), ''
+  else
+    local had = {}
+    if alt[1] == work[1] then
+      for i = 3, #alt do had[alt[2] - (i - 3)] = alt[i] end
+    end
+    for i = 3, #work do
+      local idx = work[2] - (i - 3)
+      local x = work[i] - (had[idx] or 0)
+      if x > 0 then d[#d + 1], d[#d + 2] = idx, x end
+    end
+    if #d > 0 then table.insert(d, 1, work[1]) end
   end
-  if k.type == 'token' then
-    local a, b = tokenString(work), tokenString(alt)
-    if a == b then return '', '' end
-    return a, b
-  end
-  local had = {}
-  if alt[1] == work[1] then
-    for i = 3, #alt do had[alt[2] - (i - 3)] = alt[i] end
-  end
-  local parts = {}
-  for i = 3, #work do
-    local idx = work[2] - (i - 3)
-    local d = work[i] - (had[idx] or 0)
-    if d > 0 then parts[#parts + 1] = fmtint(idx) .. ':' .. fmtint(d) end
-  end
-  if #parts == 0 then return '', '' end
-  return fmtint(work[1]) .. ';' .. table.concat(parts, ','), ''
+  if #d == 0 then return '' end
+  return cmsgpack.pack(d)
 end
 
--- undo takes back what a try kept on k. A window loses the counts the try
--- added, floored at zero. A token bucket nothing has moved since goes to
--- the state a denial would have kept; one another decision moved loses the
--- debt the try added but never goes below that state, so a compensation
--- can under-admit and never over-admit.
-local function undo(k, a, b)
-  if a == '' and b == '' then return end
+-- undo takes back what a try kept on k, as u (undoData's array) says. A
+-- window loses the counts the try added, floored at zero. A token bucket
+-- nothing has moved since goes to the state a denial would have kept; one
+-- another decision moved loses the debt the try added but never goes
+-- below that state, so a compensation can under-admit and never
+-- over-admit. A lease or a mark goes back only if nothing has changed it
+-- since the try.
+local function undo(k, u)
   local c = k.work
   if k.type == 'mark' then
-    -- Only the mark the try left, if nothing has changed it since.
-    if (c.untl and fmtint(c.untl) or '') == a then c.untl = tonumber(b) end
-    return
-  end
-  if k.type == 'lease' then
-    -- Each lease the try changed goes back, if nothing has changed it since.
-    local entries = decodeLeases(a)
-    if entries == nil then error({err = 'ERR tollgate apply: bad undo arguments'}) end
-    for _, e in ipairs(entries) do
-      local i = findLease(c, e[1])
-      local cur = i and c.l[i][2]
-      if cur == e[2] then
-        if e[3] == nil then
-          table.remove(c.l, i)
-        elseif i then
-          c.l[i][2] = e[3]
+    if (c.untl or false) == u[1] then c.untl = u[2] or nil end
+  elseif k.type == 'lease' then
+    for i = 1, #u, 3 do
+      local member, kept, alt = u[i], u[i + 1], u[i + 2]
+      local j = findLease(c, member)
+      if (j and c.l[j][2] or false) == kept then
+        if not alt then
+          table.remove(c.l, j)
+        elseif j then
+          c.l[j][2] = alt
         else
-          c.l[#c.l + 1] = {e[1], e[3]}
+          c.l[#c.l + 1] = {member, alt}
         end
       end
     end
-    return
-  end
-  if k.type == 'window' then
-    local width, rest = string.match(a, '^(%d+);(.*)$')
-    if tonumber(width) ~= c[1] then return end
-    for idx, d in string.gmatch(rest, '(-?%d+):(%d+)') do
-      local i = 3 + c[2] - tonumber(idx)
-      if i >= 3 and i <= #c then c[i] = math.max(c[i] - tonumber(d), 0) end
+  elseif k.type == 'window' then
+    if u[1] ~= c[1] then return end
+    for i = 2, #u, 2 do
+      local j = 3 + c[2] - u[i]
+      if j >= 3 and j <= #c then c[j] = math.max(c[j] - u[i + 1], 0) end
     end
-    return
+  else
+    local kept, alt = {at = u[1], debt = u[2]}, {at = u[3], debt = u[4]}
+    if tokenString(c) == tokenString(kept) then
+      c.at, c.debt = alt.at, alt.debt
+      return
+    end
+    local fl = debt(alt)
+    setDebt(c, math.max(debt(c) - (debt(kept) - fl), fl))
   end
-  local kept, alt = {at = 0, debt = 0}, {at = 0, debt = 0}
-  if a ~= '' then kept = parseToken(a) end
-  if b ~= '' then alt = parseToken(b) end
-  if kept == nil or alt == nil then
-    error({err = 'ERR tollgate apply: bad undo arguments'})
-  end
-  if tokenString(c) == a then
-    c.at, c.debt = alt.at, alt.debt
-    return
-  end
-  local fl = debt(alt)
-  setDebt(c, math.max(debt(c) - (debt(kept) - fl), fl))
 end
 
 -- Run -------------------------------------------------------------------
@@ -661,7 +587,7 @@ local function apply(keys, argv)
     return redis.error_reply('ERR tollgate apply: bad arguments')
   end
   local extra = 0
-  if mode == 'undo' then extra = 2 * #keys end
+  if mode == 'undo' then extra = #keys end
   if #argv ~= 3 + 8 * n + extra then
     return redis.error_reply('ERR tollgate apply: bad argument count')
   end
@@ -714,10 +640,13 @@ local function apply(keys, argv)
   local void = false
   reset(order)
   if mode == 'undo' then
-    for ki = 1, #keys do
-      local k = counters[ki]
-      local e = 3 + 8 * n + 2 * (ki - 1)
-      if k then undo(k, argv[e + 1], argv[e + 2]) end
+    for ki, k in pairs(counters) do
+      local a = argv[3 + 8 * n + ki]
+      if a ~= '' then
+        local ok, u = pcall(cmsgpack.unpack, a)
+        if not ok or type(u) ~= 'table' then return redis.error_reply('ERR tollgate apply: bad undo arguments') end
+        undo(k, u)
+      end
     end
     for j = 1, n do
       out[4 * j - 2], out[4 * j - 1] = 1, 0
@@ -748,15 +677,10 @@ local function apply(keys, argv)
       local kept = {}
       for ki, k in pairs(counters) do kept[ki] = k.work end
       denial(charges, order)
-      local base = 1 + 4 * n
       for ki = 1, #keys do
         local k = counters[ki]
-        local a, b = '', ''
-        if k then
-          a, b = undoData(k, kept[ki], k.work)
-          k.work = kept[ki]
-        end
-        out[base + 2 * ki - 1], out[base + 2 * ki] = a, b
+        out[1 + 4 * n + ki] = k and undoData(k, kept[ki], k.work) or ''
+        if k then k.work = kept[ki] end
       end
     end
   end

@@ -51,9 +51,6 @@ func NewBoard(c redis.UniversalClient) *Board {
 	return &Board{c: c, script: redis.NewScript(boardLua)}
 }
 
-func boardKey(scope string) string  { return "tg:{pressure}:" + scope }
-func pushedKey(scope string) string { return "tg:{pressure}pushed:" + scope }
-
 func boardValue(score float64, exp int64) string {
 	return strconv.FormatFloat(score, 'g', -1, 64) + ":" + strconv.FormatInt(exp, 10)
 }
@@ -92,7 +89,7 @@ func (b *Board) Publish(ctx context.Context, now time.Time, scope, replica strin
 		return errors.New("board: empty replica name")
 	}
 	args := []any{now.UnixMilli(), replica, strconv.FormatFloat(score, 'g', -1, 64), exp, boardMargin}
-	if err := b.script.Run(ctx, b.c, []string{boardKey(scope)}, args...).Err(); err != nil {
+	if err := b.script.Run(ctx, b.c, []string{limit.BoardKey(scope)}, args...).Err(); err != nil {
 		return fmt.Errorf("publish pressure of scope %q: %w", scope, err)
 	}
 	return nil
@@ -105,7 +102,7 @@ func (b *Board) Push(ctx context.Context, now time.Time, scope string, score flo
 		return err
 	}
 	px := time.Duration(exp-now.UnixMilli()+boardMargin) * time.Millisecond
-	if err := b.c.Set(ctx, pushedKey(scope), boardValue(score, exp), px).Err(); err != nil {
+	if err := b.c.Set(ctx, limit.PushedKey(scope), boardValue(score, exp), px).Err(); err != nil {
 		return fmt.Errorf("push pressure of scope %q: %w", scope, err)
 	}
 	return nil
@@ -119,8 +116,8 @@ func (b *Board) Scores(ctx context.Context, now time.Time, scope string) (limit.
 		pushed *redis.StringCmd
 	)
 	_, err := b.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		all = p.HGetAll(ctx, boardKey(scope))
-		pushed = p.Get(ctx, pushedKey(scope))
+		all = p.HGetAll(ctx, limit.BoardKey(scope))
+		pushed = p.Get(ctx, limit.PushedKey(scope))
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {

@@ -71,14 +71,15 @@ func flags(ch *limit.Charge) string {
 }
 
 // params maps a charge to the script's kind and parameters (see
-// apply.lua), with limit.Counter's readings: a window under 1ms is 1ms,
-// Buckets above limit.MaxBuckets is limit.MaxBuckets, At counts on a
-// sliding window only.
+// apply.lua), with limit.Counter's readings (limit.WindowMillis and
+// limit.Geometry): a window under 1ms is 1ms, Buckets above
+// limit.MaxBuckets is limit.MaxBuckets, At counts on a sliding window
+// only.
 func params(ch *limit.Charge) (kind string, p1, p2 uint64, p3 any, err error) {
-	W := uint64(max(ch.Window.Milliseconds(), 1))
+	W := uint64(limit.WindowMillis(ch))
 	switch ch.Algorithm {
 	case limit.SlidingWindow:
-		w, m := geometry(ch)
+		w, m := limit.Geometry(ch)
 		return "s", uint64(w), uint64(m), ch.At, nil
 	case limit.FixedWindow:
 		return "f", W, 0, 0, nil
@@ -99,22 +100,6 @@ func params(ch *limit.Charge) (kind string, p1, p2 uint64, p3 any, err error) {
 	return "", 0, 0, nil, fmt.Errorf("unknown algorithm %v", ch.Algorithm)
 }
 
-// geometry is a window charge's bucket width and M in ms, as limit.Counter
-// computes them (a fixed window is one bucket of W with M = 0).
-func geometry(ch *limit.Charge) (w, m int64) {
-	W := max(ch.Window.Milliseconds(), 1)
-	if ch.Algorithm == limit.FixedWindow {
-		return W, 0
-	}
-	n := int64(ch.Buckets)
-	if n == 0 {
-		n = limit.DefaultBuckets
-	}
-	n = min(n, limit.MaxBuckets)
-	w = (W + n - 1) / n
-	return w, (W + w - 1) / w
-}
-
 var errReply = errors.New("malformed reply from the apply script")
 
 func malformed(format string, args ...any) error {
@@ -133,7 +118,7 @@ func (c *call) decode(rep []any, charges []limit.Charge, res []limit.Result) (bo
 	c.admitted = admitted
 	want := 1 + repPerCharge*len(charges)
 	if admitted && c.mode == "try" {
-		want += 2 * len(c.keys)
+		want += len(c.keys)
 	}
 	if len(rep) != want {
 		return false, malformed("%d values for %d charges on %d keys", len(rep), len(charges), len(c.keys))
@@ -194,11 +179,11 @@ func (c *call) report(ch *limit.Charge, v []any, r *limit.Result) error {
 }
 
 // undoCall builds the call that takes back what an admitted try kept,
-// from the 2 values per key that follow the charges in its reply; ok is
+// from the value per key that follows the charges in its reply; ok is
 // false when it kept nothing.
 func (c *call) undoCall(rep []any) (u *call, ok bool, err error) {
 	tail := rep[1+repPerCharge*c.charges:]
-	if len(tail) != 2*len(c.keys) {
+	if len(tail) != len(c.keys) {
 		return nil, false, malformed("%d undo values for %d keys", len(tail), len(c.keys))
 	}
 	u = &call{mode: "undo", now: c.now, charges: c.charges, keys: c.keys, args: make([]any, len(c.args), len(c.args)+len(tail))}

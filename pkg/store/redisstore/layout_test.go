@@ -148,42 +148,25 @@ func TestApplyWindowLayout(t *testing.T) {
 	}
 }
 
-// TestApplyLegacyWindow checks that a window still in the hash of earlier
-// versions counts as it did, and is written back in the new layout.
-func TestApplyLegacyWindow(t *testing.T) {
+// TestApplyWindowWrongType checks that a window key holding another type
+// (the hash layout of versions before the MessagePack string, which the
+// script no longer reads, or anything else) is an error, not a fresh
+// window, and is left as it was.
+func TestApplyWindowWrongType(t *testing.T) {
 	t.Parallel()
 	s, c := newSingle(t)
 	ctx := context.Background()
-	ms := t0.UnixMilli()
-	cur := ms / 3000
-	ch := limit.Charge{Key: key(limit.SlidingWindow, time.Minute, "legacy"), Algorithm: limit.SlidingWindow, Amount: 10, Window: time.Minute, Cost: 1}
-	// As the hash layout held it: 2 in now's bucket, 3 five buckets
-	// back, and a bucket too old to count, which touch drops.
-	fields := []any{"w", "3000", "h", strconv.FormatInt(cur, 10), strconv.FormatInt(cur, 10), "2", strconv.FormatInt(cur-5, 10), "3", strconv.FormatInt(cur-21, 10), "4"}
+	cur := t0.UnixMilli() / 3000
+	ch := limit.Charge{Key: key(limit.SlidingWindow, time.Minute, "hash"), Algorithm: limit.SlidingWindow, Amount: 10, Window: time.Minute, Cost: 1}
+	fields := []any{"w", "3000", "h", strconv.FormatInt(cur, 10), strconv.FormatInt(cur, 10), "2"}
 	if err := c.HSet(ctx, ch.Key, fields...).Err(); err != nil {
 		t.Fatal(err)
 	}
-	ok, res := apply(t, s, t0, ch)
-	want := limit.Result{Fits: true, Remaining: 4, ResetAfter: time.Duration((cur+21)*3000-ms) * time.Millisecond}
-	if !ok || res[0] != want {
-		t.Fatalf("Apply on a legacy hash: admitted %v, %+v; want admitted, %+v", ok, res[0], want)
+	if _, err := s.Apply(ctx, t0, []limit.Charge{ch}, make([]limit.Result, 1)); err == nil {
+		t.Error("Apply on a hash: no error")
 	}
-	wantState := []int64{3000, cur, 3, 0, 0, 0, 0, 3}
-	if got := windowState(t, c, ch.Key); got != fmt.Sprint(wantState) {
-		t.Errorf("after Apply the key holds %s, want %v", got, wantState)
-	}
-	if ttl, err := c.PTTL(ctx, ch.Key).Result(); err != nil || ttl <= 0 {
-		t.Errorf("PTTL = %v, %v; want a TTL", ttl, err)
-	}
-	// A hash that is not a window is still an error.
-	bad := key(limit.SlidingWindow, time.Minute, "bad")
-	if err := c.HSet(ctx, bad, "w", "3000", "h", "x").Err(); err != nil {
-		t.Fatal(err)
-	}
-	x := ch
-	x.Key = bad
-	if _, err := s.Apply(ctx, t0, []limit.Charge{x}, make([]limit.Result, 1)); err == nil {
-		t.Error("Apply on a hash with a non-numeric h: no error")
+	if got, err := c.HGet(ctx, ch.Key, strconv.FormatInt(cur, 10)).Result(); err != nil || got != "2" {
+		t.Errorf("after Apply the hash's bucket holds %q, %v; want it untouched", got, err)
 	}
 }
 

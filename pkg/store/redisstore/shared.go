@@ -4,7 +4,6 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
-	"hash/fnv"
 	"strconv"
 	"time"
 
@@ -16,8 +15,9 @@ import (
 // The control loop's shared state (limit.Flights, Meters, Cells) on Redis.
 //
 // Each scope (or cell) is its own keys, under a hash tag that is a hash
-// of the kind and the scope, as limit.Key and breaker.StoreKey tag theirs
-// (a '}' in a scope cannot move it): every call touches one Cluster slot,
+// of the kind and the scope, spelled by limit.FlightsKey, MeterKey and
+// CellKey beside the other keys' format in limit/key.go (a '}' in a scope
+// cannot move it): every call touches one Cluster slot,
 // and scopes spread over a cluster's masters. After the tag comes a kind
 // letter no other key uses (f, m, c) and the scope with its length in
 // front:
@@ -48,35 +48,6 @@ var cellsLua string
 // little behind it.
 const sharedMargin = 1000
 
-// sharedKey is the key of kind's scope: the tag, the kind letter, then
-// the scope with its length in front.
-func sharedKey(kind byte, scope string, extra int) []byte {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte{kind, 0})
-	_, _ = h.Write([]byte(scope))
-	b := make([]byte, 0, 32+len(scope)+extra)
-	b = append(b, "tg:{"...)
-	b = fmt.Appendf(b, "%016x", h.Sum64())
-	b = append(b, "}:"...)
-	b = append(b, kind, ':')
-	b = strconv.AppendInt(b, int64(len(scope)), 10)
-	b = append(b, ':')
-	return append(b, scope...)
-}
-
-func flightsKey(scope string) string { return string(sharedKey('f', scope, 0)) }
-
-func meterKey(scope string, width, start int64) string {
-	b := sharedKey('m', scope, 40)
-	b = append(b, ':')
-	b = strconv.AppendInt(b, width, 10)
-	b = append(b, ':')
-	b = strconv.AppendInt(b, start, 10)
-	return string(b)
-}
-
-func cellKey(key string) string { return string(sharedKey('c', key, 0)) }
-
 // Flights is a limit.Flights on Redis: a sorted set per scope. Begin and
 // End are one script call each; Count is one pipelined ZCOUNT per scope
 // (one round trip per master on a cluster).
@@ -98,7 +69,7 @@ func (f *Flights) run(ctx context.Context, mode string, now time.Time, scope str
 	for _, id := range ids {
 		args = append(args, id)
 	}
-	n, err := f.script.Run(ctx, f.c, []string{flightsKey(scope)}, args...).Int64()
+	n, err := f.script.Run(ctx, f.c, []string{limit.FlightsKey(scope)}, args...).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("%s flights of scope %q: %w", mode, scope, err)
 	}
@@ -150,7 +121,7 @@ func (f *Flights) Count(ctx context.Context, now time.Time, scopes []string) ([]
 	cmds := make([]*redis.IntCmd, len(scopes))
 	_, err := f.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, s := range scopes {
-			cmds[i] = p.ZCount(ctx, flightsKey(s), live, "+inf")
+			cmds[i] = p.ZCount(ctx, limit.FlightsKey(s), live, "+inf")
 		}
 		return nil
 	})
@@ -197,7 +168,7 @@ func (m *Meters) Add(ctx context.Context, now time.Time, scope string, bucket, k
 	if len(args) == 3 {
 		return nil
 	}
-	if err := m.script.Run(ctx, m.c, []string{meterKey(scope, width, start)}, args...).Err(); err != nil {
+	if err := m.script.Run(ctx, m.c, []string{limit.MeterKey(scope, width, start)}, args...).Err(); err != nil {
 		return fmt.Errorf("add meters of scope %q: %w", scope, err)
 	}
 	return nil
@@ -222,7 +193,7 @@ func (m *Meters) Sum(ctx context.Context, now time.Time, scope string, bucket ti
 	cmds := make([]*redis.MapStringStringCmd, 0, n+1)
 	_, err = m.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for start := cur - int64(n)*width; start <= last; start += width {
-			cmds = append(cmds, p.HGetAll(ctx, meterKey(scope, width, start)))
+			cmds = append(cmds, p.HGetAll(ctx, limit.MeterKey(scope, width, start)))
 		}
 		return nil
 	})
@@ -268,7 +239,7 @@ func (c *Cells) Load(ctx context.Context, now time.Time, key string) ([]byte, ui
 	if err := limit.CheckScope("cell key", key); err != nil {
 		return nil, 0, err
 	}
-	h, err := c.c.HGetAll(ctx, cellKey(key)).Result()
+	h, err := c.c.HGetAll(ctx, limit.CellKey(key)).Result()
 	if err != nil {
 		return nil, 0, fmt.Errorf("load cell %q: %w", key, err)
 	}
@@ -295,7 +266,7 @@ func (c *Cells) Swap(ctx context.Context, now time.Time, key string, version uin
 	if err != nil {
 		return false, 0, err
 	}
-	rep, err := c.script.Run(ctx, c.c, []string{cellKey(key)},
+	rep, err := c.script.Run(ctx, c.c, []string{limit.CellKey(key)},
 		now.UnixMilli(), strconv.FormatUint(version, 10), value, exp, sharedMargin).Slice()
 	if err != nil {
 		return false, 0, fmt.Errorf("swap cell %q: %w", key, err)

@@ -54,7 +54,7 @@ func TestSharedKeys(t *testing.T) {
 	now := time.UnixMilli(1_700_000_000_500)
 	f, m, c := NewFlights(s.c), NewMeters(s.c), NewCells(s.c)
 
-	fk := flightsKey("gpt-4o")
+	fk := limit.FlightsKey("gpt-4o")
 	if want := "tg:{" + limit.HashTag(fk) + "}:f:6:gpt-4o"; fk != want {
 		t.Errorf("flightsKey = %q, want %q", fk, want)
 	}
@@ -88,7 +88,7 @@ func TestSharedKeys(t *testing.T) {
 	if err := m.Add(ctx, now, "gpt-4o", 10*time.Second, 30*time.Second, map[string]int64{"ok": 3, "shed": 1}); err != nil {
 		t.Fatal(err)
 	}
-	mk := meterKey("gpt-4o", 10_000, 1_700_000_000_000)
+	mk := limit.MeterKey("gpt-4o", 10_000, 1_700_000_000_000)
 	if want := "tg:{" + limit.HashTag(mk) + "}:m:6:gpt-4o:10000:1700000000000"; mk != want {
 		t.Errorf("meterKey = %q, want %q", mk, want)
 	}
@@ -99,28 +99,28 @@ func TestSharedKeys(t *testing.T) {
 	// Kept until the bucket's end (9.5s away) plus 30s, plus the margin.
 	pttl(mk, 39*time.Second, 40500*time.Millisecond)
 	// Every bucket of a scope is in its slot, and only the scope's.
-	if a, b := limit.HashTag(mk), limit.HashTag(meterKey("gpt-4o", 1000, 0)); a != b {
+	if a, b := limit.HashTag(mk), limit.HashTag(limit.MeterKey("gpt-4o", 1000, 0)); a != b {
 		t.Errorf("buckets of one scope have tags %q and %q", a, b)
 	}
-	if a, b := limit.HashTag(mk), limit.HashTag(meterKey("gpt-4o-mini", 10_000, 1_700_000_000_000)); a == b {
+	if a, b := limit.HashTag(mk), limit.HashTag(limit.MeterKey("gpt-4o-mini", 10_000, 1_700_000_000_000)); a == b {
 		t.Errorf("two scopes share the tag %q", a)
 	}
 
 	if ok, v, err := c.Swap(ctx, now, "shed", 0, []byte("0.25"), 5*time.Second); err != nil || !ok || v != 1 {
 		t.Fatalf("Swap = %v, %d, %v", ok, v, err)
 	}
-	ck := cellKey("shed")
+	ck := limit.CellKey("shed")
 	h, err = rc.HGetAll(ctx, ck).Result()
 	if err != nil || len(h) != 3 || h["v"] != "0.25" || h["n"] != "1" || h["e"] != "1700000005500" {
 		t.Errorf("cell = %v, %v", h, err)
 	}
 	pttl(ck, 5*time.Second, 6*time.Second)
 	// Kinds never share a key, whatever the scope.
-	if flightsKey("x") == cellKey("x") || limit.HashTag(flightsKey("x")) == limit.HashTag(cellKey("x")) {
+	if limit.FlightsKey("x") == limit.CellKey("x") || limit.HashTag(limit.FlightsKey("x")) == limit.HashTag(limit.CellKey("x")) {
 		t.Error("flights and cells keys of one name collide")
 	}
 	// A brace in a scope does not move the tag.
-	if tag := limit.HashTag(flightsKey("a}b{c")); len(tag) != 16 {
+	if tag := limit.HashTag(limit.FlightsKey("a}b{c")); len(tag) != 16 {
 		t.Errorf("tag of a scope with braces = %q", tag)
 	}
 }
@@ -142,21 +142,21 @@ func TestSharedCorrupt(t *testing.T) {
 		{name: "ZeroVersion", give: map[string]any{"v": "x", "n": "0", "e": "1700000009000"}},
 	}
 	for _, tt := range tests {
-		if err := rc.HSet(ctx, cellKey(tt.name), tt.give).Err(); err != nil {
+		if err := rc.HSet(ctx, limit.CellKey(tt.name), tt.give).Err(); err != nil {
 			t.Fatal(err)
 		}
 		if _, _, err := c.Load(ctx, now, tt.name); err == nil {
 			t.Errorf("%s: Load = nil error", tt.name)
 		}
 	}
-	if err := rc.Set(ctx, flightsKey("str"), "x", 0).Err(); err != nil {
+	if err := rc.Set(ctx, limit.FlightsKey("str"), "x", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := NewFlights(s.c).Begin(ctx, now, "str", []string{"a"}, time.Second); err == nil {
 		t.Error("Begin on a string key = nil error")
 	}
 	m := NewMeters(s.c)
-	if err := rc.HSet(ctx, meterKey("bad", 1000, 1_700_000_000_000), "", "1700000009000", "n", "lots").Err(); err != nil {
+	if err := rc.HSet(ctx, limit.MeterKey("bad", 1000, 1_700_000_000_000), "", "1700000009000", "n", "lots").Err(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := m.Sum(ctx, now, "bad", time.Second, 0, true); err == nil {
