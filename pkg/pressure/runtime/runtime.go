@@ -203,10 +203,11 @@ func New(ctx context.Context, f Config, shared Shared, log *zap.Logger) (*Runtim
 			return nil, fmt.Errorf("--pressure-prom-url: %w", err)
 		}
 	}
-	s.base, s.cancel = context.WithCancel(ctx)
-	s.ctl.Start(s.base)
+	base, cancel := context.WithCancel(ctx)
+	s.base, s.cancel = base, cancel
+	s.ctl.Start(base)
 	if s.prom != nil {
-		s.promWG.Go(func() { s.prom.Run(s.base) })
+		s.promWG.Go(func() { s.prom.Run(base) })
 	}
 	return s, nil
 }
