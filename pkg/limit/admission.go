@@ -495,19 +495,19 @@ const releaseTimeout = time.Second
 
 // adjust is what pressure does to the limits of an admitted request.
 type adjust struct {
-	micro   uint64 // factor in millionths; microOne: unchanged
+	micro   uint64 // factor in millionths; MicroOne: unchanged
 	noBurst bool
 	floor   time.Duration // with noBurst: Shedding.EffectiveBurstFloor
 }
 
-var noAdjust = adjust{micro: microOne}
+var noAdjust = adjust{micro: MicroOne}
 
 // apply returns l scaled by a, or l itself when a changes nothing.
 func (a adjust) apply(l *Limit) *Limit {
-	if l == nil || (a.micro == microOne && (!a.noBurst || l.Algorithm != TokenBucket)) {
+	if l == nil || (a.micro == MicroOne && (!a.noBurst || l.Algorithm != TokenBucket)) {
 		return l
 	}
-	c := *scaled(l, a.micro)
+	c := *Scaled(l, a.micro)
 	if c.Algorithm == TokenBucket && a.noBurst {
 		c.Burst = burstFloor(&c, a.floor)
 	}
@@ -549,7 +549,7 @@ func (l *Limiter) shed(dom *Domain, req *Request, dec *Decision) (adjust, bool) 
 			scope = m
 		}
 	}
-	tier, _ := dom.plan(req)
+	tier, _ := dom.Plan(req)
 	st := l.shedder.Shed(dom.Name, scope, tier)
 	if st.Shadow {
 		dec.ShadowShed = st.Shed
@@ -558,9 +558,9 @@ func (l *Limiter) shed(dom *Domain, req *Request, dec *Decision) (adjust, bool) 
 	if st.Shed {
 		return noAdjust, true
 	}
-	a := adjust{micro: microOne, noBurst: st.NoBurst, floor: dom.Shedding.EffectiveBurstFloor()}
+	a := adjust{micro: MicroOne, noBurst: st.NoBurst, floor: dom.Shedding.EffectiveBurstFloor()}
 	if st.Factor > 0 && st.Factor < 1 {
-		a.micro = max(uint64(st.Factor*microOne), 1)
+		a.micro = max(uint64(st.Factor*MicroOne), 1)
 	}
 	return a, false
 }

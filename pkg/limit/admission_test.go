@@ -424,7 +424,7 @@ func TestBurstFloor(t *testing.T) {
 			t.Parallel()
 			l := tt.give
 			l.Algorithm = TokenBucket
-			got := adjust{micro: microOne, noBurst: true, floor: tt.floor}.apply(&l)
+			got := adjust{micro: MicroOne, noBurst: true, floor: tt.floor}.apply(&l)
 			if got.Burst != tt.want || got.Amount != tt.give.Amount {
 				t.Errorf("burst %d amount %d, want %d %d", got.Burst, got.Amount, tt.want, tt.give.Amount)
 			}

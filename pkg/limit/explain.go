@@ -13,12 +13,12 @@ import (
 // answer is missing. shedder may be nil (no pressure). It is for
 // `tollgate explain`, off the hot path.
 func Explain(dom *Domain, req *Request, shedder Shedder) (*Explanation, error) {
-	if err := checkRequest(req); err != nil {
+	if err := CheckRequest(req); err != nil {
 		return nil, err
 	}
 	ex := &Explanation{Multiplier: 1, Descriptors: make([]DescriptorExplanation, len(req.Descriptors))}
 	var micro uint64
-	ex.Tier, micro = dom.plan(req)
+	ex.Tier, micro = dom.Plan(req)
 	if dom.Tiers != nil {
 		ex.Multiplier = dom.Tiers.Plans[ex.Tier]
 		ex.TierGiven = req.Tier
@@ -31,10 +31,10 @@ func Explain(dom *Domain, req *Request, shedder Shedder) (*Explanation, error) {
 		de := &ex.Descriptors[i]
 		de.Entries = req.Descriptors[i].Entries
 		if dom.Tiers != nil {
-			de.Entries = stripTier(de.Entries, dom.Tiers.Key)
+			de.Entries = StripTier(de.Entries, dom.Tiers.Key)
 		}
 		if len(de.Entries) > 0 {
-			de.Steps = dom.matchSteps(de.Entries)
+			de.Steps = dom.MatchSteps(de.Entries)
 		}
 	}
 
@@ -83,7 +83,7 @@ func Explain(dom *Domain, req *Request, shedder Shedder) (*Explanation, error) {
 				base = nil
 			}
 			ce.Base = overridden(base, req.Overrides)
-			ce.Planned = scaled(ce.Base, micro)
+			ce.Planned = Scaled(ce.Base, micro)
 		}
 		ex.Charges = append(ex.Charges, ce)
 		ex.Descriptors[p.desc].Charges = append(ex.Descriptors[p.desc].Charges, len(ex.Charges)-1)
@@ -192,9 +192,9 @@ type ChargeExplanation struct {
 	Rule          *Rule
 }
 
-// matchSteps is match's walk, reporting each step: the same child()
+// MatchSteps is MatchShared's walk, reporting each step: the same child()
 // lookups, in the same order.
-func (d *Domain) matchSteps(entries []Entry) []MatchStep {
+func (d *Domain) MatchSteps(entries []Entry) []MatchStep {
 	out := make([]MatchStep, 0, len(entries))
 	node := &d.root
 	for _, e := range entries {

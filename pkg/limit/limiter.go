@@ -242,7 +242,7 @@ func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
 // request's domain (nil: unknown) and whether the request only settles
 // an earlier one.
 func (l *Limiter) decide(ctx context.Context, req *Request) (*Decision, *Domain, bool, error) {
-	if err := checkRequest(req); err != nil {
+	if err := CheckRequest(req); err != nil {
 		return nil, nil, false, err
 	}
 	dec := newDecision(len(req.Descriptors))
@@ -255,7 +255,7 @@ func (l *Limiter) decide(ctx context.Context, req *Request) (*Decision, *Domain,
 	}
 	adj, shed := l.shed(dom, req, dec)
 	if shed && !maySettle(req) {
-		dec.Tier, _ = dom.plan(req)
+		dec.Tier, _ = dom.Plan(req)
 		refuse(dec, ReasonShed, dom.Shedding.RetryAfter())
 		return dec, dom, false, nil
 	}
@@ -393,14 +393,14 @@ func (l *Limiter) Release(ctx context.Context, req *Request) error {
 
 // reconcile applies a settle (once, with the token delta) or a release.
 func (l *Limiter) reconcile(ctx context.Context, req *Request, at time.Time, delta int64, once bool) (bool, error) {
-	if err := checkRequest(req); err != nil {
+	if err := CheckRequest(req); err != nil {
 		return false, err
 	}
 	if req.ID == "" {
-		return false, invalidf("reconcile needs the request ID")
+		return false, Invalidf("reconcile needs the request ID")
 	}
 	if len(req.ID) > MaxValueBytes {
-		return false, invalidf("request ID is %d bytes, at most %d", len(req.ID), MaxValueBytes)
+		return false, Invalidf("request ID is %d bytes, at most %d", len(req.ID), MaxValueBytes)
 	}
 	dom := l.rules.Load().Domain(req.Domain)
 	if dom == nil {
@@ -436,7 +436,7 @@ func (l *Limiter) reconcile(ctx context.Context, req *Request, at time.Time, del
 		// when there is nothing to charge, so that a later report of the
 		// same request does not settle it a second time.
 		charges = append(charges, Charge{
-			Key:       onceKey(req.Domain, b.first, req.ID),
+			Key:       OnceKey(req.Domain, b.first, req.ID),
 			Algorithm: Once,
 			Window:    max(SettleOnceFor, b.lease),
 			Cost:      1,
@@ -470,18 +470,20 @@ func (l *Limiter) storeFailed(dom *Domain) {
 // this (package ticket's max age), or a replay would settle again.
 const SettleOnceFor = time.Hour
 
-func checkRequest(req *Request) error {
+// CheckRequest enforces the caps on a request: its domain and every
+// descriptor. Its errors wrap ErrInvalid.
+func CheckRequest(req *Request) error {
 	if req.Domain == "" {
-		return invalidf("domain is empty")
+		return Invalidf("domain is empty")
 	}
 	if len(req.Domain) > MaxDomainBytes {
-		return invalidf("domain is %d bytes, at most %d", len(req.Domain), MaxDomainBytes)
+		return Invalidf("domain is %d bytes, at most %d", len(req.Domain), MaxDomainBytes)
 	}
 	if len(req.Descriptors) == 0 {
-		return invalidf("no descriptors")
+		return Invalidf("no descriptors")
 	}
 	if len(req.Descriptors) > MaxDescriptors {
-		return invalidf("%d descriptors, at most %d", len(req.Descriptors), MaxDescriptors)
+		return Invalidf("%d descriptors, at most %d", len(req.Descriptors), MaxDescriptors)
 	}
 	for i := range req.Descriptors {
 		if err := checkDescriptor(i, req.Descriptors[i].Entries); err != nil {
@@ -583,14 +585,14 @@ func newDecision(n int) *Decision {
 // b must be empty (from getBuilt); build fills it.
 func build(b *built, dom *Domain, req *Request, m mode, statuses []Status, adj adjust) error {
 	var micro uint64
-	b.tier, micro = dom.plan(req)
+	b.tier, micro = dom.Plan(req)
 	// ents[i] is descriptor i's entries as matched and keyed; the slice is
 	// made only when a descriptor carries a tier entry.
 	var ents [][]Entry
 	if dom.Tiers != nil {
 		for i := range req.Descriptors {
 			e := req.Descriptors[i].Entries
-			if s := stripTier(e, dom.Tiers.Key); len(s) != len(e) {
+			if s := StripTier(e, dom.Tiers.Key); len(s) != len(e) {
 				if ents == nil {
 					ents = make([][]Entry, len(req.Descriptors))
 					for j := range i {
@@ -619,12 +621,12 @@ func build(b *built, dom *Domain, req *Request, m mode, statuses []Status, adj a
 		if len(entriesOf(i)) == 0 {
 			continue // tier entries only: nothing to match
 		}
-		r, shared := dom.match(entriesOf(i))
+		r, shared := dom.MatchShared(entriesOf(i))
 		if shared != 0 {
 			if keyEntries == nil {
 				keyEntries = map[int][]Entry{}
 			}
-			keyEntries[i] = dom.sharedEntries(entriesOf(i), shared)
+			keyEntries[i] = dom.SharedEntries(entriesOf(i), shared)
 		}
 		rules[i] = r
 		statuses[i].Rule = r
@@ -654,8 +656,8 @@ func build(b *built, dom *Domain, req *Request, m mode, statuses []Status, adj a
 		rate, tokens := (*Limit)(nil), (*Limit)(nil)
 		var rateCap, tokenCap uint64
 		if r != nil {
-			rate = scaled(overridden(r.RateLimit, req.Overrides), micro)
-			tokens = scaled(overridden(r.TokenLimit, req.Overrides), micro)
+			rate = Scaled(overridden(r.RateLimit, req.Overrides), micro)
+			tokens = Scaled(overridden(r.TokenLimit, req.Overrides), micro)
 			rateCap, tokenCap = capacity(rate), capacity(tokens)
 			rate, tokens = adj.apply(rate), adj.apply(tokens)
 		}
@@ -670,7 +672,7 @@ func build(b *built, dom *Domain, req *Request, m mode, statuses []Status, adj a
 				}
 			}
 			if ov.Window() <= 0 {
-				return invalidf("descriptors[%d].limit: unit %d is not known", i, d.Override.Unit)
+				return Invalidf("descriptors[%d].limit: unit %d is not known", i, d.Override.Unit)
 			}
 			rate, rateCap = ov, capacity(ov)
 		}
@@ -691,7 +693,7 @@ func build(b *built, dom *Domain, req *Request, m mode, statuses []Status, adj a
 			b.charges = append(b.charges, Charge{
 				Key:       Key(Requests, Concurrency, r.Lease, req.Domain, ents),
 				Algorithm: Concurrency,
-				Amount:    scale(scale(r.MaxConcurrent, micro), adj.micro),
+				Amount:    Scale(Scale(r.MaxConcurrent, micro), adj.micro),
 				Window:    r.Lease,
 				Cost:      1,
 				Member:    req.ID,

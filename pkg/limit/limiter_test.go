@@ -439,7 +439,7 @@ func TestSettleAndRelease(t *testing.T) {
 	req := &Request{Domain: "d", ID: "r1", Descriptors: []Descriptor{{Entries: entries("tenant", "a", "model", "m")}}}
 	tokKey := Key(Tokens, SlidingWindow, time.Hour, "d", entries("tenant", "a", "model", "m"))
 	leaseKey := Key(Requests, Concurrency, time.Minute, "d", entries("tenant", "a", "model", "m"))
-	once := onceKey("d", entries("tenant", "a", "model", "m"), "r1")
+	once := OnceKey("d", entries("tenant", "a", "model", "m"), "r1")
 	tests := []struct {
 		name             string
 		reserved, actual uint64

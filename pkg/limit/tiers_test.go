@@ -223,7 +223,7 @@ func TestReconcileTiers(t *testing.T) {
 	}
 	want := []Charge{
 		{Key: Key(Tokens, SlidingWindow, time.Hour, "d", entries("tenant", "a", "model", "gpt-4o")), Amount: 3000, Window: time.Hour, Cost: -200, At: 1000},
-		{Key: onceKey("d", entries("tenant", "a", "model", "gpt-4o"), "r1"), Algorithm: Once, Window: time.Hour, Cost: 1},
+		{Key: OnceKey("d", entries("tenant", "a", "model", "gpt-4o"), "r1"), Algorithm: Once, Window: time.Hour, Cost: 1},
 	}
 	if len(st.charges) != len(want) {
 		t.Fatalf("charges %+v", st.charges)
@@ -255,9 +255,9 @@ func TestScale(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			micro := uint64(tt.giveMult*microOne + 0.5)
-			if got := scale(tt.give, micro); got != tt.want {
-				t.Errorf("scale(%d, %v) = %d, want %d", tt.give, tt.giveMult, got, tt.want)
+			micro := uint64(tt.giveMult*MicroOne + 0.5)
+			if got := Scale(tt.give, micro); got != tt.want {
+				t.Errorf("Scale(%d, %v) = %d, want %d", tt.give, tt.giveMult, got, tt.want)
 			}
 		})
 	}
