@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/tollgate-dev/tollgate/pkg/accesslog"
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/breaker"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/pressure"
@@ -248,8 +249,8 @@ func newShedder(ctx context.Context, f pressureFlags, shared sharedState, log *z
 
 // limiterOptions make a Limiter shed by pressure and consult breakers,
 // and tell the overload controller of the decisions of its domains.
-func (s *shedder) limiterOptions() []limit.Option {
-	return []limit.Option{limit.WithShedder(s.gate), limit.WithBreakers(s.breakers), limit.WithAdmissions(s.ctl)}
+func (s *shedder) limiterOptions() []admission.Option {
+	return []admission.Option{admission.WithShedder(s.gate), admission.WithBreakers(s.breakers), admission.WithAdmissions(s.ctl)}
 }
 
 // completed ends the flight of a verified ticket's request: the outcome

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/breaker"
 	"github.com/tollgate-dev/tollgate/pkg/config"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
@@ -210,7 +211,7 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, args []string, log *z
 	if err := reg.Register(newPressureCollector(sh)); err != nil {
 		return fmt.Errorf("register pressure metrics: %w", err)
 	}
-	lim := limit.NewLimiter(store, limit.SystemClock{}, rules, append(sh.limiterOptions(), f.failure.option(failures, f.redisURL != "", health.replicas.get))...)
+	lim := admission.NewLimiter(store, limit.SystemClock{}, rules, append(sh.limiterOptions(), f.failure.option(failures, f.redisURL != "", health.replicas.get))...)
 	loop, err := outcome.New(ticketKeys, lim, log.Named("outcome"), reg, outcome.Options{Completed: sh.completed})
 	if err != nil {
 		return err

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/headers"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/ticket"
@@ -69,16 +70,16 @@ func tooLargeMessage(limit int64) string {
 // failure, plus the metric result. A refusal's text is the client's
 // message; a store's error text never reaches the client, since it may
 // carry addresses. A store failure reaches here only from a Limiter
-// without store_failure (limit.WithStoreFailure), or when the caller gave
+// without store_failure (admission.WithStoreFailure), or when the caller gave
 // up; it is a gRPC error rather than a denial so that Envoy applies its
 // own failure_mode_allow / status_on_error, as for ShouldRateLimit.
 func toAnswer(ctx context.Context, err error, c *call) (*authv3.CheckResponse, string, error) {
 	switch {
 	case err == nil && (c.dec == nil || c.dec.Code == limit.CodeOK):
 		return okResponse(c), resultOK, nil
-	case err == nil && c.dec.Reason == limit.ReasonShed:
+	case err == nil && c.dec.Reason == admission.ReasonShed:
 		return unavailableResponse(c, "overloaded", "The service is overloaded; requests of your plan are paused"), resultShed, nil
-	case err == nil && c.dec.Reason == limit.ReasonBreaker:
+	case err == nil && c.dec.Reason == admission.ReasonBreaker:
 		return unavailableResponse(c, "upstream_unavailable", "The model is failing and temporarily unavailable"), resultBreakerOpen, nil
 	case err == nil && c.dec.TooLarge() != nil:
 		return tooLargeResponse(c, c.dec.TooLarge()), resultTooLarge, nil
@@ -330,7 +331,7 @@ func unavailableResponse(c *call, code, msg string) *authv3.CheckResponse {
 
 // denial describes what denied dec: the kind of limit, its name, and how
 // long until the request would fit.
-func denial(dec *limit.Decision) (what, name string, retry time.Duration) {
+func denial(dec *admission.Decision) (what, name string, retry time.Duration) {
 	for i := range dec.Statuses {
 		st := &dec.Statuses[i]
 		if st.Code != limit.CodeOverLimit {

@@ -1,4 +1,4 @@
-package limit
+package admission
 
 import (
 	"context"
@@ -6,110 +6,13 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
-
-// Code is a decision's outcome; the values follow Envoy's
-// RateLimitResponse.Code.
-type Code uint8
-
-const (
-	CodeOK        Code = 1
-	CodeOverLimit Code = 2
-)
-
-func (c Code) String() string {
-	if c == CodeOverLimit {
-		return "over_limit"
-	}
-	return "ok"
-}
-
-// Override is a limit sent with the descriptor (Envoy's
-// RateLimitDescriptor.limit); it replaces the rule's request limit. It is
-// explicit per request, so a plan multiplier does not scale it.
-type Override struct {
-	Amount     uint64
-	Unit       Unit
-	Multiplier uint32
-}
-
-// Descriptor is one request descriptor.
-type Descriptor struct {
-	Entries  []Entry
-	Override *Override
-	// Hits is the per-descriptor hits_addend, meaningful when HitsSet.
-	Hits    uint64
-	HitsSet bool
-	// Negative refunds instead of charging (Envoy's is_negative_hits).
-	Negative bool
-}
-
-// Request is one admission question.
-type Request struct {
-	Domain      string
-	Descriptors []Descriptor
-	// Hits is the request-level hits_addend; 0 means 1 for request limits.
-	Hits uint64
-	// Tokens, when TokensSet, is what the request costs its token limits
-	// (ext_authz's estimate); it then replaces Hits there.
-	Tokens    uint64
-	TokensSet bool
-	// Overrides replace the amount (and, when Unit is set, the window) of
-	// the limits they name: an API key's or tenant's own limits.
-	Overrides map[string]Override
-	// ID identifies the request for its reservation and concurrency
-	// leases (ext_authz sets it); empty for RLS.
-	ID string
-	// Tier is the caller's plan (ext_authz sets it from the identity).
-	// When set it wins over a tier entry in the descriptors; see Tiers.
-	Tier string
-	// Model is the model the request is for (ext_authz sets it); when
-	// empty, the descriptors' "model" entry is. It picks the pressure
-	// scope (Shedding.Scope model) and, for breakers on "model", the
-	// breaker.
-	Model string
-}
-
-// Reservation is what an admitted request holds until its outcome is
-// reconciled: the tokens reserved on each matched token limit and the
-// concurrency leases taken, at the instant At.
-type Reservation struct {
-	ID     string
-	At     time.Time
-	Tokens uint64
-}
-
-// Status is the answer for one descriptor.
-type Status struct {
-	Code Code
-	// Limit is the limit reported for the descriptor (the one that denied,
-	// else the one with the least room left), with the plan multiplier
-	// applied: the effective limit. nil when none applies.
-	Limit      *Limit
-	Remaining  uint64
-	ResetAfter time.Duration
-	RetryAfter time.Duration
-	// Rule is the matched rule, nil for none or an override without a rule.
-	Rule *Rule
-	// ShadowOver is set when a shadow-mode rule would have denied.
-	ShadowOver bool
-	// Replaced is set when another matched rule's replaces removed this one.
-	Replaced bool
-	// Concurrency is set when the rule's max_concurrent cap denied.
-	Concurrency bool
-	// TooLarge is set when the request can never fit the denying limit:
-	// its Cost there is more than the limit's whole Capacity (the amount,
-	// or a token bucket's burst, after overrides and the plan multiplier,
-	// before any pressure factor), so no wait helps. Limit is then that
-	// limit, and RetryAfter means nothing.
-	TooLarge bool
-	Cost     uint64
-	Capacity uint64
-}
 
 // TooLarge returns the first status whose limit the request can never
 // fit (see Status.TooLarge), nil when none.
-func (d *Decision) TooLarge() *Status {
+func (d *Decision) TooLarge() *limit.Status {
 	for i := range d.Statuses {
 		if d.Statuses[i].TooLarge {
 			return &d.Statuses[i]
@@ -120,11 +23,11 @@ func (d *Decision) TooLarge() *Status {
 
 // Decision is the answer to a Request.
 type Decision struct {
-	Code     Code
-	Statuses []Status
+	Code     limit.Code
+	Statuses []limit.Status
 	// Reservation is set when an admitted request with an ID reserved
 	// tokens or took a concurrency lease.
-	Reservation *Reservation
+	Reservation *limit.Reservation
 	// Tier is the plan the request was decided under (see Tiers): one of
 	// the domain's plan names, or "" when the domain has no tiers.
 	Tier string
@@ -146,7 +49,7 @@ type Decision struct {
 	// circuit open) and the rules' store_failure did; Policy is the one
 	// that chose Code (deny over local over allow).
 	Degraded bool
-	Policy   StoreFailure
+	Policy   limit.StoreFailure
 	// At is when the decision was made, by the Limiter's clock; zero for
 	// a domain the rules do not know.
 	At time.Time
@@ -163,9 +66,9 @@ type Decision struct {
 // shedding (WithShedder) and circuit breakers (WithBreakers): a request
 // they refuse is charged nothing.
 type Limiter struct {
-	rules    atomic.Pointer[RuleSet]
-	store    Store
-	clock    Clock
+	rules    atomic.Pointer[limit.RuleSet]
+	store    limit.Store
+	clock    limit.Clock
 	shedder  Shedder
 	breakers Breakers
 	// admissions, when set, is told of the decisions of domains with a
@@ -183,9 +86,9 @@ type Limiter struct {
 // then unknown and allowed) and can be swapped later with SetRules.
 // Without WithShedder and WithBreakers, domains' shedding and breakers are
 // ignored.
-func NewLimiter(store Store, clock Clock, rules *RuleSet, opts ...Option) *Limiter {
+func NewLimiter(store limit.Store, clock limit.Clock, rules *limit.RuleSet, opts ...Option) *Limiter {
 	if clock == nil {
-		clock = SystemClock{}
+		clock = limit.SystemClock{}
 	}
 	l := &Limiter{store: store, clock: clock}
 	for _, o := range opts {
@@ -198,15 +101,15 @@ func NewLimiter(store Store, clock Clock, rules *RuleSet, opts ...Option) *Limit
 }
 
 // SetRules swaps the rules atomically; decisions in flight finish on the old set.
-func (l *Limiter) SetRules(rs *RuleSet) { l.rules.Store(rs) }
+func (l *Limiter) SetRules(rs *limit.RuleSet) { l.rules.Store(rs) }
 
 // Rules returns the rules in force (nil before the first load).
-func (l *Limiter) Rules() *RuleSet { return l.rules.Load() }
+func (l *Limiter) Rules() *limit.RuleSet { return l.rules.Load() }
 
 // plan ties a charge to the descriptor it came from.
 type plan struct {
 	desc  int
-	limit *Limit
+	limit *limit.Limit
 	// capacity is the most the limit can ever admit at once, before the
 	// pressure's factor (which passes): see Status.TooLarge.
 	capacity uint64
@@ -227,27 +130,27 @@ type plan struct {
 // the pressure's limit factor. A probe taken for a request the limits
 // then refuse is released: the request never goes upstream, so no
 // outcome would ever free its slot before the lease ends.
-func (l *Limiter) Decide(ctx context.Context, req *Request) (*Decision, error) {
+func (l *Limiter) Decide(ctx context.Context, req *limit.Request) (*Decision, error) {
 	dec, dom, settles, err := l.decide(ctx, req)
 	if err != nil || l.admissions == nil || dom == nil || settles || dom.Shedding == nil || dom.Shedding.Control == nil {
 		return dec, err
 	}
 	// Offered counts every question, shed or not: the controller's
 	// demand is what arrives, not what it let through.
-	dec.Flight = l.admissions.Decided(dom.Name, valueOf(req, dom.Shedding.Control.KeyName()), dec.Tier, dec.Code == CodeOK, req.ID)
+	dec.Flight = l.admissions.Decided(dom.Name, req.Value(dom.Shedding.Control.KeyName()), dec.Tier, dec.Code == limit.CodeOK, req.ID)
 	return dec, nil
 }
 
 // decide is Decide without the report to Admissions; it also returns the
 // request's domain (nil: unknown) and whether the request only settles
 // an earlier one.
-func (l *Limiter) decide(ctx context.Context, req *Request) (*Decision, *Domain, bool, error) {
-	if err := CheckRequest(req); err != nil {
+func (l *Limiter) decide(ctx context.Context, req *limit.Request) (*Decision, *limit.Domain, bool, error) {
+	if err := limit.CheckRequest(req); err != nil {
 		return nil, nil, false, err
 	}
 	dec := newDecision(len(req.Descriptors))
 	for i := range dec.Statuses {
-		dec.Statuses[i].Code = CodeOK
+		dec.Statuses[i].Code = limit.CodeOK
 	}
 	dom := l.rules.Load().Domain(req.Domain)
 	if dom == nil {
@@ -317,7 +220,7 @@ func (l *Limiter) decide(ctx context.Context, req *Request) (*Decision, *Domain,
 		return nil, dom, settles, fmt.Errorf("apply %d charges: %w", len(b.charges), err)
 	}
 	if !admitted {
-		dec.Code, dec.Reason = CodeOverLimit, ReasonLimit
+		dec.Code, dec.Reason = limit.CodeOverLimit, ReasonLimit
 		if len(dec.Probes) > 0 {
 			l.release(ctx, now, dom, dec)
 		}
@@ -338,7 +241,7 @@ func (l *Limiter) decide(ctx context.Context, req *Request) (*Decision, *Domain,
 		if c := &b.charges[k]; !rs.Fits && !st.TooLarge && c.Cost > 0 && uint64(c.Cost) > p.capacity {
 			// A denial no wait ends wins what the descriptor reports:
 			// the client must change the request, not retry it.
-			st.Code, st.Limit, st.Remaining, st.ResetAfter, st.RetryAfter = CodeOverLimit, p.limit, rs.Remaining, rs.ResetAfter, rs.RetryAfter
+			st.Code, st.Limit, st.Remaining, st.ResetAfter, st.RetryAfter = limit.CodeOverLimit, p.limit, rs.Remaining, rs.ResetAfter, rs.RetryAfter
 			st.TooLarge, st.Cost, st.Capacity = true, uint64(c.Cost), p.capacity
 			continue
 		}
@@ -348,7 +251,7 @@ func (l *Limiter) decide(ctx context.Context, req *Request) (*Decision, *Domain,
 			st.ResetAfter = rs.ResetAfter
 			st.RetryAfter = rs.RetryAfter
 			if !rs.Fits {
-				st.Code = CodeOverLimit
+				st.Code = limit.CodeOverLimit
 			}
 		}
 	}
@@ -356,15 +259,15 @@ func (l *Limiter) decide(ctx context.Context, req *Request) (*Decision, *Domain,
 		if p.limit == nil && !res[k].Fits {
 			// The concurrency cap denied: report it on its descriptor
 			// unless a limit there denied too.
-			if st := &dec.Statuses[p.desc]; st.Code == CodeOK {
-				st.Code = CodeOverLimit
+			if st := &dec.Statuses[p.desc]; st.Code == limit.CodeOK {
+				st.Code = limit.CodeOverLimit
 				st.Concurrency = true
 				st.RetryAfter = res[k].RetryAfter
 			}
 		}
 	}
 	if admitted && req.ID != "" && b.reserves {
-		dec.Reservation = &Reservation{ID: req.ID, At: now, Tokens: b.tokens}
+		dec.Reservation = &limit.Reservation{ID: req.ID, At: now, Tokens: b.tokens}
 	}
 	return dec, dom, settles, nil
 }
@@ -377,7 +280,7 @@ func (l *Limiter) decide(ctx context.Context, req *Request) (*Decision, *Domain,
 // released. It runs at most once per request ID: a second call for the
 // same ID (the access log and ext_proc both reporting, or an entry
 // delivered twice, to any replica) changes nothing and returns false.
-func (l *Limiter) Settle(ctx context.Context, req *Request, at time.Time, reserved, actual uint64) (bool, error) {
+func (l *Limiter) Settle(ctx context.Context, req *limit.Request, at time.Time, reserved, actual uint64) (bool, error) {
 	return l.reconcile(ctx, req, at, clampCost(actual)-clampCost(reserved), true)
 }
 
@@ -386,21 +289,21 @@ func (l *Limiter) Settle(ctx context.Context, req *Request, at time.Time, reserv
 // yet (an access log entry without usage, before ext_proc reports it).
 // Releasing is idempotent, so it needs no mark: a lease is a member
 // named by the request ID, and removing it twice removes it once.
-func (l *Limiter) Release(ctx context.Context, req *Request) error {
+func (l *Limiter) Release(ctx context.Context, req *limit.Request) error {
 	_, err := l.reconcile(ctx, req, time.Time{}, 0, false)
 	return err
 }
 
 // reconcile applies a settle (once, with the token delta) or a release.
-func (l *Limiter) reconcile(ctx context.Context, req *Request, at time.Time, delta int64, once bool) (bool, error) {
-	if err := CheckRequest(req); err != nil {
+func (l *Limiter) reconcile(ctx context.Context, req *limit.Request, at time.Time, delta int64, once bool) (bool, error) {
+	if err := limit.CheckRequest(req); err != nil {
 		return false, err
 	}
 	if req.ID == "" {
-		return false, Invalidf("reconcile needs the request ID")
+		return false, limit.Invalidf("reconcile needs the request ID")
 	}
-	if len(req.ID) > MaxValueBytes {
-		return false, Invalidf("request ID is %d bytes, at most %d", len(req.ID), MaxValueBytes)
+	if len(req.ID) > limit.MaxValueBytes {
+		return false, limit.Invalidf("request ID is %d bytes, at most %d", len(req.ID), limit.MaxValueBytes)
 	}
 	dom := l.rules.Load().Domain(req.Domain)
 	if dom == nil {
@@ -408,13 +311,13 @@ func (l *Limiter) reconcile(ctx context.Context, req *Request, at time.Time, del
 	}
 	b := getBuilt()
 	defer putBuilt(b)
-	if err := build(b, dom, req, reconcile, make([]Status, len(req.Descriptors)), noAdjust); err != nil {
+	if err := build(b, dom, req, reconcile, make([]limit.Status, len(req.Descriptors)), noAdjust); err != nil {
 		return false, err
 	}
 	charges := b.charges[:0]
 	for _, c := range b.charges {
 		switch {
-		case c.Algorithm == Concurrency:
+		case c.Algorithm == limit.Concurrency:
 			c.Cost = -1
 		case !once:
 			continue
@@ -435,9 +338,9 @@ func (l *Limiter) reconcile(ctx context.Context, req *Request, at time.Time, del
 		// sits in a slot this decision already touches. It is set even
 		// when there is nothing to charge, so that a later report of the
 		// same request does not settle it a second time.
-		charges = append(charges, Charge{
-			Key:       OnceKey(req.Domain, b.first, req.ID),
-			Algorithm: Once,
+		charges = append(charges, limit.Charge{
+			Key:       limit.OnceKey(req.Domain, b.first, req.ID),
+			Algorithm: limit.Once,
 			Window:    max(SettleOnceFor, b.lease),
 			Cost:      1,
 		})
@@ -458,7 +361,7 @@ func (l *Limiter) reconcile(ctx context.Context, req *Request, at time.Time, del
 }
 
 // storeFailed reports a store failure of a decision of dom.
-func (l *Limiter) storeFailed(dom *Domain) {
+func (l *Limiter) storeFailed(dom *limit.Domain) {
 	if o := l.failure.Observer; o != nil {
 		o.StoreFailed(dom.Name)
 	}
@@ -470,29 +373,6 @@ func (l *Limiter) storeFailed(dom *Domain) {
 // this (package ticket's max age), or a replay would settle again.
 const SettleOnceFor = time.Hour
 
-// CheckRequest enforces the caps on a request: its domain and every
-// descriptor. Its errors wrap ErrInvalid.
-func CheckRequest(req *Request) error {
-	if req.Domain == "" {
-		return Invalidf("domain is empty")
-	}
-	if len(req.Domain) > MaxDomainBytes {
-		return Invalidf("domain is %d bytes, at most %d", len(req.Domain), MaxDomainBytes)
-	}
-	if len(req.Descriptors) == 0 {
-		return Invalidf("no descriptors")
-	}
-	if len(req.Descriptors) > MaxDescriptors {
-		return Invalidf("%d descriptors, at most %d", len(req.Descriptors), MaxDescriptors)
-	}
-	for i := range req.Descriptors {
-		if err := checkDescriptor(i, req.Descriptors[i].Entries); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 type mode uint8
 
 const (
@@ -502,16 +382,16 @@ const (
 
 // built is the charges a request makes and what they came from.
 type built struct {
-	charges []Charge
+	charges []limit.Charge
 	plans   []plan
 	// reserves is set when a charge reserves tokens or takes a lease, so
 	// the request has something to reconcile.
 	reserves bool
-	tokens   uint64        // the tokens reserved on each token limit
-	lease    time.Duration // the longest concurrency lease taken
-	tier     string        // the request's plan, "" without tiers
-	first    []Entry       // the first descriptor's entries, tier entries removed
-	res      []Result      // the store's answers, reused like charges and plans
+	tokens   uint64         // the tokens reserved on each token limit
+	lease    time.Duration  // the longest concurrency lease taken
+	tier     string         // the request's plan, "" without tiers
+	first    []limit.Entry  // the first descriptor's entries, tier entries removed
+	res      []limit.Result // the store's answers, reused like charges and plans
 
 	// asks counts the descriptors that ask for admission: all but
 	// refunds (is_negative_hits) and cost reports (a hits_addend of its
@@ -540,12 +420,12 @@ func putBuilt(b *built) {
 
 // maxPooledCharges bounds what the pool keeps: a few limits for each of
 // MaxDescriptors descriptors.
-const maxPooledCharges = 4 * MaxDescriptors
+const maxPooledCharges = 4 * limit.MaxDescriptors
 
 // results returns b.res with n zeroed elements.
-func (b *built) results(n int) []Result {
+func (b *built) results(n int) []limit.Result {
 	if cap(b.res) < n {
-		b.res = make([]Result, n)
+		b.res = make([]limit.Result, n)
 	}
 	b.res = b.res[:n]
 	clear(b.res)
@@ -559,12 +439,12 @@ func newDecision(n int) *Decision {
 	if n == 1 {
 		d := new(struct {
 			dec Decision
-			st  [1]Status
+			st  [1]limit.Status
 		})
-		d.dec.Code, d.dec.Statuses = CodeOK, d.st[:]
+		d.dec.Code, d.dec.Statuses = limit.CodeOK, d.st[:]
 		return &d.dec
 	}
-	return &Decision{Code: CodeOK, Statuses: make([]Status, n)}
+	return &Decision{Code: limit.CodeOK, Statuses: make([]limit.Status, n)}
 }
 
 // build matches req's descriptors and returns their charges. In reconcile
@@ -583,18 +463,18 @@ func newDecision(n int) *Decision {
 // descriptor's own limit is not scaled by either.
 //
 // b must be empty (from getBuilt); build fills it.
-func build(b *built, dom *Domain, req *Request, m mode, statuses []Status, adj adjust) error {
+func build(b *built, dom *limit.Domain, req *limit.Request, m mode, statuses []limit.Status, adj adjust) error {
 	var micro uint64
 	b.tier, micro = dom.Plan(req)
 	// ents[i] is descriptor i's entries as matched and keyed; the slice is
 	// made only when a descriptor carries a tier entry.
-	var ents [][]Entry
+	var ents [][]limit.Entry
 	if dom.Tiers != nil {
 		for i := range req.Descriptors {
 			e := req.Descriptors[i].Entries
-			if s := StripTier(e, dom.Tiers.Key); len(s) != len(e) {
+			if s := limit.StripTier(e, dom.Tiers.Key); len(s) != len(e) {
 				if ents == nil {
-					ents = make([][]Entry, len(req.Descriptors))
+					ents = make([][]limit.Entry, len(req.Descriptors))
 					for j := range i {
 						ents[j] = req.Descriptors[j].Entries
 					}
@@ -606,7 +486,7 @@ func build(b *built, dom *Domain, req *Request, m mode, statuses []Status, adj a
 			}
 		}
 	}
-	entriesOf := func(i int) []Entry {
+	entriesOf := func(i int) []limit.Entry {
 		if ents != nil {
 			return ents[i]
 		}
@@ -614,9 +494,9 @@ func build(b *built, dom *Domain, req *Request, m mode, statuses []Status, adj a
 	}
 	b.first = entriesOf(0)
 	// Match every descriptor first: replaces needs all of them.
-	rules := make([]*Rule, len(req.Descriptors))
+	rules := make([]*limit.Rule, len(req.Descriptors))
 	var replaced map[string]bool
-	var keyEntries map[int][]Entry // descriptors counted under a share_threshold wildcard
+	var keyEntries map[int][]limit.Entry // descriptors counted under a share_threshold wildcard
 	for i := range req.Descriptors {
 		if len(entriesOf(i)) == 0 {
 			continue // tier entries only: nothing to match
@@ -624,7 +504,7 @@ func build(b *built, dom *Domain, req *Request, m mode, statuses []Status, adj a
 		r, shared := dom.MatchShared(entriesOf(i))
 		if shared != 0 {
 			if keyEntries == nil {
-				keyEntries = map[int][]Entry{}
+				keyEntries = map[int][]limit.Entry{}
 			}
 			keyEntries[i] = dom.SharedEntries(entriesOf(i), shared)
 		}
@@ -653,26 +533,26 @@ func build(b *built, dom *Domain, req *Request, m mode, statuses []Status, adj a
 		if len(ents) == 0 {
 			continue // tier entries only, its own limit included: see above
 		}
-		rate, tokens := (*Limit)(nil), (*Limit)(nil)
+		rate, tokens := (*limit.Limit)(nil), (*limit.Limit)(nil)
 		var rateCap, tokenCap uint64
 		if r != nil {
-			rate = Scaled(overridden(r.RateLimit, req.Overrides), micro)
-			tokens = Scaled(overridden(r.TokenLimit, req.Overrides), micro)
+			rate = limit.Scaled(overridden(r.RateLimit, req.Overrides), micro)
+			tokens = limit.Scaled(overridden(r.TokenLimit, req.Overrides), micro)
 			rateCap, tokenCap = capacity(rate), capacity(tokens)
 			rate, tokens = adj.apply(rate), adj.apply(tokens)
 		}
 		if d.Override != nil {
-			ov := &Limit{Kind: Requests, Amount: d.Override.Amount, Unit: d.Override.Unit, Multiplier: d.Override.Multiplier}
+			ov := &limit.Limit{Kind: limit.Requests, Amount: d.Override.Amount, Unit: d.Override.Unit, Multiplier: d.Override.Multiplier}
 			if rate != nil {
 				ov.Name, ov.Algorithm, ov.Buckets = rate.Name, rate.Algorithm, rate.Buckets
 				// A token bucket of 0 has no emission interval; a sliding
 				// window of 0 denies everything, which is what 0 asks for.
-				if rate.Algorithm == TokenBucket && d.Override.Amount == 0 {
-					ov.Algorithm = SlidingWindow
+				if rate.Algorithm == limit.TokenBucket && d.Override.Amount == 0 {
+					ov.Algorithm = limit.SlidingWindow
 				}
 			}
 			if ov.Window() <= 0 {
-				return Invalidf("descriptors[%d].limit: unit %d is not known", i, d.Override.Unit)
+				return limit.Invalidf("descriptors[%d].limit: unit %d is not known", i, d.Override.Unit)
 			}
 			rate, rateCap = ov, capacity(ov)
 		}
@@ -690,10 +570,10 @@ func build(b *built, dom *Domain, req *Request, m mode, statuses []Status, adj a
 		// Concurrency leases need a request ID to be released by; RLS
 		// calls have none, so only ext_authz holds them.
 		if r != nil && r.MaxConcurrent > 0 && req.ID != "" {
-			b.charges = append(b.charges, Charge{
-				Key:       Key(Requests, Concurrency, r.Lease, req.Domain, ents),
-				Algorithm: Concurrency,
-				Amount:    Scale(Scale(r.MaxConcurrent, micro), adj.micro),
+			b.charges = append(b.charges, limit.Charge{
+				Key:       limit.Key(limit.Requests, limit.Concurrency, r.Lease, req.Domain, ents),
+				Algorithm: limit.Concurrency,
+				Amount:    limit.Scale(limit.Scale(r.MaxConcurrent, micro), adj.micro),
 				Window:    r.Lease,
 				Cost:      1,
 				Member:    req.ID,
@@ -741,18 +621,18 @@ func markTooLarge(b *built, dec *Decision) {
 		if p.limit == nil || c.Shadow || c.Force || c.Cost <= 0 || uint64(c.Cost) <= p.capacity || st.TooLarge {
 			continue
 		}
-		st.Code, st.Limit, st.RetryAfter = CodeOverLimit, p.limit, 0
+		st.Code, st.Limit, st.RetryAfter = limit.CodeOverLimit, p.limit, 0
 		st.TooLarge, st.Cost, st.Capacity = true, uint64(c.Cost), p.capacity
 	}
 }
 
 // capacity is the most l admits at once: a token bucket's burst, else
 // its amount; 0 for no limit.
-func capacity(l *Limit) uint64 {
+func capacity(l *limit.Limit) uint64 {
 	switch {
 	case l == nil:
 		return 0
-	case l.Algorithm == TokenBucket:
+	case l.Algorithm == limit.TokenBucket:
 		return l.EffectiveBurst()
 	default:
 		return l.Amount
@@ -761,7 +641,7 @@ func capacity(l *Limit) uint64 {
 
 // overridden returns l with the request's override for its name applied:
 // an API key's or tenant's own amount, and window when it names a unit.
-func overridden(l *Limit, ovs map[string]Override) *Limit {
+func overridden(l *limit.Limit, ovs map[string]limit.Override) *limit.Limit {
 	if l == nil || l.Name == "" || len(ovs) == 0 {
 		return l
 	}
@@ -771,13 +651,13 @@ func overridden(l *Limit, ovs map[string]Override) *Limit {
 	}
 	c := *l
 	c.Amount = ov.Amount
-	if ov.Unit != UnitUnknown {
+	if ov.Unit != limit.UnitUnknown {
 		c.Unit, c.Multiplier = ov.Unit, ov.Multiplier
 	}
-	if c.Algorithm == TokenBucket && c.Amount == 0 {
-		c.Algorithm = SlidingWindow // 0 denies everything; a bucket of 0 has no rate
+	if c.Algorithm == limit.TokenBucket && c.Amount == 0 {
+		c.Algorithm = limit.SlidingWindow // 0 denies everything; a bucket of 0 has no rate
 	}
-	if c.Algorithm == TokenBucket && c.Burst > c.Amount {
+	if c.Algorithm == limit.TokenBucket && c.Burst > c.Amount {
 		c.Burst = 0 // the rule's burst was sized for its own amount
 	}
 	return &c
@@ -790,7 +670,7 @@ func overridden(l *Limit, ovs map[string]Override) *Limit {
 // is charged, typically from apply_on_stream_done) and any other
 // descriptor as a request: one request, plus the request-level
 // hits_addend as tokens (0, the usual case, checks that budget is left).
-func costs(req *Request, d *Descriptor, hasTokens bool) (rate, tokens int64) {
+func costs(req *limit.Request, d *limit.Descriptor, hasTokens bool) (rate, tokens int64) {
 	hits := req.Hits
 	if hits == 0 {
 		hits = 1
@@ -824,9 +704,9 @@ func clampCost(h uint64) int64 {
 	return int64(h)
 }
 
-func charge(domain string, entries []Entry, l *Limit, cost int64, shadow bool) Charge {
-	return Charge{
-		Key:       Key(l.Kind, l.Algorithm, l.Window(), domain, entries),
+func charge(domain string, entries []limit.Entry, l *limit.Limit, cost int64, shadow bool) limit.Charge {
+	return limit.Charge{
+		Key:       limit.Key(l.Kind, l.Algorithm, l.Window(), domain, entries),
 		Algorithm: l.Algorithm,
 		Amount:    l.Amount,
 		Window:    l.Window(),
@@ -839,11 +719,11 @@ func charge(domain string, entries []Entry, l *Limit, cost int64, shadow bool) C
 
 // report says whether r should replace what st reports: a denial wins,
 // then the limit with the smaller share of room left.
-func report(st *Status, l *Limit, r Result) bool {
+func report(st *limit.Status, l *limit.Limit, r limit.Result) bool {
 	if st.Limit == nil {
 		return true
 	}
-	if st.Code == CodeOverLimit {
+	if st.Code == limit.CodeOverLimit {
 		return false
 	}
 	if !r.Fits {
