@@ -198,59 +198,16 @@ func (l *Limiter) degrade(ctx context.Context, now time.Time, dom *limit.Domain,
 	}
 	leased := false
 	if len(local) > 0 && !denied {
-		res := make([]limit.Result, len(local))
-		admitted := false
-		if l.failure.Local != nil {
-			// The in-process store answers at once; the caller's context
-			// is enough.
-			var err error
-			admitted, err = l.failure.Local.Apply(context.WithoutCancel(ctx), now, local, res)
-			if err != nil {
-				admitted = false
-				clear(res)
-			}
-			if err == nil {
-				l.owe(now, b, localIdx, local, res, admitted)
-			}
-		}
-		for k, p := range localPlans {
-			st := &dec.Statuses[p.desc]
-			rs := res[k]
-			if !rs.Fits && local[k].Shadow {
-				st.ShadowOver, rs.Fits = true, true
-			}
-			if !rs.Fits && local[k].Force {
-				rs.Fits = true
-			}
-			if p.limit == nil {
-				if !rs.Fits && st.Code == limit.CodeOK {
-					st.Code, st.Concurrency = limit.CodeOverLimit, true
-					st.RetryAfter = max(rs.RetryAfter, DegradedRetryAfter)
-				}
-				if rs.Fits && admitted {
-					leased = true
-				}
-				continue
-			}
-			lim := *p.limit
-			lim.Amount, lim.Burst = local[k].Amount, local[k].Burst
-			if report(st, &lim, rs) {
-				st.Limit, st.Remaining, st.ResetAfter, st.RetryAfter = &lim, rs.Remaining, rs.ResetAfter, rs.RetryAfter
-				if !rs.Fits {
-					st.Code = limit.CodeOverLimit
-					if st.RetryAfter <= 0 {
-						st.RetryAfter = DegradedRetryAfter
-					}
-				}
-			}
-		}
-		if !admitted {
-			denied = true
-		}
+		var admitted bool
+		admitted, leased = l.degradeLocal(ctx, now, b, dec, local, localPlans, localIdx)
+		denied = !admitted
 	}
 	if denied {
 		dec.Code, dec.Reason = limit.CodeOverLimit, ReasonLimit
 		markTooLarge(b, dec)
+		if dec.TooLarge() != nil {
+			dec.Reason = ReasonTooLarge
+		}
 		if len(dec.Probes) > 0 {
 			l.release(ctx, now, dom, dec)
 		}
@@ -264,6 +221,58 @@ func (l *Limiter) degrade(ctx context.Context, now time.Time, dom *limit.Domain,
 	if o := l.failure.Observer; o != nil {
 		o.Degraded(dom.Name, dec.Policy, dropped)
 	}
+}
+
+// degradeLocal runs a degraded decision's local charges on the
+// in-process store and reports each on its descriptor. It returns
+// whether they were admitted, and whether a concurrency lease was taken.
+func (l *Limiter) degradeLocal(ctx context.Context, now time.Time, b *built, dec *Decision, local []limit.Charge, localPlans []plan, localIdx []int) (admitted, leased bool) {
+	res := make([]limit.Result, len(local))
+	if l.failure.Local != nil {
+		// The in-process store answers at once; the caller's context
+		// is enough.
+		var err error
+		admitted, err = l.failure.Local.Apply(context.WithoutCancel(ctx), now, local, res)
+		if err != nil {
+			admitted = false
+			clear(res)
+		}
+		if err == nil {
+			l.owe(now, b, localIdx, local, res, admitted)
+		}
+	}
+	for k, p := range localPlans {
+		st := &dec.Statuses[p.desc]
+		rs := res[k]
+		if !rs.Fits && local[k].Shadow {
+			st.ShadowOver, rs.Fits = true, true
+		}
+		if !rs.Fits && local[k].Force {
+			rs.Fits = true
+		}
+		if p.limit == nil {
+			if !rs.Fits && st.Code == limit.CodeOK {
+				st.Code, st.Concurrency = limit.CodeOverLimit, true
+				st.RetryAfter = max(rs.RetryAfter, DegradedRetryAfter)
+			}
+			if rs.Fits && admitted {
+				leased = true
+			}
+			continue
+		}
+		lim := *p.limit
+		lim.Amount, lim.Burst = local[k].Amount, local[k].Burst
+		if report(st, &lim, rs) {
+			st.Limit, st.Remaining, st.ResetAfter, st.RetryAfter = &lim, rs.Remaining, rs.ResetAfter, rs.RetryAfter
+			if !rs.Fits {
+				st.Code = limit.CodeOverLimit
+				if st.RetryAfter <= 0 {
+					st.RetryAfter = DegradedRetryAfter
+				}
+			}
+		}
+	}
+	return admitted, leased
 }
 
 // owe notes the local charges the in-process store kept, to be written

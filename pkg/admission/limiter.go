@@ -141,137 +141,6 @@ func (l *Limiter) Decide(ctx context.Context, req *limit.Request) (*Decision, er
 	return dec, nil
 }
 
-// decide is Decide without the report to Admissions; it also returns the
-// request's domain (nil: unknown) and whether the request only settles
-// an earlier one.
-func (l *Limiter) decide(ctx context.Context, req *limit.Request) (*Decision, *limit.Domain, bool, error) {
-	if err := limit.CheckRequest(req); err != nil {
-		return nil, nil, false, err
-	}
-	dec := newDecision(len(req.Descriptors))
-	for i := range dec.Statuses {
-		dec.Statuses[i].Code = limit.CodeOK
-	}
-	dom := l.rules.Load().Domain(req.Domain)
-	if dom == nil {
-		return dec, nil, false, nil
-	}
-	adj, shed := l.shed(dom, req, dec)
-	if shed && !maySettle(req) {
-		dec.Tier, _ = dom.Plan(req)
-		refuse(dec, ReasonShed, dom.Shedding.RetryAfter())
-		return dec, dom, false, nil
-	}
-	b := getBuilt()
-	defer putBuilt(b)
-	if err := build(b, dom, req, admit, dec.Statuses, adj); err != nil {
-		return nil, dom, false, err
-	}
-	dec.Tier = b.tier
-	// A request of refunds and cost reports only (Envoy's
-	// apply_on_stream_done call) settles usage of a request admitted
-	// before: neither shedding nor a breaker refuses it, and it takes no
-	// probe slot, or a refund would be lost, usage go uncharged, and a
-	// report hold a half-open breaker's slot for nothing.
-	settles := b.asks == 0
-	if settles {
-		dec.ShadowShed = false
-	} else if shed {
-		clear(dec.Statuses)
-		refuse(dec, ReasonShed, dom.Shedding.RetryAfter())
-		return dec, dom, settles, nil
-	}
-	now := l.clock.Now()
-	dec.At = now
-	if len(dom.Breakers) > 0 && !settles {
-		sctx, cancel := l.storeCtx(ctx)
-		ok, err := l.allowBreakers(sctx, now, dom, req, dec)
-		cancel()
-		if err != nil && l.failure != nil && !gaveUp(ctx, err) {
-			// A breaker whose state cannot be read is passed as closed:
-			// the limits that follow answer by store_failure, which is
-			// the operator's choice for a store that is down.
-			l.storeFailed(dom)
-			ok, err = true, nil
-		}
-		if err != nil || !ok {
-			if err != nil {
-				return nil, dom, settles, err
-			}
-			return dec, dom, settles, nil
-		}
-	}
-	if len(b.charges) == 0 {
-		return dec, dom, settles, nil
-	}
-	res := b.results(len(b.charges))
-	sctx, cancel := l.storeCtx(ctx)
-	admitted, err := l.applyOwed(sctx, now, b.charges, res)
-	cancel()
-	if err != nil && l.failure != nil && !gaveUp(ctx, err) {
-		l.storeFailed(dom)
-		l.degrade(ctx, now, dom, req, b, dec)
-		return dec, dom, settles, nil
-	}
-	if err != nil {
-		if len(dec.Probes) > 0 {
-			l.release(ctx, now, dom, dec)
-		}
-		return nil, dom, settles, fmt.Errorf("apply %d charges: %w", len(b.charges), err)
-	}
-	if !admitted {
-		dec.Code, dec.Reason = limit.CodeOverLimit, ReasonLimit
-		if len(dec.Probes) > 0 {
-			l.release(ctx, now, dom, dec)
-		}
-	}
-	for k, p := range b.plans {
-		if p.limit == nil {
-			continue // a concurrency lease: reported through Reservation
-		}
-		st := &dec.Statuses[p.desc]
-		rs := res[k]
-		if !rs.Fits && b.charges[k].Shadow {
-			st.ShadowOver = true
-			rs.Fits = true
-		}
-		if !rs.Fits && b.charges[k].Force {
-			rs.Fits = true // kept and not blocking: the budget now shows 0 left
-		}
-		if c := &b.charges[k]; !rs.Fits && !st.TooLarge && c.Cost > 0 && uint64(c.Cost) > p.capacity {
-			// A denial no wait ends wins what the descriptor reports:
-			// the client must change the request, not retry it.
-			st.Code, st.Limit, st.Remaining, st.ResetAfter, st.RetryAfter = limit.CodeOverLimit, p.limit, rs.Remaining, rs.ResetAfter, rs.RetryAfter
-			st.TooLarge, st.Cost, st.Capacity = true, uint64(c.Cost), p.capacity
-			continue
-		}
-		if report(st, p.limit, rs) {
-			st.Limit = p.limit
-			st.Remaining = rs.Remaining
-			st.ResetAfter = rs.ResetAfter
-			st.RetryAfter = rs.RetryAfter
-			if !rs.Fits {
-				st.Code = limit.CodeOverLimit
-			}
-		}
-	}
-	for k, p := range b.plans {
-		if p.limit == nil && !res[k].Fits {
-			// The concurrency cap denied: report it on its descriptor
-			// unless a limit there denied too.
-			if st := &dec.Statuses[p.desc]; st.Code == limit.CodeOK {
-				st.Code = limit.CodeOverLimit
-				st.Concurrency = true
-				st.RetryAfter = res[k].RetryAfter
-			}
-		}
-	}
-	if admitted && req.ID != "" && b.reserves {
-		dec.Reservation = &limit.Reservation{ID: req.ID, At: now, Tokens: b.tokens}
-	}
-	return dec, dom, settles, nil
-}
-
 // Settle settles a reservation that Decide made for req (the same
 // domain, descriptors, ID and overrides) at time at, once the actual
 // usage is known: the difference between it and the reserved tokens is
@@ -466,26 +335,7 @@ func newDecision(n int) *Decision {
 func build(b *built, dom *limit.Domain, req *limit.Request, m mode, statuses []limit.Status, adj adjust) error {
 	var micro uint64
 	b.tier, micro = dom.Plan(req)
-	// ents[i] is descriptor i's entries as matched and keyed; the slice is
-	// made only when a descriptor carries a tier entry.
-	var ents [][]limit.Entry
-	if dom.Tiers != nil {
-		for i := range req.Descriptors {
-			e := req.Descriptors[i].Entries
-			if s := limit.StripTier(e, dom.Tiers.Key); len(s) != len(e) {
-				if ents == nil {
-					ents = make([][]limit.Entry, len(req.Descriptors))
-					for j := range i {
-						ents[j] = req.Descriptors[j].Entries
-					}
-				}
-				e = s
-			}
-			if ents != nil {
-				ents[i] = e
-			}
-		}
-	}
+	ents := tierStripped(dom, req)
 	entriesOf := func(i int) []limit.Entry {
 		if ents != nil {
 			return ents[i]
@@ -493,122 +343,178 @@ func build(b *built, dom *limit.Domain, req *limit.Request, m mode, statuses []l
 		return req.Descriptors[i].Entries
 	}
 	b.first = entriesOf(0)
-	// Match every descriptor first: replaces needs all of them.
-	rules := make([]*limit.Rule, len(req.Descriptors))
-	var replaced map[string]bool
-	var keyEntries map[int][]limit.Entry // descriptors counted under a share_threshold wildcard
+	mt := matchAll(dom, req, entriesOf, statuses)
+	for i := range req.Descriptors {
+		if err := b.addDescriptor(dom, req, i, entriesOf(i), &mt, m, statuses, adj, micro); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// tierStripped is every descriptor's entries as matched and keyed, with
+// the tiers key's entries removed; nil (the request's own entries) when
+// no descriptor carries one, so that the usual request allocates none.
+func tierStripped(dom *limit.Domain, req *limit.Request) [][]limit.Entry {
+	if dom.Tiers == nil {
+		return nil
+	}
+	var ents [][]limit.Entry
+	for i := range req.Descriptors {
+		e := req.Descriptors[i].Entries
+		if s := limit.StripTier(e, dom.Tiers.Key); len(s) != len(e) {
+			if ents == nil {
+				ents = make([][]limit.Entry, len(req.Descriptors))
+				for j := range i {
+					ents[j] = req.Descriptors[j].Entries
+				}
+			}
+			e = s
+		}
+		if ents != nil {
+			ents[i] = e
+		}
+	}
+	return ents
+}
+
+// matched is what matching every descriptor found, before any charge:
+// replaces needs all of them.
+type matched struct {
+	rules    []*limit.Rule
+	replaced map[string]bool
+	// keyEntries are the entries descriptors under a share_threshold
+	// wildcard are counted under.
+	keyEntries map[int][]limit.Entry
+}
+
+// matchAll matches every descriptor of req; statuses receive the rules.
+func matchAll(dom *limit.Domain, req *limit.Request, entriesOf func(int) []limit.Entry, statuses []limit.Status) matched {
+	mt := matched{rules: make([]*limit.Rule, len(req.Descriptors))}
 	for i := range req.Descriptors {
 		if len(entriesOf(i)) == 0 {
 			continue // tier entries only: nothing to match
 		}
 		r, shared := dom.MatchShared(entriesOf(i))
 		if shared != 0 {
-			if keyEntries == nil {
-				keyEntries = map[int][]limit.Entry{}
+			if mt.keyEntries == nil {
+				mt.keyEntries = map[int][]limit.Entry{}
 			}
-			keyEntries[i] = dom.SharedEntries(entriesOf(i), shared)
+			mt.keyEntries[i] = dom.SharedEntries(entriesOf(i), shared)
 		}
-		rules[i] = r
+		mt.rules[i] = r
 		statuses[i].Rule = r
 		if r != nil && len(r.Replaces) > 0 {
-			if replaced == nil {
-				replaced = map[string]bool{}
+			if mt.replaced == nil {
+				mt.replaced = map[string]bool{}
 			}
 			for _, n := range r.Replaces {
-				replaced[n] = true
+				mt.replaced[n] = true
 			}
 		}
 	}
+	return mt
+}
 
-	for i := range req.Descriptors {
-		d := &req.Descriptors[i]
-		r := rules[i]
-		if !d.Negative {
-			b.asks++ // until it turns out a cost report, below
+// addDescriptor adds the charges of descriptor i, whose entries (tier
+// entries removed) are ents, to b.
+func (b *built) addDescriptor(dom *limit.Domain, req *limit.Request, i int, ents []limit.Entry, mt *matched, m mode, statuses []limit.Status, adj adjust, micro uint64) error {
+	d := &req.Descriptors[i]
+	r := mt.rules[i]
+	if !d.Negative {
+		b.asks++ // until it turns out a cost report, below
+	}
+	if r != nil && r.Unlimited {
+		return nil
+	}
+	if len(ents) == 0 {
+		return nil // tier entries only, its own limit included: see build
+	}
+	rate, tokens, rateCap, tokenCap, err := limitsOf(req, i, r, adj, micro)
+	if err != nil {
+		return err
+	}
+	if rate != nil && rate.Name != "" && mt.replaced[rate.Name] {
+		statuses[i].Replaced = true
+		rate = nil
+	}
+	if tokens != nil && tokens.Name != "" && mt.replaced[tokens.Name] {
+		statuses[i].Replaced = true
+		tokens = nil
+	}
+	if ke, ok := mt.keyEntries[i]; ok {
+		ents = ke
+	}
+	// Concurrency leases need a request ID to be released by; RLS
+	// calls have none, so only ext_authz holds them.
+	if r != nil && r.MaxConcurrent > 0 && req.ID != "" {
+		b.charges = append(b.charges, limit.Charge{
+			Key:       limit.Key(limit.Requests, limit.Concurrency, r.Lease, req.Domain, ents),
+			Algorithm: limit.Concurrency,
+			Amount:    limit.Scale(limit.Scale(r.MaxConcurrent, micro), adj.micro),
+			Window:    r.Lease,
+			Cost:      1,
+			Member:    req.ID,
+		})
+		b.plans = append(b.plans, plan{desc: i})
+		b.reserves = true
+		b.lease = max(b.lease, r.Lease)
+	}
+	if rate == nil && tokens == nil {
+		return nil
+	}
+	rateCost, tokenCost := costs(req, d, tokens != nil)
+	shadow := r != nil && r.Shadow
+	if m == admit && rate != nil && !(tokens != nil && d.HitsSet) {
+		b.charges = append(b.charges, charge(req.Domain, ents, rate, rateCost, shadow))
+		b.plans = append(b.plans, plan{desc: i, limit: rate, capacity: rateCap})
+	}
+	if tokens != nil {
+		c := charge(req.Domain, ents, tokens, tokenCost, shadow)
+		// A cost report is usage already spent: Envoy ignores the
+		// answer to it, so refusing it would lose the usage and let a
+		// tenant whose responses outgrow its remaining budget run on.
+		c.Force = d.HitsSet && tokenCost > 0
+		if c.Force {
+			b.asks--
 		}
-		if r != nil && r.Unlimited {
-			continue
-		}
-		ents := entriesOf(i)
-		if len(ents) == 0 {
-			continue // tier entries only, its own limit included: see above
-		}
-		rate, tokens := (*limit.Limit)(nil), (*limit.Limit)(nil)
-		var rateCap, tokenCap uint64
-		if r != nil {
-			rate = limit.Scaled(overridden(r.RateLimit, req.Overrides), micro)
-			tokens = limit.Scaled(overridden(r.TokenLimit, req.Overrides), micro)
-			rateCap, tokenCap = capacity(rate), capacity(tokens)
-			rate, tokens = adj.apply(rate), adj.apply(tokens)
-		}
-		if d.Override != nil {
-			ov := &limit.Limit{Kind: limit.Requests, Amount: d.Override.Amount, Unit: d.Override.Unit, Multiplier: d.Override.Multiplier}
-			if rate != nil {
-				ov.Name, ov.Algorithm, ov.Buckets = rate.Name, rate.Algorithm, rate.Buckets
-				// A token bucket of 0 has no emission interval; a sliding
-				// window of 0 denies everything, which is what 0 asks for.
-				if rate.Algorithm == limit.TokenBucket && d.Override.Amount == 0 {
-					ov.Algorithm = limit.SlidingWindow
-				}
-			}
-			if ov.Window() <= 0 {
-				return limit.Invalidf("descriptors[%d].limit: unit %d is not known", i, d.Override.Unit)
-			}
-			rate, rateCap = ov, capacity(ov)
-		}
-		if rate != nil && rate.Name != "" && replaced[rate.Name] {
-			statuses[i].Replaced = true
-			rate = nil
-		}
-		if tokens != nil && tokens.Name != "" && replaced[tokens.Name] {
-			statuses[i].Replaced = true
-			tokens = nil
-		}
-		if ke, ok := keyEntries[i]; ok {
-			ents = ke
-		}
-		// Concurrency leases need a request ID to be released by; RLS
-		// calls have none, so only ext_authz holds them.
-		if r != nil && r.MaxConcurrent > 0 && req.ID != "" {
-			b.charges = append(b.charges, limit.Charge{
-				Key:       limit.Key(limit.Requests, limit.Concurrency, r.Lease, req.Domain, ents),
-				Algorithm: limit.Concurrency,
-				Amount:    limit.Scale(limit.Scale(r.MaxConcurrent, micro), adj.micro),
-				Window:    r.Lease,
-				Cost:      1,
-				Member:    req.ID,
-			})
-			b.plans = append(b.plans, plan{desc: i})
+		if !c.Force && tokenCost > 0 {
 			b.reserves = true
-			b.lease = max(b.lease, r.Lease)
+			b.tokens = uint64(tokenCost)
 		}
-		if rate == nil && tokens == nil {
-			continue
-		}
-		rateCost, tokenCost := costs(req, d, tokens != nil)
-		shadow := r != nil && r.Shadow
-		if m == admit && rate != nil && !(tokens != nil && d.HitsSet) {
-			b.charges = append(b.charges, charge(req.Domain, ents, rate, rateCost, shadow))
-			b.plans = append(b.plans, plan{desc: i, limit: rate, capacity: rateCap})
-		}
-		if tokens != nil {
-			c := charge(req.Domain, ents, tokens, tokenCost, shadow)
-			// A cost report is usage already spent: Envoy ignores the
-			// answer to it, so refusing it would lose the usage and let a
-			// tenant whose responses outgrow its remaining budget run on.
-			c.Force = d.HitsSet && tokenCost > 0
-			if c.Force {
-				b.asks--
-			}
-			if !c.Force && tokenCost > 0 {
-				b.reserves = true
-				b.tokens = uint64(tokenCost)
-			}
-			b.charges = append(b.charges, c)
-			b.plans = append(b.plans, plan{desc: i, limit: tokens, capacity: tokenCap})
-		}
+		b.charges = append(b.charges, c)
+		b.plans = append(b.plans, plan{desc: i, limit: tokens, capacity: tokenCap})
 	}
 	return nil
+}
+
+// limitsOf is descriptor i's request and token limits under rule r, with
+// the override, plan multiplier and pressure applied, and their
+// capacities before pressure (see plan.capacity).
+func limitsOf(req *limit.Request, i int, r *limit.Rule, adj adjust, micro uint64) (rate, tokens *limit.Limit, rateCap, tokenCap uint64, err error) {
+	d := &req.Descriptors[i]
+	if r != nil {
+		rate = limit.Scaled(overridden(r.RateLimit, req.Overrides), micro)
+		tokens = limit.Scaled(overridden(r.TokenLimit, req.Overrides), micro)
+		rateCap, tokenCap = capacity(rate), capacity(tokens)
+		rate, tokens = adj.apply(rate), adj.apply(tokens)
+	}
+	if d.Override != nil {
+		ov := &limit.Limit{Kind: limit.Requests, Amount: d.Override.Amount, Unit: d.Override.Unit, Multiplier: d.Override.Multiplier}
+		if rate != nil {
+			ov.Name, ov.Algorithm, ov.Buckets = rate.Name, rate.Algorithm, rate.Buckets
+			// A token bucket of 0 has no emission interval; a sliding
+			// window of 0 denies everything, which is what 0 asks for.
+			if rate.Algorithm == limit.TokenBucket && d.Override.Amount == 0 {
+				ov.Algorithm = limit.SlidingWindow
+			}
+		}
+		if ov.Window() <= 0 {
+			return nil, nil, 0, 0, limit.Invalidf("descriptors[%d].limit: unit %d is not known", i, d.Override.Unit)
+		}
+		rate, rateCap = ov, capacity(ov)
+	}
+	return rate, tokens, rateCap, tokenCap, nil
 }
 
 // markTooLarge marks, in a denied dec, the statuses of b's charges that

@@ -77,14 +77,8 @@ func toAnswer(ctx context.Context, err error, c *call) (*authv3.CheckResponse, s
 	switch {
 	case err == nil && (c.dec == nil || c.dec.Code == limit.CodeOK):
 		return okResponse(c), resultOK, nil
-	case err == nil && c.dec.Reason == admission.ReasonShed:
-		return unavailableResponse(c, "overloaded", "The service is overloaded; requests of your plan are paused"), resultShed, nil
-	case err == nil && c.dec.Reason == admission.ReasonBreaker:
-		return unavailableResponse(c, "upstream_unavailable", "The model is failing and temporarily unavailable"), resultBreakerOpen, nil
-	case err == nil && c.dec.TooLarge() != nil:
-		return tooLargeResponse(c, c.dec.TooLarge()), resultTooLarge, nil
 	case err == nil:
-		return overLimitResponse(c), resultOverLimit, nil
+		return refusal(c)
 	}
 	// Declared past the answers without an error: errors.As moves p to
 	// the heap, which every admitted request would pay for.
@@ -102,6 +96,19 @@ func toAnswer(ctx context.Context, err error, c *call) (*authv3.CheckResponse, s
 	default:
 		return nil, resultError, status.Error(codes.Unavailable, "rate limit store unavailable")
 	}
+}
+
+// refusal answers a refused decision by its reason's row of
+// admission's table: the answer's status picks its shape.
+func refusal(c *call) (*authv3.CheckResponse, string, error) {
+	a := c.dec.Reason.Answer()
+	switch {
+	case a.BeforeLimits:
+		return unavailableResponse(c, a.Code, a.Message), a.Result, nil
+	case a.Status == 413:
+		return tooLargeResponse(c, c.dec.TooLarge()), a.Result, nil
+	}
+	return overLimitResponse(c), resultOverLimit, nil
 }
 
 // option is a header set whatever the request held.

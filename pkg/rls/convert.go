@@ -137,8 +137,7 @@ func toResponse(dec *admission.Decision) *rlsv3.RateLimitResponse {
 		resp.RawBody = tooLargeBody(st)
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: "content-type", Value: "application/json"})
 	}
-	switch dec.Reason {
-	case admission.ReasonShed, admission.ReasonBreaker:
+	if dec.Reason.Answer().BeforeLimits {
 		// Refused before any limit: the statuses report none, so the
 		// wait and the reason go in headers of their own.
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,

@@ -89,10 +89,8 @@ func (m *metrics) observe(domain string, known bool, req *limit.Request, dec *ad
 		st := &dec.Statuses[i]
 		rule, result := labels(st)
 		switch {
-		case dec.Reason == admission.ReasonShed:
-			result = resultShed
-		case dec.Reason == admission.ReasonBreaker:
-			result = resultBreakerOpen
+		case dec.Reason.Answer().BeforeLimits:
+			result = dec.Reason.Answer().Result
 		case dec.ShadowShed && st.Code == limit.CodeOK:
 			result = resultShadowShed
 		}
