@@ -460,6 +460,9 @@ func TestDegradedTooLarge(t *testing.T) {
 			if (st != nil) != tt.want {
 				t.Fatalf("TooLarge() = %+v, want one: %v", st, tt.want)
 			}
+			if (dec.Reason == admission.ReasonTooLarge) != tt.want {
+				t.Errorf("Reason = %v, want too_large: %v", dec.Reason, tt.want)
+			}
 			if st != nil && (st.Cost != 101 || st.Capacity != 100 || st.Limit == nil || st.Limit.Amount != 100) {
 				t.Errorf("status = %+v, want cost 101 of capacity 100", st)
 			}

@@ -142,6 +142,9 @@ func TestDecideTooLarge(t *testing.T) {
 					if (st != nil) != tt.want.tooLarge {
 						t.Fatalf("TooLarge() = %+v, want one: %v", st, tt.want.tooLarge)
 					}
+					if (dec.Reason == admission.ReasonTooLarge) != tt.want.tooLarge {
+						t.Errorf("Reason = %v, want too_large: %v", dec.Reason, tt.want.tooLarge)
+					}
 					if st == nil {
 						return
 					}

@@ -51,9 +51,9 @@ type problem struct {
 func (p *problem) Error() string { return p.msg }
 
 var (
-	errMissingKey = &problem{status: 401, errCode: "missing_api_key", result: resultUnauthenticated,
+	errMissingKey = &problem{status: typev3.StatusCode(admission.ReasonUnauthenticated.Answer().Status), errCode: "missing_api_key", result: admission.ReasonUnauthenticated.Answer().Result,
 		msg: "No API key was provided. Send it as Authorization: Bearer <key>."}
-	errUnknownKey = &problem{status: 401, errCode: "invalid_api_key", result: resultUnauthenticated,
+	errUnknownKey = &problem{status: typev3.StatusCode(admission.ReasonUnauthenticated.Answer().Status), errCode: "invalid_api_key", result: admission.ReasonUnauthenticated.Answer().Result,
 		msg: "The API key provided is not valid."}
 	errValueTooLong = &problem{status: 400, errCode: "invalid_request", result: resultBadRequest,
 		msg: fmt.Sprintf("A request field or header that rate limits are keyed on is longer than %d bytes.", limit.MaxValueBytes)}
