@@ -343,7 +343,10 @@ func build(b *built, dom *limit.Domain, req *limit.Request, m mode, statuses []l
 		return req.Descriptors[i].Entries
 	}
 	b.first = entriesOf(0)
-	mt := matchAll(dom, req, entriesOf, statuses)
+	// Made here, not in matchAll, so that the compiler keeps it on the
+	// stack: a decision allocates no more than it must.
+	mt := matched{rules: make([]*limit.Rule, len(req.Descriptors))}
+	matchAll(dom, req, entriesOf, statuses, &mt)
 	for i := range req.Descriptors {
 		if err := b.addDescriptor(dom, req, i, entriesOf(i), &mt, m, statuses, adj, micro); err != nil {
 			return err
@@ -388,9 +391,9 @@ type matched struct {
 	keyEntries map[int][]limit.Entry
 }
 
-// matchAll matches every descriptor of req; statuses receive the rules.
-func matchAll(dom *limit.Domain, req *limit.Request, entriesOf func(int) []limit.Entry, statuses []limit.Status) matched {
-	mt := matched{rules: make([]*limit.Rule, len(req.Descriptors))}
+// matchAll matches every descriptor of req into mt, whose rules has a
+// place for each; statuses receive the rules.
+func matchAll(dom *limit.Domain, req *limit.Request, entriesOf func(int) []limit.Entry, statuses []limit.Status, mt *matched) {
 	for i := range req.Descriptors {
 		if len(entriesOf(i)) == 0 {
 			continue // tier entries only: nothing to match
@@ -413,7 +416,6 @@ func matchAll(dom *limit.Domain, req *limit.Request, entriesOf func(int) []limit
 			}
 		}
 	}
-	return mt
 }
 
 // addDescriptor adds the charges of descriptor i, whose entries (tier
