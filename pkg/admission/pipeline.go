@@ -1,3 +1,7 @@
+// Package admission owns the admission decision: its stages in
+// DESIGN.md §2's order (pipeline.go), its failure policy (failure.go) and
+// the answer each denial reason picks (reason.go). Every adapter calls
+// its Limiter; pkg/limit below it keeps the algorithms and the Store.
 package admission
 
 import (

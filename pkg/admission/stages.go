@@ -9,6 +9,10 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
+// The workings of the shedding and breaker stages that pipeline.go
+// lists: the interfaces they call (pkg/pressure and pkg/breaker implement
+// them) and the steps that refuse and give probes back.
+
 // ShedState is what pressure does to one request of a tier now.
 type ShedState struct {
 	// Shed: the tier is refused (in shadow mode: would be).

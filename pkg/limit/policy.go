@@ -8,13 +8,11 @@ import (
 	"time"
 )
 
-// The admission order (DESIGN.md §2), cheapest and most global first:
-// tier shedding by pressure, then the circuit breakers, then the limits.
-// A request refused by an earlier step is charged nothing by a later one.
-// The pieces that hold state outside the rules (pressure scores, breaker
-// state) are reached through the two small interfaces below, which
-// pkg/pressure and pkg/breaker implement; the configuration they read is
-// the plain data here, so pkg/config fills it and a Domain holds it.
+// The configuration of admission's shedding and breaker stages (see
+// pkg/admission, which runs them): plain data, so pkg/config fills it
+// and a Domain holds it. The state they read (pressure scores, breaker
+// state) is reached through admission's Shedder and Breakers, which
+// pkg/pressure and pkg/breaker implement.
 
 // Scopes a Shedding policy may read pressure from.
 const (
