@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/breaker"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/outcome"
@@ -31,7 +32,7 @@ func TestBreakerAcrossReplicas(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	replica := func() (*breaker.Breaker, *limit.Limiter) {
+	replica := func() (*breaker.Breaker, *admission.Limiter) {
 		c, err := redisstore.NewClient(srv.URL())
 		if err != nil {
 			t.Fatal(err)
@@ -44,7 +45,7 @@ func TestBreakerAcrossReplicas(t *testing.T) {
 		}
 		set := breaker.NewSet()
 		set.Replace(breaker.SetEntry{Domain: "d", Breaker: br})
-		return br, limit.NewLimiter(store, clock, rs, limit.WithBreakers(set))
+		return br, admission.NewLimiter(store, clock, rs, admission.WithBreakers(set))
 	}
 	brA, _ := replica()
 	_, limB := replica()
@@ -68,7 +69,7 @@ func TestBreakerAcrossReplicas(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if dec.Code != limit.CodeOverLimit || dec.Reason != limit.ReasonBreaker || dec.RetryAfter != 29*time.Second {
+	if dec.Code != limit.CodeOverLimit || dec.Reason != admission.ReasonBreaker || dec.RetryAfter != 29*time.Second {
 		t.Fatalf("replica B after A's failures: code %v reason %v retry %v; want over_limit breaker 29s", dec.Code, dec.Reason, dec.RetryAfter)
 	}
 	if dec.Statuses[0].Limit != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/authn"
 	"github.com/tollgate-dev/tollgate/pkg/config"
 	"github.com/tollgate-dev/tollgate/pkg/extauthz"
@@ -66,7 +67,7 @@ keys:
 // replica is one Tollgate process: a limiter, and Check and the access
 // log on one gRPC port. Replicas built on one store share their counters.
 type replica struct {
-	lim   *limit.Limiter
+	lim   *admission.Limiter
 	authz authv3.AuthorizationClient
 	als   alsv3.AccessLogServiceClient
 	reg   *prometheus.Registry
@@ -89,7 +90,7 @@ func newReplica(t testing.TB, store limit.Store, clock limit.Clock, ruleYAML str
 	if set.Keys, err = authn.Parse("keys.yaml", []byte(keys)); err != nil {
 		t.Fatal(err)
 	}
-	lim := limit.NewLimiter(store, clock, rs)
+	lim := admission.NewLimiter(store, clock, rs)
 	reg := prometheus.NewRegistry()
 	authz, err := extauthz.New(lim, set, nil, reg)
 	if err != nil {
@@ -146,7 +147,7 @@ func outcomeEntry(resp *authv3.CheckResponse, actual int) *datav3.HTTPAccessLogE
 // counted is what the tenant's token budget has counted: a check (cost 0)
 // under an override far above the budget, on the same counter (an
 // override that keeps the window keeps the key), reports the room left.
-func counted(t testing.TB, lim *limit.Limiter) uint64 {
+func counted(t testing.TB, lim *admission.Limiter) uint64 {
 	t.Helper()
 	const probe = 1 << 40
 	dec, err := lim.Decide(context.Background(), &limit.Request{

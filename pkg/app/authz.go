@@ -13,10 +13,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tollgate-dev/tollgate/pkg/accesslog"
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/config"
 	"github.com/tollgate-dev/tollgate/pkg/extauthz"
 	"github.com/tollgate-dev/tollgate/pkg/extproc"
-	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/outcome"
 	"github.com/tollgate-dev/tollgate/pkg/server"
 	"github.com/tollgate-dev/tollgate/pkg/ticket"
@@ -70,7 +70,7 @@ type reloadState struct {
 
 // newAuthz loads the authz config, if one is given, and builds the
 // services. A config with problems stops the start, as bad rules do.
-func newAuthz(f authzFlags, lim *limit.Limiter, loop *outcome.Loop, log *zap.Logger, reg prometheus.Registerer) (*authz, error) {
+func newAuthz(f authzFlags, lim *admission.Limiter, loop *outcome.Loop, log *zap.Logger, reg prometheus.Registerer) (*authz, error) {
 	als, err := accesslog.New(loop, log.Named("accesslog"), reg, accesslog.Options{})
 	if err != nil {
 		return nil, err

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/config"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/pressure"
@@ -127,7 +128,7 @@ func runExplain(f explainFlags) (*explainOutput, error) {
 		return nil, fmt.Errorf("domain %q is not in %s (domains: %s); ShouldRateLimit would answer OK with no limit", f.domain, f.config, strings.Join(names, ", "))
 	}
 	out := &explainOutput{Domain: dom.Name, Source: dom.Source, Hits: f.hits}
-	var shedder limit.Shedder
+	var shedder admission.Shedder
 	if dom.Shedding != nil {
 		ps := &pressureExplain{Scope: f.scope, Pressure: f.pressure, Given: f.pressureSet, Level: -1}
 		out.Pressure = ps
@@ -175,7 +176,7 @@ func runExplain(f explainFlags) (*explainOutput, error) {
 		out.Notes = append(out.Notes, fmt.Sprintf("domain %q has no shedding: --pressure changes nothing", dom.Name))
 	}
 
-	ex, err := limit.Explain(dom, req, shedder)
+	ex, err := admission.Explain(dom, req, shedder)
 	if err != nil {
 		return nil, err
 	}
@@ -391,7 +392,7 @@ type chargeExplain struct {
 }
 
 // fill turns ex into o.
-func (o *explainOutput) fill(dom *limit.Domain, req *limit.Request, ex *limit.Explanation) {
+func (o *explainOutput) fill(dom *limit.Domain, req *limit.Request, ex *admission.Explanation) {
 	if dom.Tiers != nil {
 		o.Tier = &tierExplain{Name: ex.Tier, Multiplier: ex.Multiplier, Given: ex.TierGiven, Default: ex.TierDefaulted}
 	}
@@ -437,7 +438,7 @@ func (o *explainOutput) fill(dom *limit.Domain, req *limit.Request, ex *limit.Ex
 	o.Verdict = o.verdict(ex)
 }
 
-func limitOf(c limit.ChargeExplanation) limitExplain {
+func limitOf(c admission.ChargeExplanation) limitExplain {
 	l := limitExplain{Cost: c.Charge.Cost, Key: c.Charge.Key, Shadow: c.Charge.Shadow, Effective: c.Charge.Amount}
 	if c.Limit == nil {
 		l.Kind = "max_concurrent"
@@ -480,7 +481,7 @@ func (l limitExplain) summary() string {
 	return s
 }
 
-func (o *explainOutput) verdict(ex *limit.Explanation) string {
+func (o *explainOutput) verdict(ex *admission.Explanation) string {
 	if ex.Refused {
 		return fmt.Sprintf("refused: shed at pressure %v (tier %s); OVER_LIMIT with retry-after %v, nothing charged",
 			o.Pressure.Pressure, ex.Tier, ex.RetryAfter)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
 	"github.com/tollgate-dev/tollgate/pkg/store/storeguard"
@@ -25,7 +26,7 @@ type failureFlags struct {
 }
 
 func (f *failureFlags) register(fs *flag.FlagSet) {
-	fs.DurationVar(&f.timeout, "store-timeout", limit.DefaultStoreTimeout, "bound on each decision's store call; a caller's deadline (Envoy sends its filter timeout) also bounds it, less 3ms for the answer to get back")
+	fs.DurationVar(&f.timeout, "store-timeout", admission.DefaultStoreTimeout, "bound on each decision's store call; a caller's deadline (Envoy sends its filter timeout) also bounds it, less 3ms for the answer to get back")
 	fs.StringVar(&f.policy, "store-failure", "local", "what decides when the store cannot answer (error, timeout, circuit open), for rules and domains without store_failure: local (this replica's share of each limit, kept in this process), deny, or allow (admit, count nothing)")
 	fs.Float64Var(&f.fraction, "store-failure-local-fraction", 0, "for store_failure local: the fraction of each limit one replica may spend alone while the store is down, in (0,1]; 0: automatic, a tenth of each window limit and all of a concurrency cap, split between the replicas that share the store")
 }
@@ -48,14 +49,14 @@ func (f *failureFlags) check() error {
 // automatic local share divides by replicas. The local policy's counters
 // live in an in-process store of their own, apart from the counters of an
 // in-memory deployment.
-func (f *failureFlags) option(obs limit.FailureObserver, remote bool, replicas func() int) limit.Option {
+func (f *failureFlags) option(obs admission.FailureObserver, remote bool, replicas func() int) admission.Option {
 	timeout := f.timeout
 	if !remote {
 		// The in-memory store answers in microseconds and never fails: a
 		// deadline would only cost each decision a timer (3 allocations).
 		timeout = 0
 	}
-	return limit.WithStoreFailure(limit.FailurePolicy{
+	return admission.WithStoreFailure(admission.FailurePolicy{
 		Timeout:       timeout,
 		Default:       f.parsed,
 		LocalFraction: f.fraction,
@@ -66,7 +67,7 @@ func (f *failureFlags) option(obs limit.FailureObserver, remote bool, replicas f
 }
 
 // failureMetrics count what the store's failures did; it is the
-// Limiter's limit.FailureObserver, and tells health (for logs and /readyz).
+// Limiter's admission.FailureObserver, and tells health (for logs and /readyz).
 type failureMetrics struct {
 	errors   prometheus.Counter
 	degraded *prometheus.CounterVec
@@ -74,7 +75,7 @@ type failureMetrics struct {
 	health   *storeHealth
 }
 
-var _ limit.FailureObserver = (*failureMetrics)(nil)
+var _ admission.FailureObserver = (*failureMetrics)(nil)
 
 // newFailureMetrics registers the store failure metrics on reg, and the
 // circuit's and the replica count's when guard is set (Redis).

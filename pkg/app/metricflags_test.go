@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/rls"
 	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
@@ -82,7 +83,7 @@ func detailedCap(t testing.TB, opts []rls.Option) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := rls.New(limit.NewLimiter(memstore.New(), nil, rs), nil, reg, opts...)
+	svc, err := rls.New(admission.NewLimiter(memstore.New(), nil, rs), nil, reg, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

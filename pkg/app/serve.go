@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/breaker"
 	"github.com/tollgate-dev/tollgate/pkg/config"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
@@ -291,7 +292,7 @@ func (a *App) newServeMetrics(st *serveStores) (*prometheus.Registry, *serveMetr
 
 // serveAPIs are the Limiter and the APIs over it.
 type serveAPIs struct {
-	lim  *limit.Limiter
+	lim  *admission.Limiter
 	loop *outcome.Loop
 	rls  *rls.Service
 	az   *authz
@@ -300,7 +301,7 @@ type serveAPIs struct {
 // newServeAPIs builds the Limiter over the store and the pressure
 // runtime, the outcome loop, and the APIs Envoy calls.
 func newServeAPIs(f *serveFlags, st *serveStores, sh *pressureruntime.Runtime, m *serveMetrics, reg prometheus.Registerer, rules *limit.RuleSet, log *zap.Logger) (*serveAPIs, error) {
-	lim := limit.NewLimiter(st.store, limit.SystemClock{}, rules, append(sh.LimiterOptions(), f.failure.option(m.failures, f.redisURL != "", st.health.replicas.get))...)
+	lim := admission.NewLimiter(st.store, limit.SystemClock{}, rules, append(sh.LimiterOptions(), f.failure.option(m.failures, f.redisURL != "", st.health.replicas.get))...)
 	loop, err := outcome.New(st.ticketKeys, lim, log.Named("outcome"), reg, outcome.Options{Completed: func(t *ticket.Ticket) { sh.Completed(t.Request()) }})
 	if err != nil {
 		return nil, err
@@ -404,7 +405,7 @@ func serveAll(ctx context.Context, srv *server.Server, grpcLis, adminLis net.Lis
 }
 
 // watchRules applies each change of the rules at path until ctx ends.
-func watchRules(ctx context.Context, path string, lim *limit.Limiter, sh *pressureruntime.Runtime, reloads *reloadMetrics, log *zap.Logger) {
+func watchRules(ctx context.Context, path string, lim *admission.Limiter, sh *pressureruntime.Runtime, reloads *reloadMetrics, log *zap.Logger) {
 	onChange := func(rs *limit.RuleSet, err error) {
 		if err != nil {
 			reloads.failed()

@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/logpace"
 	"github.com/tollgate-dev/tollgate/pkg/store/storeguard"
@@ -238,7 +239,7 @@ func (h *storeHealth) detail() string {
 		fmt.Fprintf(&b, "; local rules keep %g of each limit on this replica; %d replicas share the store", h.fraction, n)
 	default:
 		fmt.Fprintf(&b, "; %d replicas share the store: local rules keep %g/%d of each window limit and 1/%d of each concurrency cap on this replica",
-			n, limit.DefaultOvershoot, n, n)
+			n, admission.DefaultOvershoot, n, n)
 	}
 	return b.String()
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/breaker"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
@@ -404,9 +405,9 @@ func TestSettlingIgnoresBreakers(t *testing.T) {
 	set := breaker.NewSet()
 	set.Replace(breaker.SetEntry{Domain: "d", Breaker: br})
 	clock := storetest.NewFakeClock(t0)
-	lim := limit.NewLimiter(memstore.New(), clock, rs, limit.WithBreakers(set))
+	lim := admission.NewLimiter(memstore.New(), clock, rs, admission.WithBreakers(set))
 	ctx := context.Background()
-	decide := func(d limit.Descriptor) *limit.Decision {
+	decide := func(d limit.Descriptor) *admission.Decision {
 		t.Helper()
 		d.Entries = []limit.Entry{{Key: "model", Value: "m"}}
 		dec, err := lim.Decide(ctx, &limit.Request{Domain: "d", Descriptors: []limit.Descriptor{d}})
@@ -435,11 +436,11 @@ func TestSettlingIgnoresBreakers(t *testing.T) {
 	report := limit.Descriptor{Hits: 400, HitsSet: true}
 	refund := limit.Descriptor{Hits: 100, HitsSet: true, Negative: true}
 	for _, d := range []limit.Descriptor{report, refund} {
-		if dec := decide(d); dec.Code != limit.CodeOK || dec.Reason != limit.ReasonNone {
+		if dec := decide(d); dec.Code != limit.CodeOK || dec.Reason != admission.ReasonNone {
 			t.Fatalf("settling while open: %v %v", dec.Code, dec.Reason)
 		}
 	}
-	if dec := decide(limit.Descriptor{}); dec.Reason != limit.ReasonBreaker {
+	if dec := decide(limit.Descriptor{}); dec.Reason != admission.ReasonBreaker {
 		t.Fatalf("a request while open: %v %v, want refused by the breaker", dec.Code, dec.Reason)
 	}
 

@@ -6,10 +6,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 )
 
-// Set is the limit.Breakers of a process: each domain's Breakers by key,
+// Set is the admission.Breakers of a process: each domain's Breakers by key,
 // swapped whole on a rules reload.
 //
 // A breaker's store key is its descriptor key and value (StoreKey), not
@@ -22,7 +22,7 @@ type Set struct {
 
 type setKey struct{ domain, key string }
 
-var _ limit.Breakers = (*Set)(nil)
+var _ admission.Breakers = (*Set)(nil)
 
 // NewSet returns an empty Set: every upstream allowed until Set.Replace.
 func NewSet() *Set {
@@ -60,21 +60,21 @@ func (s *Set) Breakers() []*Breaker {
 	return out
 }
 
-// Allow implements limit.Breakers. A domain or key the Set has no
+// Allow implements admission.Breakers. A domain or key the Set has no
 // Breaker for is allowed.
-func (s *Set) Allow(ctx context.Context, now time.Time, domain, key, name string) (limit.BreakerVerdict, error) {
+func (s *Set) Allow(ctx context.Context, now time.Time, domain, key, name string) (admission.BreakerVerdict, error) {
 	b := (*s.m.Load())[setKey{domain, key}]
 	if b == nil {
-		return limit.BreakerVerdict{Allowed: true}, nil
+		return admission.BreakerVerdict{Allowed: true}, nil
 	}
 	v, err := b.Allow(ctx, now, name)
 	if err != nil {
-		return limit.BreakerVerdict{}, err
+		return admission.BreakerVerdict{}, err
 	}
-	return limit.BreakerVerdict{Allowed: v.Allowed, ProbeID: v.ProbeID, RetryAfter: v.RetryAfter}, nil
+	return admission.BreakerVerdict{Allowed: v.Allowed, ProbeID: v.ProbeID, RetryAfter: v.RetryAfter}, nil
 }
 
-// Release implements limit.Breakers.
+// Release implements admission.Breakers.
 func (s *Set) Release(ctx context.Context, now time.Time, domain, key, name, probeID string) error {
 	b := (*s.m.Load())[setKey{domain, key}]
 	if b == nil {

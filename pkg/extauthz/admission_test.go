@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/testing/protocmp"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/authn"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/ticket"
@@ -20,8 +21,8 @@ import (
 
 func TestToAnswerAdmission(t *testing.T) {
 	t.Parallel()
-	refused := func(reason limit.Reason, retry time.Duration) *limit.Decision {
-		return &limit.Decision{Code: limit.CodeOverLimit, Reason: reason, RetryAfter: retry, Tier: "free",
+	refused := func(reason admission.Reason, retry time.Duration) *admission.Decision {
+		return &admission.Decision{Code: limit.CodeOverLimit, Reason: reason, RetryAfter: retry, Tier: "free",
 			Statuses: []limit.Status{{Code: limit.CodeOverLimit, RetryAfter: retry}}}
 	}
 	denied := func(body, reason, retry string) *authv3.CheckResponse {
@@ -38,20 +39,20 @@ func TestToAnswerAdmission(t *testing.T) {
 	}
 	tests := []struct {
 		name       string
-		give       *limit.Decision
+		give       *admission.Decision
 		want       *authv3.CheckResponse
 		wantResult string
 	}{
 		{
 			name: "shed",
-			give: refused(limit.ReasonShed, 30*time.Second),
+			give: refused(admission.ReasonShed, 30*time.Second),
 			want: denied(`{"error":{"message":"The service is overloaded; requests of your plan are paused. Retry after 30 seconds.","type":"server_error","code":"overloaded"}}`,
 				"shed", "30"),
 			wantResult: resultShed,
 		},
 		{
 			name: "breaker open",
-			give: refused(limit.ReasonBreaker, 1200*time.Millisecond),
+			give: refused(admission.ReasonBreaker, 1200*time.Millisecond),
 			want: denied(`{"error":{"message":"The model is failing and temporarily unavailable. Retry after 2 seconds.","type":"server_error","code":"upstream_unavailable"}}`,
 				"breaker", "2"),
 			wantResult: resultBreakerOpen,
@@ -80,10 +81,10 @@ func TestMetadataProbes(t *testing.T) {
 		t.Fatal(err)
 	}
 	at := time.UnixMilli(1_800_000_000_000)
-	probes := []limit.Probe{{Key: "model", Name: "m", ID: "17.0123456789abcdef0123456789abcdef"}}
+	probes := []admission.Probe{{Key: "model", Name: "m", ID: "17.0123456789abcdef0123456789abcdef"}}
 	c := &call{id: authn.Identity{Tenant: "acme"}, model: "m", sealer: sealer,
 		req: &limit.Request{Domain: "ai", ID: "r.1", Model: "m"},
-		dec: &limit.Decision{Code: limit.CodeOK, At: at, Probes: probes}}
+		dec: &admission.Decision{Code: limit.CodeOK, At: at, Probes: probes}}
 	f := metadata(c).GetFields()
 	if len(f) != 3 || f[ticket.FieldTenant].GetStringValue() != "acme" || f[ticket.FieldModel].GetStringValue() != "m" {
 		t.Errorf("metadata fields %v, want tenant, model and the ticket", f)

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/headers"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/ticket"
@@ -50,9 +51,9 @@ type problem struct {
 func (p *problem) Error() string { return p.msg }
 
 var (
-	errMissingKey = &problem{status: 401, errCode: "missing_api_key", result: resultUnauthenticated,
+	errMissingKey = &problem{status: typev3.StatusCode(admission.ReasonUnauthenticated.Answer().Status), errCode: "missing_api_key", result: admission.ReasonUnauthenticated.Answer().Result,
 		msg: "No API key was provided. Send it as Authorization: Bearer <key>."}
-	errUnknownKey = &problem{status: 401, errCode: "invalid_api_key", result: resultUnauthenticated,
+	errUnknownKey = &problem{status: typev3.StatusCode(admission.ReasonUnauthenticated.Answer().Status), errCode: "invalid_api_key", result: admission.ReasonUnauthenticated.Answer().Result,
 		msg: "The API key provided is not valid."}
 	errValueTooLong = &problem{status: 400, errCode: "invalid_request", result: resultBadRequest,
 		msg: fmt.Sprintf("A request field or header that rate limits are keyed on is longer than %d bytes.", limit.MaxValueBytes)}
@@ -69,21 +70,15 @@ func tooLargeMessage(limit int64) string {
 // failure, plus the metric result. A refusal's text is the client's
 // message; a store's error text never reaches the client, since it may
 // carry addresses. A store failure reaches here only from a Limiter
-// without store_failure (limit.WithStoreFailure), or when the caller gave
+// without store_failure (admission.WithStoreFailure), or when the caller gave
 // up; it is a gRPC error rather than a denial so that Envoy applies its
 // own failure_mode_allow / status_on_error, as for ShouldRateLimit.
 func toAnswer(ctx context.Context, err error, c *call) (*authv3.CheckResponse, string, error) {
 	switch {
 	case err == nil && (c.dec == nil || c.dec.Code == limit.CodeOK):
 		return okResponse(c), resultOK, nil
-	case err == nil && c.dec.Reason == limit.ReasonShed:
-		return unavailableResponse(c, "overloaded", "The service is overloaded; requests of your plan are paused"), resultShed, nil
-	case err == nil && c.dec.Reason == limit.ReasonBreaker:
-		return unavailableResponse(c, "upstream_unavailable", "The model is failing and temporarily unavailable"), resultBreakerOpen, nil
-	case err == nil && c.dec.TooLarge() != nil:
-		return tooLargeResponse(c, c.dec.TooLarge()), resultTooLarge, nil
 	case err == nil:
-		return overLimitResponse(c), resultOverLimit, nil
+		return refusal(c)
 	}
 	// Declared past the answers without an error: errors.As moves p to
 	// the heap, which every admitted request would pay for.
@@ -101,6 +96,19 @@ func toAnswer(ctx context.Context, err error, c *call) (*authv3.CheckResponse, s
 	default:
 		return nil, resultError, status.Error(codes.Unavailable, "rate limit store unavailable")
 	}
+}
+
+// refusal answers a refused decision by its reason's row of
+// admission's table: the answer's status picks its shape.
+func refusal(c *call) (*authv3.CheckResponse, string, error) {
+	a := c.dec.Reason.Answer()
+	switch {
+	case a.BeforeLimits:
+		return unavailableResponse(c, a.Code, a.Message), a.Result, nil
+	case a.Status == 413:
+		return tooLargeResponse(c, c.dec.TooLarge()), a.Result, nil
+	}
+	return overLimitResponse(c), resultOverLimit, nil
 }
 
 // option is a header set whatever the request held.
@@ -330,7 +338,7 @@ func unavailableResponse(c *call, code, msg string) *authv3.CheckResponse {
 
 // denial describes what denied dec: the kind of limit, its name, and how
 // long until the request would fit.
-func denial(dec *limit.Decision) (what, name string, retry time.Duration) {
+func denial(dec *admission.Decision) (what, name string, retry time.Duration) {
 	for i := range dec.Statuses {
 		st := &dec.Statuses[i]
 		if st.Code != limit.CodeOverLimit {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 )
 
 // benchRules are high limits, so the benchmark measures the admitted path
@@ -42,7 +42,7 @@ func BenchmarkCheck(b *testing.B) {
 		b.Run(sk.Name, func(b *testing.B) {
 			set := newSettings(b, testSettings)
 			set.MaxBodyBytes = 1 << 20
-			svc, err := New(limit.NewLimiter(sk.Make(b), nil, newRules(b, benchRules)), set, nil, prometheus.NewRegistry())
+			svc, err := New(admission.NewLimiter(sk.Make(b), nil, newRules(b, benchRules)), set, nil, prometheus.NewRegistry())
 			if err != nil {
 				b.Fatal(err)
 			}

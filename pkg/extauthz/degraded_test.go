@@ -8,6 +8,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
@@ -19,30 +20,30 @@ func TestDegradedHeader(t *testing.T) {
 	lim := &limit.Limit{Kind: limit.Requests, Amount: 10, Unit: limit.Minute, Name: "tenant_requests"}
 	tests := []struct {
 		name       string
-		give       *limit.Decision
+		give       *admission.Decision
 		wantResult string
 		want       bool
 	}{
 		{
 			name:       "admitted by allow",
-			give:       &limit.Decision{Code: limit.CodeOK, Degraded: true, Policy: limit.FailureAllow, Statuses: []limit.Status{{Code: limit.CodeOK}}},
+			give:       &admission.Decision{Code: limit.CodeOK, Degraded: true, Policy: limit.FailureAllow, Statuses: []limit.Status{{Code: limit.CodeOK}}},
 			wantResult: resultOK, want: true,
 		},
 		{
 			name: "admitted by local",
-			give: &limit.Decision{Code: limit.CodeOK, Degraded: true, Policy: limit.FailureLocal,
+			give: &admission.Decision{Code: limit.CodeOK, Degraded: true, Policy: limit.FailureLocal,
 				Statuses: []limit.Status{{Code: limit.CodeOK, Limit: lim, Remaining: 9, ResetAfter: time.Minute}}},
 			wantResult: resultOK, want: true,
 		},
 		{
 			name: "denied by deny",
-			give: &limit.Decision{Code: limit.CodeOverLimit, Reason: limit.ReasonLimit, Degraded: true, Policy: limit.FailureDeny,
+			give: &admission.Decision{Code: limit.CodeOverLimit, Reason: admission.ReasonLimit, Degraded: true, Policy: limit.FailureDeny,
 				Statuses: []limit.Status{{Code: limit.CodeOverLimit, Limit: lim, RetryAfter: time.Second}}},
 			wantResult: resultOverLimit, want: true,
 		},
 		{
 			name:       "not degraded",
-			give:       &limit.Decision{Code: limit.CodeOK, Statuses: []limit.Status{{Code: limit.CodeOK, Limit: lim, Remaining: 9}}},
+			give:       &admission.Decision{Code: limit.CodeOK, Statuses: []limit.Status{{Code: limit.CodeOK, Limit: lim, Remaining: 9}}},
 			wantResult: resultOK, want: false,
 		},
 	}

@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
 	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
 )
@@ -57,7 +57,7 @@ func FuzzCheckToDescriptors(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add([]byte{0x0a, 0x02, 0x22, 0x00})
-	svc, err := New(limit.NewLimiter(memstore.New(), storetest.NewFakeClock(t0), newRules(f, testRules)),
+	svc, err := New(admission.NewLimiter(memstore.New(), storetest.NewFakeClock(t0), newRules(f, testRules)),
 		newSettings(f, fuzzSettings), nil, prometheus.NewRegistry())
 	if err != nil {
 		f.Fatal(err)

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/testing/protocmp"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/authn"
 	"github.com/tollgate-dev/tollgate/pkg/config"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
@@ -113,7 +114,7 @@ func newHarness(t testing.TB, store limit.Store, set *Settings, log *zap.Logger)
 	t.Helper()
 	clock := storetest.NewFakeClock(t0)
 	reg := prometheus.NewRegistry()
-	svc, err := New(limit.NewLimiter(store, clock, newRules(t, testRules)), set, log, reg)
+	svc, err := New(admission.NewLimiter(store, clock, newRules(t, testRules)), set, log, reg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

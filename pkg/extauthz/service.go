@@ -3,7 +3,7 @@
 // package that imports the ext_authz protos: it works out who is calling
 // (an API key, or headers a trusted layer set), what is asked for (the
 // model, and a token estimate from the JSON body), asks the same
-// limit.Limiter ShouldRateLimit asks, and answers the way an AI API client
+// admission.Limiter ShouldRateLimit asks, and answers the way an AI API client
 // expects: OK with identity headers and a reservation in the dynamic
 // metadata, or a denial with an OpenAI-style JSON body.
 //
@@ -13,7 +13,7 @@
 //
 // A store that cannot answer is answered by the rules' store_failure
 // (allow, deny or a local limit) when the Limiter has one
-// (limit.WithStoreFailure), and the answer carries x-tollgate-degraded:
+// (admission.WithStoreFailure), and the answer carries x-tollgate-degraded:
 // store. Without one, a store failure is not a denial: Check returns gRPC
 // Unavailable, as ShouldRateLimit does, and Envoy applies
 // failure_mode_allow (admit) or status_on_error (deny, 403 unless set).
@@ -34,6 +34,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/authn"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/ticket"
@@ -49,14 +50,14 @@ const ContextDomain = "tollgate.domain"
 // otherwise. Envoy drops any header of this name the client sent.
 const PartialBodyHeader = "x-envoy-auth-partial-body"
 
-// Decider answers admission questions; *limit.Limiter is one. Rules is
+// Decider answers admission questions; *admission.Limiter is one. Rules is
 // read only to tell known domains from unknown ones in metric labels.
 type Decider interface {
-	Decide(ctx context.Context, req *limit.Request) (*limit.Decision, error)
+	Decide(ctx context.Context, req *limit.Request) (*admission.Decision, error)
 	Rules() *limit.RuleSet
 }
 
-var _ Decider = (*limit.Limiter)(nil)
+var _ Decider = (*admission.Limiter)(nil)
 
 // Service implements authv3.AuthorizationServer over a Decider.
 type Service struct {
@@ -128,7 +129,7 @@ type call struct {
 	tokens  uint64
 	prompt  uint64 // the prompt's part of tokens
 	req     *limit.Request
-	dec     *limit.Decision
+	dec     *admission.Decision
 	// sealer seals the admitted request's ticket.
 	sealer *ticket.Sealer
 }
@@ -189,7 +190,7 @@ func (s *Service) decide(ctx context.Context, set *Settings, in *authv3.CheckReq
 		c.model = get(set.ModelHeader)
 	}
 
-	a := new(admission)
+	a := new(question)
 	descs, err := descriptors(set, c, h, get, a.descs[:0], a.entries[:0])
 	if err != nil {
 		return err
@@ -218,10 +219,10 @@ func (s *Service) decide(ctx context.Context, set *Settings, in *authv3.CheckReq
 	return err
 }
 
-// admission is a request's limit.Request with room for its descriptors:
+// question is a request's limit.Request with room for its descriptors:
 // one allocation between them for a mapping of a few short descriptors,
 // as mappings are.
-type admission struct {
+type question struct {
 	req     limit.Request
 	descs   [4]limit.Descriptor
 	entries [8]limit.Entry

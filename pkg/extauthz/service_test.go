@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/ticket"
 )
@@ -375,7 +376,7 @@ func TestCheckContextDomain(t *testing.T) {
 func TestNewRejectsDuplicateRegistration(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	lim := limit.NewLimiter(failStore{}, nil, nil)
+	lim := admission.NewLimiter(failStore{}, nil, nil)
 	set := newSettings(t, testSettings)
 	if _, err := New(lim, set, nil, reg); err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
 	"github.com/tollgate-dev/tollgate/pkg/ticket"
@@ -27,7 +28,7 @@ func newTierHarness(t testing.TB, store limit.Store, set *Settings) *harness {
 	t.Helper()
 	clock := storetest.NewFakeClock(t0)
 	reg := prometheus.NewRegistry()
-	svc, err := New(limit.NewLimiter(store, clock, newRules(t, tierRules)), set, nil, reg)
+	svc, err := New(admission.NewLimiter(store, clock, newRules(t, tierRules)), set, nil, reg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

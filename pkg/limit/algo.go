@@ -448,6 +448,13 @@ func bucketParams(ch *Charge) (T, BT, lim float64, burst uint64) {
 	return T, BT, lim, burst
 }
 
+// EmissionMillis is a token bucket charge's emission interval T in
+// float64 ms, exactly as every Store computes it (see bucketParams).
+func EmissionMillis(ch *Charge) float64 {
+	T, _, _, _ := bucketParams(ch)
+	return T
+}
+
 // debt is how far (ms) the bucket is from full at now: max(tat, now) - now.
 func (c *Counter) debt(now int64) float64 {
 	if c.Width != 0 || c.Debt <= 0 {

@@ -22,7 +22,8 @@ const (
 // it to InvalidArgument.
 var ErrInvalid = errors.New("invalid request")
 
-func invalidf(format string, args ...any) error {
+// Invalidf is an error wrapping ErrInvalid, for a malformed request.
+func Invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
 }
 
@@ -35,20 +36,20 @@ type Entry struct {
 // checkDescriptor enforces the caps on one descriptor.
 func checkDescriptor(i int, entries []Entry) error {
 	if len(entries) == 0 {
-		return invalidf("descriptors[%d]: no entries", i)
+		return Invalidf("descriptors[%d]: no entries", i)
 	}
 	if len(entries) > MaxEntries {
-		return invalidf("descriptors[%d]: %d entries, at most %d", i, len(entries), MaxEntries)
+		return Invalidf("descriptors[%d]: %d entries, at most %d", i, len(entries), MaxEntries)
 	}
 	for j, e := range entries {
 		if e.Key == "" {
-			return invalidf("descriptors[%d].entries[%d]: empty key", i, j)
+			return Invalidf("descriptors[%d].entries[%d]: empty key", i, j)
 		}
 		if len(e.Key) > MaxEntryKeyBytes {
-			return invalidf("descriptors[%d].entries[%d]: key is %d bytes, at most %d", i, j, len(e.Key), MaxEntryKeyBytes)
+			return Invalidf("descriptors[%d].entries[%d]: key is %d bytes, at most %d", i, j, len(e.Key), MaxEntryKeyBytes)
 		}
 		if len(e.Value) > MaxValueBytes {
-			return invalidf("descriptors[%d].entries[%d]: value is %d bytes, at most %d", i, j, len(e.Value), MaxValueBytes)
+			return Invalidf("descriptors[%d].entries[%d]: value is %d bytes, at most %d", i, j, len(e.Value), MaxValueBytes)
 		}
 	}
 	return nil
@@ -106,9 +107,9 @@ func algCode(a Algorithm) byte {
 	return 's'
 }
 
-// onceKey is the mark that settles request id's reservation, hash-tagged
+// OnceKey is the mark that settles request id's reservation, hash-tagged
 // like the counters of the descriptor family it starts with.
-func onceKey(domain string, first []Entry, id string) string {
+func OnceKey(domain string, first []Entry, id string) string {
 	b := make([]byte, 0, 40+len(domain)+len(id))
 	b = append(b, "tg:{"...)
 	b = appendTag(b, domain, first)

@@ -1,7 +1,6 @@
 package limit
 
 import (
-	"context"
 	"math"
 	"testing"
 	"time"
@@ -75,30 +74,4 @@ func mulU64(a, b uint64) (hi, lo uint64) {
 	lo = mid<<32 | p00&math.MaxUint32
 	hi = p11 + p01>>32 + p10>>32 + mid>>32
 	return hi, lo
-}
-
-// TestOverrideHugeMultiplier: a descriptor override of 3 per day with a
-// huge unit_multiplier is charged at the longest window, not at the half
-// second its product wraps to.
-func TestOverrideHugeMultiplier(t *testing.T) {
-	t.Parallel()
-	st := &recordStore{}
-	l := NewLimiter(st, nil, testRules(t))
-	req := Request{Domain: "d", Descriptors: []Descriptor{{
-		Entries:  entries("nope", "x"),
-		Override: &Override{Amount: 3, Unit: Day, Multiplier: 616385997},
-	}}}
-	if _, err := l.Decide(context.Background(), &req); err != nil {
-		t.Fatal(err)
-	}
-	if len(st.charges) != 1 {
-		t.Fatalf("charges %+v, want one", st.charges)
-	}
-	c := st.charges[0]
-	if c.Window != longest || c.Amount != 3 {
-		t.Errorf("charge window %v amount %d, want %v and 3", c.Window, c.Amount, longest)
-	}
-	if want := Key(Requests, SlidingWindow, longest, "d", entries("nope", "x")); c.Key != want {
-		t.Errorf("charge key %q, want %q", c.Key, want)
-	}
 }

@@ -132,12 +132,12 @@ func (t *Tiers) validate() error {
 	return nil
 }
 
-// plan returns the plan req gets and its multiplier in millionths:
+// Plan returns the plan req gets and its multiplier in millionths:
 // ("", 1e6) when d has no tiers.
-func (d *Domain) plan(req *Request) (string, uint64) {
+func (d *Domain) Plan(req *Request) (string, uint64) {
 	t := d.Tiers
 	if t == nil {
-		return "", microOne
+		return "", MicroOne
 	}
 	name := req.Tier
 	if name == "" {
@@ -155,40 +155,40 @@ func (d *Domain) plan(req *Request) (string, uint64) {
 	if !ok {
 		name, m = t.Default, t.Plans[t.Default]
 	}
-	return name, uint64(math.Round(m * microOne))
+	return name, uint64(math.Round(m * MicroOne))
 }
 
-// microOne is a multiplier of 1 in millionths.
-const microOne = 1_000_000
+// MicroOne is a multiplier of 1 in millionths.
+const MicroOne = 1_000_000
 
-// scale returns floor(n x micro / 1e6), exactly, and at least 1 when n is:
+// Scale returns floor(n x micro / 1e6), exactly, and at least 1 when n is:
 // a plan multiplier never turns a limit into one that denies everything.
-func scale(n, micro uint64) uint64 {
-	if n == 0 || micro == microOne {
+func Scale(n, micro uint64) uint64 {
+	if n == 0 || micro == MicroOne {
 		return n
 	}
 	const maxScaled = 1 << 53 // exact in a float64, as Lua counts
 	n = min(n, maxScaled)
 	hi, lo := bits.Mul64(n, micro) // < 2^53 x 2^30: hi < 1e6, so Div64 cannot panic
-	q, _ := bits.Div64(hi, lo, microOne)
+	q, _ := bits.Div64(hi, lo, MicroOne)
 	return min(max(q, 1), maxScaled)
 }
 
-// scaled returns l with its amount and burst scaled, or l itself when the
+// Scaled returns l with its amount and burst scaled, or l itself when the
 // multiplier is 1, so the common case allocates nothing.
-func scaled(l *Limit, micro uint64) *Limit {
-	if l == nil || micro == microOne {
+func Scaled(l *Limit, micro uint64) *Limit {
+	if l == nil || micro == MicroOne {
 		return l
 	}
 	c := *l
-	c.Amount = scale(l.Amount, micro)
-	c.Burst = scale(l.Burst, micro)
+	c.Amount = Scale(l.Amount, micro)
+	c.Burst = Scale(l.Burst, micro)
 	return &c
 }
 
-// stripTier returns entries without those named key; entries itself when
+// StripTier returns entries without those named key; entries itself when
 // there are none, so descriptors without a tier entry cost nothing.
-func stripTier(entries []Entry, key string) []Entry {
+func StripTier(entries []Entry, key string) []Entry {
 	n := 0
 	for _, e := range entries {
 		if e.Key == key {
@@ -353,14 +353,14 @@ func (r *Rule) child(e Entry) *Rule {
 // matching wildcard prefix, then the key alone. The descriptor matches
 // only when its last entry lands on a rule with a limit (or unlimited).
 func (d *Domain) Match(entries []Entry) *Rule {
-	r, _ := d.match(entries)
+	r, _ := d.MatchShared(entries)
 	return r
 }
 
-// match is Match that also reports, as a bit per entry index, the entries
+// MatchShared is Match that also reports, as a bit per entry index, the entries
 // matched by a wildcard rule with ShareThreshold: their counter key uses
 // the rule's value instead of the request's.
-func (d *Domain) match(entries []Entry) (found *Rule, shared uint64) {
+func (d *Domain) MatchShared(entries []Entry) (found *Rule, shared uint64) {
 	node := &d.root
 	for i, e := range entries {
 		next := node.child(e)
@@ -381,10 +381,10 @@ func (d *Domain) match(entries []Entry) (found *Rule, shared uint64) {
 	return found, shared
 }
 
-// sharedEntries returns entries with the value of each entry marked in
+// SharedEntries returns entries with the value of each entry marked in
 // shared replaced by the wildcard rule's value that matched it, so all
 // values under a share_threshold wildcard land on one counter.
-func (d *Domain) sharedEntries(entries []Entry, shared uint64) []Entry {
+func (d *Domain) SharedEntries(entries []Entry, shared uint64) []Entry {
 	out := make([]Entry, len(entries))
 	copy(out, entries)
 	node := &d.root

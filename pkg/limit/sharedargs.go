@@ -33,9 +33,9 @@ const (
 func CheckScope(what, scope string) error {
 	switch {
 	case scope == "":
-		return invalidf("%s: empty", what)
+		return Invalidf("%s: empty", what)
 	case len(scope) > MaxScopeBytes:
-		return invalidf("%s: %d bytes, at most %d", what, len(scope), MaxScopeBytes)
+		return Invalidf("%s: %d bytes, at most %d", what, len(scope), MaxScopeBytes)
 	}
 	return nil
 }
@@ -45,7 +45,7 @@ func CheckScope(what, scope string) error {
 // as BoardExpiry counts. d must be at least a millisecond.
 func ExpiryMs(what string, now time.Time, d time.Duration) (int64, error) {
 	if d < time.Millisecond {
-		return 0, invalidf("%s: %v is under 1ms", what, d)
+		return 0, Invalidf("%s: %v is under 1ms", what, d)
 	}
 	ms := (d + time.Millisecond - 1) / time.Millisecond
 	return now.UnixMilli() + int64(ms), nil
@@ -58,14 +58,14 @@ func CheckFlights(now time.Time, scope string, ids []string, lease time.Duration
 		return 0, err
 	}
 	if len(ids) > MaxFlightIDs {
-		return 0, invalidf("flights scope %q: %d IDs, at most %d", scope, len(ids), MaxFlightIDs)
+		return 0, Invalidf("flights scope %q: %d IDs, at most %d", scope, len(ids), MaxFlightIDs)
 	}
 	for i, id := range ids {
 		switch {
 		case id == "":
-			return 0, invalidf("flights scope %q: ids[%d] is empty", scope, i)
+			return 0, Invalidf("flights scope %q: ids[%d] is empty", scope, i)
 		case len(id) > MaxFlightIDBytes:
-			return 0, invalidf("flights scope %q: ids[%d] is %d bytes, at most %d", scope, i, len(id), MaxFlightIDBytes)
+			return 0, Invalidf("flights scope %q: ids[%d] is %d bytes, at most %d", scope, i, len(id), MaxFlightIDBytes)
 		}
 	}
 	if !begin {
@@ -88,7 +88,7 @@ func CheckScopes(scopes []string) error {
 // at least one) and returns it in ms.
 func BucketMs(bucket time.Duration) (int64, error) {
 	if bucket < time.Millisecond || bucket%time.Millisecond != 0 {
-		return 0, invalidf("meters bucket %v is not a whole number of milliseconds", bucket)
+		return 0, Invalidf("meters bucket %v is not a whole number of milliseconds", bucket)
 	}
 	return bucket.Milliseconds(), nil
 }
@@ -105,19 +105,19 @@ func CheckMeterAdd(now time.Time, scope string, bucket, keep time.Duration, coun
 		return 0, 0, 0, err
 	}
 	if keep < 0 {
-		return 0, 0, 0, invalidf("meters keep %v is negative", keep)
+		return 0, 0, 0, Invalidf("meters keep %v is negative", keep)
 	}
 	if len(counts) > MaxMeterNames {
-		return 0, 0, 0, invalidf("meters scope %q: %d names, at most %d", scope, len(counts), MaxMeterNames)
+		return 0, 0, 0, Invalidf("meters scope %q: %d names, at most %d", scope, len(counts), MaxMeterNames)
 	}
 	for name, n := range counts {
 		switch {
 		case name == "":
-			return 0, 0, 0, invalidf("meters scope %q: empty name", scope)
+			return 0, 0, 0, Invalidf("meters scope %q: empty name", scope)
 		case len(name) > MaxMeterNameBytes:
-			return 0, 0, 0, invalidf("meters scope %q: name is %d bytes, at most %d", scope, len(name), MaxMeterNameBytes)
+			return 0, 0, 0, Invalidf("meters scope %q: name is %d bytes, at most %d", scope, len(name), MaxMeterNameBytes)
 		case n < 0:
-			return 0, 0, 0, invalidf("meters scope %q: name %q: count %d is negative", scope, name, n)
+			return 0, 0, 0, Invalidf("meters scope %q: name %q: count %d is negative", scope, name, n)
 		}
 	}
 	start = BucketStart(now.UnixMilli(), width)
@@ -132,7 +132,7 @@ func CheckMeterSum(scope string, bucket time.Duration, n int) (int64, error) {
 		return 0, err
 	}
 	if n < 0 || n > MaxMeterBuckets {
-		return 0, invalidf("meters scope %q: %d buckets, want 0 to %d", scope, n, MaxMeterBuckets)
+		return 0, Invalidf("meters scope %q: %d buckets, want 0 to %d", scope, n, MaxMeterBuckets)
 	}
 	return BucketMs(bucket)
 }
@@ -154,7 +154,7 @@ func CheckCellSwap(now time.Time, key string, value []byte, ttl time.Duration) (
 		return 0, err
 	}
 	if len(value) > MaxCellBytes {
-		return 0, invalidf("cell %q: value is %d bytes, at most %d", key, len(value), MaxCellBytes)
+		return 0, Invalidf("cell %q: value is %d bytes, at most %d", key, len(value), MaxCellBytes)
 	}
 	return ExpiryMs("cell ttl", now, ttl)
 }

@@ -6,7 +6,7 @@
 // what they read and know nothing of tickets or limits themselves; a
 // ticket that does not verify changes nothing.
 //
-// A reservation settles once (limit.Limiter.Settle), by whichever report
+// A reservation settles once (admission.Limiter.Settle), by whichever report
 // carries usage first: ext_proc reads it from the response body, the
 // access log from a usage header when one is configured. A report without
 // usage never settles the tokens, so an access log entry that arrives
@@ -33,6 +33,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/logpace"
 	"github.com/tollgate-dev/tollgate/pkg/ticket"
@@ -47,14 +48,14 @@ const (
 // DefaultTimeout bounds the store calls of one report.
 const DefaultTimeout = 2 * time.Second
 
-// Limiter settles and releases reservations; *limit.Limiter is one.
+// Limiter settles and releases reservations; *admission.Limiter is one.
 type Limiter interface {
 	Settle(ctx context.Context, req *limit.Request, at time.Time, reserved, actual uint64) (bool, error)
 	Release(ctx context.Context, req *limit.Request) error
 	Rules() *limit.RuleSet
 }
 
-var _ Limiter = (*limit.Limiter)(nil)
+var _ Limiter = (*admission.Limiter)(nil)
 
 // Usage is what a response said about its cost.
 type Usage struct {

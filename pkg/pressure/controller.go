@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
@@ -21,7 +22,7 @@ import (
 // limit.Control, per controlled upstream, over the shared state of
 // limit.Flights, limit.Meters and limit.Cells:
 //
-//   - the decision path (Decided, through limit.WithAdmissions) counts
+//   - the decision path (Decided, through admission.WithAdmissions) counts
 //     offered and admitted requests in atomics and queues the flight of an
 //     admitted one; the completion path (Completed) queues its end. Both
 //     are non-blocking: a full queue drops the operation and counts it
@@ -175,7 +176,7 @@ func NewController(cfg ControllerConfig) (*Controller, error) {
 	return c, nil
 }
 
-var _ limit.Admissions = (*Controller)(nil)
+var _ admission.Admissions = (*Controller)(nil)
 
 // Start runs the flusher until ctx ends or Stop; the domains Set before
 // or after start ticking with it.
@@ -288,7 +289,7 @@ func (c *Controller) startDomain(d *ctlDomain) {
 	}()
 }
 
-// Decided implements limit.Admissions.
+// Decided implements admission.Admissions.
 func (c *Controller) Decided(domain, upstream, tier string, admitted bool, id string) string {
 	d := (*c.doms.Load())[domain]
 	if d == nil {

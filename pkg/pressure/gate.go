@@ -4,10 +4,11 @@ import (
 	"math/rand/v2"
 	"sync/atomic"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
-// Gate is the limit.Shedder of a process: it maps each domain's pressure
+// Gate is the admission.Shedder of a process: it maps each domain's pressure
 // scopes to the Evaluator that applies the domain's policy there, and
 // answers the Limiter with one atomic load and one map lookup.
 //
@@ -27,7 +28,7 @@ type Gate struct {
 
 type gateKey struct{ domain, scope string }
 
-var _ limit.Shedder = (*Gate)(nil)
+var _ admission.Shedder = (*Gate)(nil)
 
 // NewGate returns a Gate that sheds nothing until Set.
 func NewGate() *Gate { return NewGateRand(rand.Float64) }
@@ -63,19 +64,19 @@ func (g *Gate) Set(entries ...GateEntry) {
 // SetController makes the Gate shed by c's fractions too (nil: not).
 func (g *Gate) SetController(c *Controller) { g.ctl.Store(c) }
 
-// Shed implements limit.Shedder. A tier the steps shed stays shed; one
+// Shed implements admission.Shedder. A tier the steps shed stays shed; one
 // they admit is shed with the controller's fraction, in shadow mode when
 // the steps' policy is.
-func (g *Gate) Shed(domain, scope, tier string) limit.ShedState {
+func (g *Gate) Shed(domain, scope, tier string) admission.ShedState {
 	m := *g.m.Load()
 	e := m[gateKey{domain, scope}]
 	if e == nil && scope != limit.ScopeGlobal {
 		e = m[gateKey{domain, limit.ScopeGlobal}]
 	}
-	var st limit.ShedState
+	var st admission.ShedState
 	if e != nil {
 		o := e.out.Load()
-		st = limit.ShedState{Shed: o.Sheds(tier), Shadow: o.Shadow, Factor: o.Factor, NoBurst: o.NoBurst}
+		st = admission.ShedState{Shed: o.Sheds(tier), Shadow: o.Shadow, Factor: o.Factor, NoBurst: o.NoBurst}
 	}
 	if c := g.ctl.Load(); c != nil && !st.Shed {
 		if f := c.Fraction(domain, scope, tier); f >= 1 || (f > 0 && g.draw() < f) {

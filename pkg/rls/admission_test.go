@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/testing/protocmp"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/ticket"
 )
@@ -22,12 +23,12 @@ func TestToResponseAdmission(t *testing.T) {
 	over := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OVER_LIMIT}
 	tests := []struct {
 		name string
-		give *limit.Decision
+		give *admission.Decision
 		want *rlsv3.RateLimitResponse
 	}{
 		{
 			name: "shed",
-			give: &limit.Decision{Code: limit.CodeOverLimit, Reason: limit.ReasonShed, RetryAfter: 1500 * time.Millisecond,
+			give: &admission.Decision{Code: limit.CodeOverLimit, Reason: admission.ReasonShed, RetryAfter: 1500 * time.Millisecond,
 				Statuses: []limit.Status{{Code: limit.CodeOverLimit}, {Code: limit.CodeOverLimit}}},
 			want: &rlsv3.RateLimitResponse{
 				OverallCode: rlsv3.RateLimitResponse_OVER_LIMIT,
@@ -39,7 +40,7 @@ func TestToResponseAdmission(t *testing.T) {
 		},
 		{
 			name: "breaker open",
-			give: &limit.Decision{Code: limit.CodeOverLimit, Reason: limit.ReasonBreaker, RetryAfter: 20 * time.Second,
+			give: &admission.Decision{Code: limit.CodeOverLimit, Reason: admission.ReasonBreaker, RetryAfter: 20 * time.Second,
 				Statuses: []limit.Status{{Code: limit.CodeOverLimit}}},
 			want: &rlsv3.RateLimitResponse{
 				OverallCode: rlsv3.RateLimitResponse_OVER_LIMIT,
@@ -62,11 +63,11 @@ func TestToResponseAdmission(t *testing.T) {
 
 // fixedDecider answers every request with dec.
 type fixedDecider struct {
-	dec   *limit.Decision
+	dec   *admission.Decision
 	rules *limit.RuleSet
 }
 
-func (f fixedDecider) Decide(context.Context, *limit.Request) (*limit.Decision, error) {
+func (f fixedDecider) Decide(context.Context, *limit.Request) (*admission.Decision, error) {
 	return f.dec, nil
 }
 func (f fixedDecider) Rules() *limit.RuleSet { return f.rules }
@@ -89,7 +90,7 @@ func TestTicket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	probes := []limit.Probe{{Key: "model", Name: "m", ID: "17.0123456789abcdef0123456789abcdef"}}
+	probes := []admission.Probe{{Key: "model", Name: "m", ID: "17.0123456789abcdef0123456789abcdef"}}
 	descs := []*commonrl.RateLimitDescriptor{{Entries: []*commonrl.RateLimitDescriptor_Entry{{Key: "model", Value: "m"}}}}
 	for _, tt := range []struct {
 		name, domain string
@@ -102,7 +103,7 @@ func TestTicket(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			dec := &limit.Decision{Code: tt.code, At: at, Probes: probes, Statuses: []limit.Status{{Code: tt.code}}}
+			dec := &admission.Decision{Code: tt.code, At: at, Probes: probes, Statuses: []limit.Status{{Code: tt.code}}}
 			svc, err := New(fixedDecider{dec: dec, rules: withBreaker}, nil, prometheus.NewRegistry())
 			if err != nil {
 				t.Fatal(err)
@@ -138,12 +139,12 @@ func TestMetricsAdmissionResults(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tt := range []struct {
-		give *limit.Decision
+		give *admission.Decision
 		want string
 	}{
-		{give: &limit.Decision{Code: limit.CodeOverLimit, Reason: limit.ReasonShed, Tier: "free", Statuses: []limit.Status{{Code: limit.CodeOverLimit}}}, want: resultShed},
-		{give: &limit.Decision{Code: limit.CodeOverLimit, Reason: limit.ReasonBreaker, Tier: "free", Statuses: []limit.Status{{Code: limit.CodeOverLimit}}}, want: resultBreakerOpen},
-		{give: &limit.Decision{Code: limit.CodeOK, ShadowShed: true, Tier: "free", Statuses: []limit.Status{{Code: limit.CodeOK}}}, want: resultShadowShed},
+		{give: &admission.Decision{Code: limit.CodeOverLimit, Reason: admission.ReasonShed, Tier: "free", Statuses: []limit.Status{{Code: limit.CodeOverLimit}}}, want: resultShed},
+		{give: &admission.Decision{Code: limit.CodeOverLimit, Reason: admission.ReasonBreaker, Tier: "free", Statuses: []limit.Status{{Code: limit.CodeOverLimit}}}, want: resultBreakerOpen},
+		{give: &admission.Decision{Code: limit.CodeOK, ShadowShed: true, Tier: "free", Statuses: []limit.Status{{Code: limit.CodeOK}}}, want: resultShadowShed},
 	} {
 		reg := prometheus.NewRegistry()
 		svc, err := New(fixedDecider{dec: tt.give, rules: rs}, nil, reg)

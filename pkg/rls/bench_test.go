@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/config"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
@@ -35,7 +36,7 @@ func benchService(b *testing.B, store limit.Store) *Service {
 	if err != nil {
 		b.Fatal(err)
 	}
-	s, err := New(limit.NewLimiter(store, nil, rs), zap.NewNop(), prometheus.NewRegistry())
+	s, err := New(admission.NewLimiter(store, nil, rs), zap.NewNop(), prometheus.NewRegistry())
 	if err != nil {
 		b.Fatal(err)
 	}

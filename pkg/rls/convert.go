@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/headers"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
@@ -118,7 +119,7 @@ func toOverride(ov *commonrl.RateLimitDescriptor_RateLimitOverride) *limit.Overr
 
 // toResponse converts a decision to Envoy's answer: one status per
 // request descriptor, in order, and the rate limit headers.
-func toResponse(dec *limit.Decision) *rlsv3.RateLimitResponse {
+func toResponse(dec *admission.Decision) *rlsv3.RateLimitResponse {
 	resp := &rlsv3.RateLimitResponse{
 		OverallCode: toCode(dec.Code),
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(dec.Statuses)),
@@ -136,8 +137,7 @@ func toResponse(dec *limit.Decision) *rlsv3.RateLimitResponse {
 		resp.RawBody = tooLargeBody(st)
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: "content-type", Value: "application/json"})
 	}
-	switch dec.Reason {
-	case limit.ReasonShed, limit.ReasonBreaker:
+	if dec.Reason.Answer().BeforeLimits {
 		// Refused before any limit: the statuses report none, so the
 		// wait and the reason go in headers of their own.
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,

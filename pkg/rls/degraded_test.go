@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/testing/protocmp"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
@@ -49,7 +50,7 @@ func TestDegradedAnswers(t *testing.T) {
 			t.Parallel()
 			store := newCountStore()
 			store.err = errors.New("dial tcp 10.0.0.7:6379: connect: connection refused")
-			l := limit.NewLimiter(store, fixedClock{now}, testRules(t), limit.WithStoreFailure(limit.FailurePolicy{Default: tt.give}))
+			l := admission.NewLimiter(store, fixedClock{now}, testRules(t), admission.WithStoreFailure(admission.FailurePolicy{Default: tt.give}))
 			svc, err := New(l, zap.NewNop(), prometheus.NewRegistry())
 			if err != nil {
 				t.Fatal(err)

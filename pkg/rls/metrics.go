@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
@@ -74,7 +75,7 @@ func newMetrics(reg prometheus.Registerer, o options) (*metrics, error) {
 // observe counts one decision. known says whether the domain is in the
 // rules; only then is its name a label value, so a client cannot grow the
 // series count by inventing domains.
-func (m *metrics) observe(domain string, known bool, req *limit.Request, dec *limit.Decision) {
+func (m *metrics) observe(domain string, known bool, req *limit.Request, dec *admission.Decision) {
 	if !known {
 		domain = labelUnknown
 	}
@@ -88,10 +89,8 @@ func (m *metrics) observe(domain string, known bool, req *limit.Request, dec *li
 		st := &dec.Statuses[i]
 		rule, result := labels(st)
 		switch {
-		case dec.Reason == limit.ReasonShed:
-			result = resultShed
-		case dec.Reason == limit.ReasonBreaker:
-			result = resultBreakerOpen
+		case dec.Reason.Answer().BeforeLimits:
+			result = dec.Reason.Answer().Result
 		case dec.ShadowShed && st.Code == limit.CodeOK:
 			result = resultShadowShed
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
@@ -35,7 +36,7 @@ func detailedRules(t testing.TB) *limit.RuleSet {
 func newDetailedService(t testing.TB, store limit.Store, opts ...Option) (*Service, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	svc, err := New(limit.NewLimiter(store, fixedClock{now}, detailedRules(t)), zap.NewNop(), reg, opts...)
+	svc, err := New(admission.NewLimiter(store, fixedClock{now}, detailedRules(t)), zap.NewNop(), reg, opts...)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -20,19 +20,20 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/ticket"
 )
 
-// Decider answers admission questions; *limit.Limiter is one. Rules is
+// Decider answers admission questions; *admission.Limiter is one. Rules is
 // read only to tell known domains from unknown ones in metric labels.
 // Decide must not keep req once it returns: the Service reuses it.
 type Decider interface {
-	Decide(ctx context.Context, req *limit.Request) (*limit.Decision, error)
+	Decide(ctx context.Context, req *limit.Request) (*admission.Decision, error)
 	Rules() *limit.RuleSet
 }
 
-var _ Decider = (*limit.Limiter)(nil)
+var _ Decider = (*admission.Limiter)(nil)
 
 // Service implements rlsv3.RateLimitServiceServer over a Decider.
 type Service struct {
@@ -116,7 +117,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReques
 // RLS calls carry no request ID, so the ticket gets a random one (the
 // controller's flight ID, when it began one): it makes every once-only
 // use of the ticket (a breaker failure) count once.
-func (s *Service) ticket(req *limit.Request, dec *limit.Decision) *structpb.Struct {
+func (s *Service) ticket(req *limit.Request, dec *admission.Decision) *structpb.Struct {
 	// A request the overload controller counts in flight carries its
 	// flight's ID, so that its completion ends the flight.
 	tid := dec.Flight

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/headers"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
@@ -57,7 +58,7 @@ func newFixture(t testing.TB) *fixture {
 	t.Helper()
 	store := newCountStore()
 	reg := prometheus.NewRegistry()
-	svc, err := New(limit.NewLimiter(store, fixedClock{now}, testRules(t)), zap.NewNop(), reg)
+	svc, err := New(admission.NewLimiter(store, fixedClock{now}, testRules(t)), zap.NewNop(), reg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -420,12 +421,12 @@ func TestToResponseEdges(t *testing.T) {
 	minute := &limit.Limit{Amount: 10, Unit: limit.Minute}
 	tests := []struct {
 		name string
-		give *limit.Decision
+		give *admission.Decision
 		want *rlsv3.RateLimitResponse
 	}{
 		{
 			name: "over limit without a retry time reports the reset",
-			give: &limit.Decision{Code: limit.CodeOverLimit, Statuses: []limit.Status{
+			give: &admission.Decision{Code: limit.CodeOverLimit, Statuses: []limit.Status{
 				{Code: limit.CodeOverLimit, Limit: minute, ResetAfter: 1500 * time.Millisecond},
 			}},
 			want: &rlsv3.RateLimitResponse{
@@ -436,7 +437,7 @@ func TestToResponseEdges(t *testing.T) {
 		},
 		{
 			name: "retry-after is at least one second",
-			give: &limit.Decision{Code: limit.CodeOverLimit, Statuses: []limit.Status{
+			give: &admission.Decision{Code: limit.CodeOverLimit, Statuses: []limit.Status{
 				{Code: limit.CodeOverLimit, Limit: minute},
 			}},
 			want: &rlsv3.RateLimitResponse{
@@ -447,7 +448,7 @@ func TestToResponseEdges(t *testing.T) {
 		},
 		{
 			name: "retry-after is the longest wait of the denials",
-			give: &limit.Decision{Code: limit.CodeOverLimit, Statuses: []limit.Status{
+			give: &admission.Decision{Code: limit.CodeOverLimit, Statuses: []limit.Status{
 				{Code: limit.CodeOverLimit, Limit: minute, RetryAfter: 2 * time.Second, ResetAfter: time.Minute},
 				{Code: limit.CodeOverLimit, Limit: &limit.Limit{Amount: 100, Unit: limit.Hour}, Remaining: 3, RetryAfter: 7200 * time.Millisecond},
 			}},
@@ -462,7 +463,7 @@ func TestToResponseEdges(t *testing.T) {
 		},
 		{
 			name: "week unit, multiplier and a name that needs escaping",
-			give: &limit.Decision{Code: limit.CodeOK, Statuses: []limit.Status{
+			give: &admission.Decision{Code: limit.CodeOK, Statuses: []limit.Status{
 				{Code: limit.CodeOK, Limit: &limit.Limit{Name: "a\"b\\c\n", Amount: 7, Unit: limit.Week, Multiplier: 2}, Remaining: 6, ResetAfter: time.Hour},
 			}},
 			want: &rlsv3.RateLimitResponse{
@@ -530,7 +531,7 @@ func TestMetrics(t *testing.T) {
 func TestNewRejectsDuplicateRegistration(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	l := limit.NewLimiter(newCountStore(), fixedClock{now}, nil)
+	l := admission.NewLimiter(newCountStore(), fixedClock{now}, nil)
 	if _, err := New(l, zap.NewNop(), reg); err != nil {
 		t.Fatal(err)
 	}

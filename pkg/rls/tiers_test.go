@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/testing/protocmp"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
@@ -32,7 +33,7 @@ func newTierFixture(t testing.TB) *fixture {
 	}
 	store := newCountStore()
 	reg := prometheus.NewRegistry()
-	svc, err := New(limit.NewLimiter(store, fixedClock{now}, rs), zap.NewNop(), reg)
+	svc, err := New(admission.NewLimiter(store, fixedClock{now}, rs), zap.NewNop(), reg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -13,7 +13,7 @@
 // settle-once marks it relies on may be gone. A ticket cannot be altered
 // (amount, tenant, window, ID), made up, or used beyond its age; a
 // genuine ticket replayed within its age settles once, because every use
-// of it is keyed by its ID (see limit.Limiter.Settle).
+// of it is keyed by its ID (see admission.Limiter.Settle).
 //
 // The ticket is not encrypted: it holds descriptor values (tenant, model)
 // that the rest of the dynamic metadata shows anyway, and no secret.
@@ -34,6 +34,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
@@ -67,7 +68,7 @@ const (
 	// It must not exceed the life of the marks that make a settle or a
 	// breaker failure count once, or a replay after the mark is gone
 	// would count again.
-	DefaultMaxAge = limit.SettleOnceFor
+	DefaultMaxAge = admission.SettleOnceFor
 	// maxSkew is how far in the future a ticket's time may be: the
 	// replicas' clocks are NTP-synced, and a ticket from further ahead is
 	// not one a replica made.
@@ -105,7 +106,7 @@ type Ticket struct {
 	// At is the decision's time, to the millisecond.
 	At time.Time
 	// Probes are the half-open breakers' probes the request holds.
-	Probes []limit.Probe
+	Probes []admission.Probe
 }
 
 // Request is the limit.Request the ticket's decision was made on.
@@ -317,7 +318,7 @@ func decode(b []byte) (*Ticket, error) {
 		}
 	}
 	if n := d.count(maxProbes, "probes"); n > 0 {
-		t.Probes = make([]limit.Probe, n)
+		t.Probes = make([]admission.Probe, n)
 		for i := range t.Probes {
 			t.Probes[i].Key = d.string(limit.MaxEntryKeyBytes, "probe key")
 			t.Probes[i].Name = d.string(limit.MaxValueBytes, "probe name")

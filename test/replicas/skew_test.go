@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/config"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/store/redisstore"
@@ -33,7 +34,7 @@ func TestReplicaBehindAtBoundary(t *testing.T) {
 	if err := os.WriteFile(path, []byte(rules), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	newReplica := func(clock limit.Clock) *limit.Limiter {
+	newReplica := func(clock limit.Clock) *admission.Limiter {
 		rs, err := config.Load(path)
 		if err != nil {
 			t.Fatalf("load rules: %v", err)
@@ -44,14 +45,14 @@ func TestReplicaBehindAtBoundary(t *testing.T) {
 		}
 		store := redisstore.New(c)
 		t.Cleanup(func() { _ = store.Close() })
-		return limit.NewLimiter(store, clock, rs)
+		return admission.NewLimiter(store, clock, rs)
 	}
 	const w = window / buckets
 	t0 := time.Now().Truncate(w) // bucket k starts at t0
 	clockA, clockB := storetest.NewFakeClock(t0), storetest.NewFakeClock(t0)
 	a, b := newReplica(clockA), newReplica(clockB)
 
-	admit := func(l *limit.Limiter, n int) int {
+	admit := func(l *admission.Limiter, n int) int {
 		req := &limit.Request{Domain: "replicas", Descriptors: []limit.Descriptor{{Entries: []limit.Entry{{Key: "tenant", Value: "acme"}}}}}
 		got := 0
 		for range n {

@@ -29,6 +29,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/breaker"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/pressure"
@@ -214,8 +215,8 @@ func New(ctx context.Context, f Config, shared Shared, log *zap.Logger) (*Runtim
 
 // LimiterOptions make a Limiter shed by pressure and consult breakers,
 // and tell the overload controller of the decisions of its domains.
-func (s *Runtime) LimiterOptions() []limit.Option {
-	return []limit.Option{limit.WithShedder(s.gate), limit.WithBreakers(s.breakers), limit.WithAdmissions(s.ctl)}
+func (s *Runtime) LimiterOptions() []admission.Option {
+	return []admission.Option{admission.WithShedder(s.gate), admission.WithBreakers(s.breakers), admission.WithAdmissions(s.ctl)}
 }
 
 // Completed ends the flight of a verified ticket's request: the outcome

@@ -16,7 +16,7 @@ const replicasKey = "tg:{replicas}"
 
 // Replicas counts the replicas that share a Redis: each one beats every
 // so often, and the live beats are the count. Store failure policies use
-// it to split a limit between the replicas (limit.FailurePolicy).
+// it to split a limit between the replicas (admission.FailurePolicy).
 type Replicas struct {
 	c      redis.UniversalClient
 	script *redis.Script

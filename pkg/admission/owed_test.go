@@ -1,4 +1,4 @@
-package limit_test
+package admission_test
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
 	"github.com/tollgate-dev/tollgate/pkg/store/redisstore"
@@ -114,14 +115,14 @@ func TestDegradedTokenBucketWriteBack(t *testing.T) {
 				clk := storetest.NewFakeClock(t0)
 				model := fmt.Sprintf("gpt-4o-%d", i) // a key of its own on the shared redis
 				stores := make([]*flakyStore, replicas)
-				lims := make([]*limit.Limiter, replicas)
+				lims := make([]*admission.Limiter, replicas)
 				for k := range lims {
 					stores[k] = &flakyStore{shared: st.store, down: true}
-					lims[k] = limit.NewLimiter(stores[k], clk, bucketTierRules(t), limit.WithStoreFailure(limit.FailurePolicy{
+					lims[k] = admission.NewLimiter(stores[k], clk, bucketTierRules(t), admission.WithStoreFailure(admission.FailurePolicy{
 						Timeout: time.Second, Local: memstore.New(), Replicas: func() int { return replicas },
 					}))
 				}
-				decide := func(t *testing.T, l *limit.Limiter, tier string) *limit.Decision {
+				decide := func(t *testing.T, l *admission.Limiter, tier string) *admission.Decision {
 					t.Helper()
 					r := req("g", []string{"model", model})
 					r.Tier = tier

@@ -1,4 +1,4 @@
-package limit
+package admission
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
 // maxOwedKeys bounds the keys whose local admissions wait to be written
@@ -73,8 +75,8 @@ func (k *owedKey) empty(ms int64) bool {
 
 // add notes that c, a window or token bucket charge, was kept locally at
 // now.
-func (o *owed) add(now time.Time, c *Charge) {
-	if c.Cost <= 0 || c.Algorithm > TokenBucket || c.Algorithm == TokenBucket && c.Amount == 0 {
+func (o *owed) add(now time.Time, c *limit.Charge) {
+	if c.Cost <= 0 || c.Algorithm > limit.TokenBucket || c.Algorithm == limit.TokenBucket && c.Amount == 0 {
 		return // a bucket of 0 has no price per unit, and admitted nothing
 	}
 	o.mu.Lock()
@@ -87,8 +89,8 @@ func (o *owed) add(now time.Time, c *Charge) {
 		return
 	}
 	ms := now.UnixMilli()
-	if c.Algorithm == TokenBucket {
-		T, _, _, _ := bucketParams(c)
+	if c.Algorithm == limit.TokenBucket {
+		T := limit.EmissionMillis(c)
 		k.debt, k.at = k.bucketDebt(ms)+float64(c.Cost)*T, ms
 	} else {
 		k.units += c.Cost
@@ -101,9 +103,9 @@ func (o *owed) add(now time.Time, c *Charge) {
 // take returns, for the keys of charges that are owed a debt, a Force
 // charge of it (ahead of the decision's own; a token bucket's priced at
 // that charge's T), and marks them as being sent; nil when none is owed.
-func (o *owed) take(now time.Time, charges []Charge) []Charge {
+func (o *owed) take(now time.Time, charges []limit.Charge) []limit.Charge {
 	ms := now.UnixMilli()
-	var out []Charge
+	var out []limit.Charge
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for i := range charges {
@@ -116,14 +118,14 @@ func (o *owed) take(now time.Time, charges []Charge) []Charge {
 			delete(o.m, c.Key)
 			continue
 		}
-		if k.busy || c.Algorithm > TokenBucket || c.Algorithm == TokenBucket && c.Amount == 0 {
+		if k.busy || c.Algorithm > limit.TokenBucket || c.Algorithm == limit.TokenBucket && c.Amount == 0 {
 			continue
 		}
-		w := Charge{Key: c.Key, Algorithm: c.Algorithm, Amount: c.Amount, Window: c.Window,
+		w := limit.Charge{Key: c.Key, Algorithm: c.Algorithm, Amount: c.Amount, Window: c.Window,
 			Burst: c.Burst, Buckets: c.Buckets, Cost: k.units, Force: true}
-		if c.Algorithm == TokenBucket {
+		if c.Algorithm == limit.TokenBucket {
 			d := k.bucketDebt(ms)
-			T, _, _, _ := bucketParams(c)
+			T := limit.EmissionMillis(c)
 			// Rounded up, so the store is never owed less than the
 			// admissions cost; the tolerance keeps a debt of whole units
 			// at this price from costing one more to a rounding error.
@@ -145,7 +147,7 @@ func (o *owed) take(now time.Time, charges []Charge) []Charge {
 
 // settle ends the write-backs of sent, taken at now: counted by the store
 // when done, else owed again.
-func (o *owed) settle(now time.Time, sent []Charge, done bool) {
+func (o *owed) settle(now time.Time, sent []limit.Charge, done bool) {
 	ms := now.UnixMilli()
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -170,7 +172,7 @@ func (o *owed) settle(now time.Time, sent []Charge, done bool) {
 
 // applyOwed is Decide's store call: charges, preceded by the debts owed
 // on their keys, if any.
-func (l *Limiter) applyOwed(ctx context.Context, now time.Time, charges []Charge, res []Result) (bool, error) {
+func (l *Limiter) applyOwed(ctx context.Context, now time.Time, charges []limit.Charge, res []limit.Result) (bool, error) {
 	if l.failure == nil || l.failure.owed.keys.Load() == 0 {
 		return l.store.Apply(ctx, now, charges, res)
 	}
@@ -179,7 +181,7 @@ func (l *Limiter) applyOwed(ctx context.Context, now time.Time, charges []Charge
 		return l.store.Apply(ctx, now, charges, res)
 	}
 	all := append(sent, charges...)
-	allRes := make([]Result, len(all))
+	allRes := make([]limit.Result, len(all))
 	admitted, err := l.store.Apply(ctx, now, all, allRes)
 	l.failure.owed.settle(now, sent, err == nil || timedOut(err))
 	copy(res, allRes[len(sent):])

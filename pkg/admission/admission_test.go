@@ -1,4 +1,4 @@
-package limit
+package admission
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
 // fakeShedder answers a fixed ShedState per tier, and records the scopes
@@ -44,16 +46,16 @@ func (f *fakeBreakers) Release(_ context.Context, _ time.Time, _, _, _, probeID 
 	return nil
 }
 
-func admissionRules(t testing.TB, scope string) *RuleSet {
+func admissionRules(t testing.TB, scope string) *limit.RuleSet {
 	t.Helper()
-	rs, err := NewRuleSet(&Domain{
+	rs, err := limit.NewRuleSet(&limit.Domain{
 		Name:     "d",
-		Tiers:    &Tiers{Key: "tier", Default: "free", Plans: map[string]float64{"premium": 3, "free": 1}},
-		Shedding: &Shedding{Steps: []ShedStep{{Above: 0.7, Shed: []string{"free"}}}, Hold: 30 * time.Second, Scope: scope},
-		Breakers: []BreakerConfig{{Key: "model", FailureThreshold: 1, Window: time.Minute, OpenFor: time.Minute}},
-		Descriptors: []*Rule{
+		Tiers:    &limit.Tiers{Key: "tier", Default: "free", Plans: map[string]float64{"premium": 3, "free": 1}},
+		Shedding: &limit.Shedding{Steps: []limit.ShedStep{{Above: 0.7, Shed: []string{"free"}}}, Hold: 30 * time.Second, Scope: scope},
+		Breakers: []limit.BreakerConfig{{Key: "model", FailureThreshold: 1, Window: time.Minute, OpenFor: time.Minute}},
+		Descriptors: []*limit.Rule{
 			{Key: "tenant", RateLimit: perMinute(100)},
-			{Key: "model", RateLimit: &Limit{Amount: 10, Unit: Second, Algorithm: TokenBucket, Burst: 4}},
+			{Key: "model", RateLimit: &limit.Limit{Amount: 10, Unit: limit.Second, Algorithm: limit.TokenBucket, Burst: 4}},
 		},
 	})
 	if err != nil {
@@ -66,18 +68,18 @@ func TestDecideAdmissionOrder(t *testing.T) {
 	t.Parallel()
 	probe := BreakerVerdict{Allowed: true, ProbeID: "1.1"}
 	open := BreakerVerdict{RetryAfter: 20 * time.Second}
-	tenantKey := Key(Requests, SlidingWindow, time.Minute, "d", entries("tenant", "a"))
+	tenantKey := limit.Key(limit.Requests, limit.SlidingWindow, time.Minute, "d", entries("tenant", "a"))
 	type charge struct {
 		key           string
 		amount, burst uint64
 	}
 	tests := []struct {
 		name        string
-		give        Request
+		give        limit.Request
 		shed        map[string]ShedState
 		verdicts    map[string]BreakerVerdict
 		deny        bool // the store denies the tenant limit
-		wantCode    Code
+		wantCode    limit.Code
 		wantReason  Reason
 		wantRetry   time.Duration
 		wantShadow  bool
@@ -88,64 +90,64 @@ func TestDecideAdmissionOrder(t *testing.T) {
 	}{
 		{
 			name:        "nothing applies",
-			give:        Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}},
-			wantCode:    CodeOK,
+			give:        limit.Request{Domain: "d", Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a")}}},
+			wantCode:    limit.CodeOK,
 			wantCharges: []charge{{tenantKey, 100, 0}},
 			wantLimits:  []uint64{100},
 		},
 		{
 			name:       "a shed tier is refused and charged nothing",
-			give:       Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}, {Entries: entries("model", "m")}}},
+			give:       limit.Request{Domain: "d", Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a")}, {Entries: entries("model", "m")}}},
 			shed:       map[string]ShedState{"free": {Shed: true}},
-			wantCode:   CodeOverLimit,
+			wantCode:   limit.CodeOverLimit,
 			wantReason: ReasonShed,
 			wantRetry:  30 * time.Second,
 			wantLimits: []uint64{0, 0},
 		},
 		{
 			name:        "another tier is admitted (admit_only leaves premium in)",
-			give:        Request{Domain: "d", Tier: "premium", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}},
+			give:        limit.Request{Domain: "d", Tier: "premium", Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a")}}},
 			shed:        map[string]ShedState{"free": {Shed: true}},
-			wantCode:    CodeOK,
+			wantCode:    limit.CodeOK,
 			wantCharges: []charge{{tenantKey, 300, 0}},
 			wantLimits:  []uint64{300},
 		},
 		{
 			name:        "shadow: admitted, marked, limits as written",
-			give:        Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}},
+			give:        limit.Request{Domain: "d", Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a")}}},
 			shed:        map[string]ShedState{"free": {Shed: true, Shadow: true, Factor: 0.5, NoBurst: true}},
-			wantCode:    CodeOK,
+			wantCode:    limit.CodeOK,
 			wantShadow:  true,
 			wantCharges: []charge{{tenantKey, 100, 0}},
 			wantLimits:  []uint64{100},
 		},
 		{
 			name: "factor after the plan multiplier, floored; burst down to 1s of the rate, which is above the burst",
-			give: Request{Domain: "d", Tier: "premium", Descriptors: []Descriptor{
+			give: limit.Request{Domain: "d", Tier: "premium", Descriptors: []limit.Descriptor{
 				{Entries: entries("tenant", "a")}, {Entries: entries("model", "m")},
 			}},
 			shed:     map[string]ShedState{"premium": {Factor: 0.7, NoBurst: true}},
-			wantCode: CodeOK,
+			wantCode: limit.CodeOK,
 			wantCharges: []charge{
 				{tenantKey, 210, 0},
-				{Key(Requests, TokenBucket, time.Second, "d", entries("model", "m")), 21, 8},
+				{limit.Key(limit.Requests, limit.TokenBucket, time.Second, "d", entries("model", "m")), 21, 8},
 			},
 			wantLimits: []uint64{210, 21},
 		},
 		{
 			name:       "an open breaker refuses before the limits",
-			give:       Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}, {Entries: entries("model", "m")}}},
+			give:       limit.Request{Domain: "d", Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a")}, {Entries: entries("model", "m")}}},
 			verdicts:   map[string]BreakerVerdict{"m": open},
-			wantCode:   CodeOverLimit,
+			wantCode:   limit.CodeOverLimit,
 			wantReason: ReasonBreaker,
 			wantRetry:  20 * time.Second,
 			wantLimits: []uint64{0, 0},
 		},
 		{
-			name:        "the breaker of Request.Model, without a model entry",
-			give:        Request{Domain: "d", Model: "m", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}},
+			name:        "the breaker of limit.Request.Model, without a model entry",
+			give:        limit.Request{Domain: "d", Model: "m", Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a")}}},
 			verdicts:    map[string]BreakerVerdict{"m": open},
-			wantCode:    CodeOverLimit,
+			wantCode:    limit.CodeOverLimit,
 			wantReason:  ReasonBreaker,
 			wantRetry:   20 * time.Second,
 			wantLimits:  []uint64{0},
@@ -153,10 +155,10 @@ func TestDecideAdmissionOrder(t *testing.T) {
 		},
 		{
 			name:        "shedding before the breaker",
-			give:        Request{Domain: "d", Model: "m", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}},
+			give:        limit.Request{Domain: "d", Model: "m", Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a")}}},
 			shed:        map[string]ShedState{"free": {Shed: true}},
 			verdicts:    map[string]BreakerVerdict{"m": probe},
-			wantCode:    CodeOverLimit,
+			wantCode:    limit.CodeOverLimit,
 			wantReason:  ReasonShed,
 			wantRetry:   30 * time.Second,
 			wantLimits:  []uint64{0},
@@ -164,19 +166,19 @@ func TestDecideAdmissionOrder(t *testing.T) {
 		},
 		{
 			name:        "a half-open probe is admitted and reported",
-			give:        Request{Domain: "d", Model: "m", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}},
+			give:        limit.Request{Domain: "d", Model: "m", Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a")}}},
 			verdicts:    map[string]BreakerVerdict{"m": probe},
-			wantCode:    CodeOK,
+			wantCode:    limit.CodeOK,
 			wantCharges: []charge{{tenantKey, 100, 0}},
 			wantLimits:  []uint64{100},
 			wantProbes:  []string{"1.1"},
 		},
 		{
 			name:        "a probe the limits refuse is released",
-			give:        Request{Domain: "d", Model: "m", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}},
+			give:        limit.Request{Domain: "d", Model: "m", Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a")}}},
 			verdicts:    map[string]BreakerVerdict{"m": probe},
 			deny:        true,
-			wantCode:    CodeOverLimit,
+			wantCode:    limit.CodeOverLimit,
 			wantReason:  ReasonLimit,
 			wantCharges: []charge{{tenantKey, 100, 0}},
 			wantLimits:  []uint64{100},
@@ -240,13 +242,13 @@ func TestDecideShedScope(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
 		name, scope string
-		give        Request
+		give        limit.Request
 		want        string
 	}{
-		{name: "global", scope: "", give: Request{Domain: "d", Model: "m", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}}, want: ScopeGlobal},
-		{name: "model from the request", scope: ScopeModel, give: Request{Domain: "d", Model: "m", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}}, want: "m"},
-		{name: "model from a descriptor", scope: ScopeModel, give: Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("model", "x")}}}, want: "x"},
-		{name: "no model: global", scope: ScopeModel, give: Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}}, want: ScopeGlobal},
+		{name: "global", scope: "", give: limit.Request{Domain: "d", Model: "m", Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a")}}}, want: limit.ScopeGlobal},
+		{name: "model from the request", scope: limit.ScopeModel, give: limit.Request{Domain: "d", Model: "m", Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a")}}}, want: "m"},
+		{name: "model from a descriptor", scope: limit.ScopeModel, give: limit.Request{Domain: "d", Descriptors: []limit.Descriptor{{Entries: entries("model", "x")}}}, want: "x"},
+		{name: "no model: global", scope: limit.ScopeModel, give: limit.Request{Domain: "d", Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a")}}}, want: limit.ScopeGlobal},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -269,7 +271,7 @@ func TestDecideBreakerError(t *testing.T) {
 	st := &recordStore{}
 	boom := errors.New("boom")
 	l := NewLimiter(st, nil, admissionRules(t, ""), WithBreakers(&fakeBreakers{err: boom}))
-	_, err := l.Decide(context.Background(), &Request{Domain: "d", Model: "m", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}})
+	_, err := l.Decide(context.Background(), &limit.Request{Domain: "d", Model: "m", Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a")}}})
 	if !errors.Is(err, boom) || len(st.charges) != 0 {
 		t.Errorf("Decide = %v with %d charges, want boom and none", err, len(st.charges))
 	}
@@ -277,23 +279,23 @@ func TestDecideBreakerError(t *testing.T) {
 
 func TestRuleSetAdmissionChecks(t *testing.T) {
 	t.Parallel()
-	tiers := &Tiers{Key: "tier", Default: "free", Plans: map[string]float64{"free": 1}}
-	ok := BreakerConfig{Key: "model", FailureThreshold: 1, Window: time.Second, OpenFor: time.Second}
+	tiers := &limit.Tiers{Key: "tier", Default: "free", Plans: map[string]float64{"free": 1}}
+	ok := limit.BreakerConfig{Key: "model", FailureThreshold: 1, Window: time.Second, OpenFor: time.Second}
 	for _, tt := range []struct {
 		name string
-		give Domain
+		give limit.Domain
 		want string
 	}{
-		{name: "bad shedding", give: Domain{Name: "d", Shedding: &Shedding{Scope: "x"}}, want: `domain "d": shedding: scope: "x" is not one of global|model`},
-		{name: "bad breaker", give: Domain{Name: "d", Breakers: []BreakerConfig{{Key: "model"}}}, want: `domain "d": breakers[0]: breaker "model": failure_threshold: failure_threshold must be at least 1`},
-		{name: "two breakers on a key", give: Domain{Name: "d", Breakers: []BreakerConfig{ok, ok}}, want: `domain "d": breakers[1]: key "model" has a breaker already (breakers[0])`},
-		{name: "breaker on the tiers key", give: Domain{Name: "d", Tiers: tiers, Breakers: []BreakerConfig{{Key: "tier", FailureThreshold: 1, Window: time.Second, OpenFor: time.Second}}}, want: `domain "d": breakers[0]: key "tier" is the tiers key, whose entries are removed before matching`},
+		{name: "bad shedding", give: limit.Domain{Name: "d", Shedding: &limit.Shedding{Scope: "x"}}, want: `domain "d": shedding: scope: "x" is not one of global|model`},
+		{name: "bad breaker", give: limit.Domain{Name: "d", Breakers: []limit.BreakerConfig{{Key: "model"}}}, want: `domain "d": breakers[0]: breaker "model": failure_threshold: failure_threshold must be at least 1`},
+		{name: "two breakers on a key", give: limit.Domain{Name: "d", Breakers: []limit.BreakerConfig{ok, ok}}, want: `domain "d": breakers[1]: key "model" has a breaker already (breakers[0])`},
+		{name: "breaker on the tiers key", give: limit.Domain{Name: "d", Tiers: tiers, Breakers: []limit.BreakerConfig{{Key: "tier", FailureThreshold: 1, Window: time.Second, OpenFor: time.Second}}}, want: `domain "d": breakers[0]: key "tier" is the tiers key, whose entries are removed before matching`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			_, err := NewRuleSet(&tt.give)
+			_, err := limit.NewRuleSet(&tt.give)
 			if err == nil || !startsWith(err.Error(), tt.want) {
-				t.Errorf("NewRuleSet = %v, want %q", err, tt.want)
+				t.Errorf("limit.NewRuleSet = %v, want %q", err, tt.want)
 			}
 		})
 	}
@@ -307,26 +309,26 @@ func startsWith(s, prefix string) bool { return len(s) >= len(prefix) && s[:len(
 // slot); a request with any other descriptor is a request as before.
 func TestDecideSettles(t *testing.T) {
 	t.Parallel()
-	rs, err := NewRuleSet(&Domain{
+	rs, err := limit.NewRuleSet(&limit.Domain{
 		Name:     "d",
-		Tiers:    &Tiers{Key: "tier", Default: "free", Plans: map[string]float64{"premium": 3, "free": 1}},
-		Shedding: &Shedding{Steps: []ShedStep{{Above: 0.7, Shed: []string{"free"}}}},
-		Breakers: []BreakerConfig{{Key: "model", FailureThreshold: 1, Window: time.Minute, OpenFor: time.Minute}},
-		Descriptors: []*Rule{
+		Tiers:    &limit.Tiers{Key: "tier", Default: "free", Plans: map[string]float64{"premium": 3, "free": 1}},
+		Shedding: &limit.Shedding{Steps: []limit.ShedStep{{Above: 0.7, Shed: []string{"free"}}}},
+		Breakers: []limit.BreakerConfig{{Key: "model", FailureThreshold: 1, Window: time.Minute, OpenFor: time.Minute}},
+		Descriptors: []*limit.Rule{
 			{Key: "tenant", RateLimit: perMinute(100)},
-			{Key: "model", TokenLimit: &Limit{Kind: Tokens, Amount: 1000, Unit: Hour}},
+			{Key: "model", TokenLimit: &limit.Limit{Kind: limit.Tokens, Amount: 1000, Unit: limit.Hour}},
 		},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var (
-		refund  = Descriptor{Entries: entries("model", "m"), Hits: 300, HitsSet: true, Negative: true}
-		report  = Descriptor{Entries: entries("model", "m"), Hits: 500, HitsSet: true}
-		back    = Descriptor{Entries: entries("tenant", "a"), Negative: true} // a refund of a request
-		check   = Descriptor{Entries: entries("model", "m"), HitsSet: true}   // hits_addend 0: a check
-		weighed = Descriptor{Entries: entries("tenant", "a"), Hits: 5, HitsSet: true}
-		plain   = Descriptor{Entries: entries("tenant", "a")}
+		refund  = limit.Descriptor{Entries: entries("model", "m"), Hits: 300, HitsSet: true, Negative: true}
+		report  = limit.Descriptor{Entries: entries("model", "m"), Hits: 500, HitsSet: true}
+		back    = limit.Descriptor{Entries: entries("tenant", "a"), Negative: true} // a refund of a request
+		check   = limit.Descriptor{Entries: entries("model", "m"), HitsSet: true}   // hits_addend 0: a check
+		weighed = limit.Descriptor{Entries: entries("tenant", "a"), Hits: 5, HitsSet: true}
+		plain   = limit.Descriptor{Entries: entries("tenant", "a")}
 	)
 	open := map[string]BreakerVerdict{"m": {RetryAfter: 20 * time.Second}}
 	probe := map[string]BreakerVerdict{"m": {Allowed: true, ProbeID: "p"}}
@@ -334,7 +336,7 @@ func TestDecideSettles(t *testing.T) {
 	shadow := map[string]ShedState{"free": {Shed: true, Shadow: true}}
 	tests := []struct {
 		name       string
-		give       []Descriptor
+		give       []limit.Descriptor
 		verdicts   map[string]BreakerVerdict
 		shed       map[string]ShedState
 		wantReason Reason
@@ -342,22 +344,22 @@ func TestDecideSettles(t *testing.T) {
 		wantAsked  bool // the breaker was asked
 		wantShadow bool
 	}{
-		{name: "refund, breaker open", give: []Descriptor{refund}, verdicts: open, wantCosts: []int64{-300}},
-		{name: "cost report, breaker open", give: []Descriptor{report}, verdicts: open, wantCosts: []int64{500}},
-		{name: "refund of a request, breaker open", give: []Descriptor{back}, verdicts: open, wantCosts: []int64{-1}},
-		{name: "refund and report, breaker open", give: []Descriptor{refund, report}, verdicts: open, wantCosts: []int64{-300, 500}},
-		{name: "refund, half-open", give: []Descriptor{refund}, verdicts: probe, wantCosts: []int64{-300}},
-		{name: "cost report, half-open", give: []Descriptor{report}, verdicts: probe, wantCosts: []int64{500}},
-		{name: "refund, shed", give: []Descriptor{refund}, shed: shed, wantCosts: []int64{-300}},
-		{name: "cost report, shed", give: []Descriptor{report}, shed: shed, wantCosts: []int64{500}},
-		{name: "cost report, shadow shedding", give: []Descriptor{report}, shed: shadow, wantCosts: []int64{500}},
-		{name: "a request, breaker open", give: []Descriptor{plain}, verdicts: open, wantReason: ReasonBreaker, wantAsked: true},
-		{name: "a request and a refund, breaker open", give: []Descriptor{plain, refund}, verdicts: open, wantReason: ReasonBreaker, wantAsked: true},
-		{name: "a check, breaker open", give: []Descriptor{check}, verdicts: open, wantReason: ReasonBreaker, wantAsked: true},
-		{name: "a weighed request, breaker open", give: []Descriptor{weighed}, verdicts: open, wantReason: ReasonBreaker, wantAsked: true},
-		{name: "a weighed request, shed", give: []Descriptor{weighed}, shed: shed, wantReason: ReasonShed},
-		{name: "a request and a report, shed", give: []Descriptor{plain, report}, shed: shed, wantReason: ReasonShed},
-		{name: "a request, shadow shedding", give: []Descriptor{plain}, shed: shadow, wantCosts: []int64{1}, wantAsked: true, wantShadow: true},
+		{name: "refund, breaker open", give: []limit.Descriptor{refund}, verdicts: open, wantCosts: []int64{-300}},
+		{name: "cost report, breaker open", give: []limit.Descriptor{report}, verdicts: open, wantCosts: []int64{500}},
+		{name: "refund of a request, breaker open", give: []limit.Descriptor{back}, verdicts: open, wantCosts: []int64{-1}},
+		{name: "refund and report, breaker open", give: []limit.Descriptor{refund, report}, verdicts: open, wantCosts: []int64{-300, 500}},
+		{name: "refund, half-open", give: []limit.Descriptor{refund}, verdicts: probe, wantCosts: []int64{-300}},
+		{name: "cost report, half-open", give: []limit.Descriptor{report}, verdicts: probe, wantCosts: []int64{500}},
+		{name: "refund, shed", give: []limit.Descriptor{refund}, shed: shed, wantCosts: []int64{-300}},
+		{name: "cost report, shed", give: []limit.Descriptor{report}, shed: shed, wantCosts: []int64{500}},
+		{name: "cost report, shadow shedding", give: []limit.Descriptor{report}, shed: shadow, wantCosts: []int64{500}},
+		{name: "a request, breaker open", give: []limit.Descriptor{plain}, verdicts: open, wantReason: ReasonBreaker, wantAsked: true},
+		{name: "a request and a refund, breaker open", give: []limit.Descriptor{plain, refund}, verdicts: open, wantReason: ReasonBreaker, wantAsked: true},
+		{name: "a check, breaker open", give: []limit.Descriptor{check}, verdicts: open, wantReason: ReasonBreaker, wantAsked: true},
+		{name: "a weighed request, breaker open", give: []limit.Descriptor{weighed}, verdicts: open, wantReason: ReasonBreaker, wantAsked: true},
+		{name: "a weighed request, shed", give: []limit.Descriptor{weighed}, shed: shed, wantReason: ReasonShed},
+		{name: "a request and a report, shed", give: []limit.Descriptor{plain, report}, shed: shed, wantReason: ReasonShed},
+		{name: "a request, shadow shedding", give: []limit.Descriptor{plain}, shed: shadow, wantCosts: []int64{1}, wantAsked: true, wantShadow: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -365,13 +367,13 @@ func TestDecideSettles(t *testing.T) {
 			st := &recordStore{}
 			br := &fakeBreakers{verdict: tt.verdicts}
 			l := NewLimiter(st, nil, rs, WithShedder(&fakeShedder{state: tt.shed}), WithBreakers(br))
-			dec, err := l.Decide(context.Background(), &Request{Domain: "d", Model: "m", Descriptors: slices.Clone(tt.give)})
+			dec, err := l.Decide(context.Background(), &limit.Request{Domain: "d", Model: "m", Descriptors: slices.Clone(tt.give)})
 			if err != nil {
 				t.Fatal(err)
 			}
-			wantCode := CodeOK
+			wantCode := limit.CodeOK
 			if tt.wantReason != ReasonNone {
-				wantCode = CodeOverLimit
+				wantCode = limit.CodeOverLimit
 			}
 			if dec.Code != wantCode || dec.Reason != tt.wantReason || dec.ShadowShed != tt.wantShadow {
 				t.Errorf("decision = %v %v shadow %v; want %v %v shadow %v", dec.Code, dec.Reason, dec.ShadowShed, wantCode, tt.wantReason, tt.wantShadow)
@@ -406,25 +408,25 @@ func TestBurstFloor(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name  string
-		give  Limit
+		give  limit.Limit
 		floor time.Duration
 		want  uint64
 	}{
-		{name: "one second of 100/s", give: Limit{Amount: 100, Unit: Second, Burst: 500}, floor: time.Second, want: 100},
-		{name: "rounded up", give: Limit{Amount: 21, Unit: Second, Burst: 500}, floor: 100 * time.Millisecond, want: 3},
-		{name: "never above the burst", give: Limit{Amount: 100, Unit: Second, Burst: 20}, floor: time.Second, want: 20},
-		{name: "burst unset is the amount", give: Limit{Amount: 100, Unit: Second}, floor: 10 * time.Second, want: 100},
-		{name: "at least 1", give: Limit{Amount: 60, Unit: Minute, Burst: 60}, floor: time.Millisecond, want: 1},
-		{name: "per minute", give: Limit{Amount: 600, Unit: Minute, Burst: 600}, floor: time.Second, want: 10},
-		{name: "multiplier", give: Limit{Amount: 600, Unit: Minute, Multiplier: 2, Burst: 600}, floor: time.Second, want: 5},
-		{name: "huge", give: Limit{Amount: 1 << 53, Unit: Second, Burst: 1 << 60}, floor: time.Hour, want: 1 << 60},
+		{name: "one second of 100/s", give: limit.Limit{Amount: 100, Unit: limit.Second, Burst: 500}, floor: time.Second, want: 100},
+		{name: "rounded up", give: limit.Limit{Amount: 21, Unit: limit.Second, Burst: 500}, floor: 100 * time.Millisecond, want: 3},
+		{name: "never above the burst", give: limit.Limit{Amount: 100, Unit: limit.Second, Burst: 20}, floor: time.Second, want: 20},
+		{name: "burst unset is the amount", give: limit.Limit{Amount: 100, Unit: limit.Second}, floor: 10 * time.Second, want: 100},
+		{name: "at least 1", give: limit.Limit{Amount: 60, Unit: limit.Minute, Burst: 60}, floor: time.Millisecond, want: 1},
+		{name: "per minute", give: limit.Limit{Amount: 600, Unit: limit.Minute, Burst: 600}, floor: time.Second, want: 10},
+		{name: "multiplier", give: limit.Limit{Amount: 600, Unit: limit.Minute, Multiplier: 2, Burst: 600}, floor: time.Second, want: 5},
+		{name: "huge", give: limit.Limit{Amount: 1 << 53, Unit: limit.Second, Burst: 1 << 60}, floor: time.Hour, want: 1 << 60},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			l := tt.give
-			l.Algorithm = TokenBucket
-			got := adjust{micro: microOne, noBurst: true, floor: tt.floor}.apply(&l)
+			l.Algorithm = limit.TokenBucket
+			got := adjust{micro: limit.MicroOne, noBurst: true, floor: tt.floor}.apply(&l)
 			if got.Burst != tt.want || got.Amount != tt.give.Amount {
 				t.Errorf("burst %d amount %d, want %d %d", got.Burst, got.Amount, tt.want, tt.give.Amount)
 			}

@@ -1,4 +1,4 @@
-package limit_test
+package admission_test
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
 )
@@ -33,7 +34,7 @@ func TestOverflowReported(t *testing.T) {
 		t.Run(s.name+"/cost reports", func(t *testing.T) {
 			t.Parallel()
 			clk := storetest.NewFakeClock(time.UnixMilli(1_800_000_000_000))
-			l := limit.NewLimiter(s.store, clk, overflowRules(t))
+			l := admission.NewLimiter(s.store, clk, overflowRules(t))
 			tenant := []limit.Entry{{Key: "budget", Value: t.Name()}}
 			report := limit.Request{Domain: "o", Descriptors: []limit.Descriptor{{Entries: tenant, Hits: math.MaxUint64, HitsSet: true}}}
 			for i := range 1 << 11 {
@@ -53,7 +54,7 @@ func TestOverflowReported(t *testing.T) {
 		t.Run(s.name+"/override multiplier", func(t *testing.T) {
 			t.Parallel()
 			clk := storetest.NewFakeClock(time.UnixMilli(1_800_000_000_000))
-			l := limit.NewLimiter(s.store, clk, overflowRules(t))
+			l := admission.NewLimiter(s.store, clk, overflowRules(t))
 			req := limit.Request{Domain: "o", Descriptors: []limit.Descriptor{{
 				Entries:  []limit.Entry{{Key: "tenant", Value: t.Name()}},
 				Override: &limit.Override{Amount: 3, Unit: limit.Day, Multiplier: 616385997},

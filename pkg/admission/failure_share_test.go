@@ -1,4 +1,4 @@
-package limit_test
+package admission_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
 	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
@@ -74,12 +75,12 @@ func TestDegradedAutomaticShare(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			p := limit.FailurePolicy{Timeout: time.Second, Local: memstore.New()}
+			p := admission.FailurePolicy{Timeout: time.Second, Local: memstore.New()}
 			if tt.replicas > 0 {
 				n := tt.replicas
 				p.Replicas = func() int { return n }
 			}
-			l := limit.NewLimiter(&downStore{}, fixedClock{t0}, shareRules(t), limit.WithStoreFailure(p))
+			l := admission.NewLimiter(&downStore{}, fixedClock{t0}, shareRules(t), admission.WithStoreFailure(p))
 			admitted := 0
 			for i := range 30 {
 				dec, err := l.Decide(context.Background(), tt.give(i))
@@ -109,7 +110,7 @@ func TestDegradedShareFollowsReplicas(t *testing.T) {
 	t.Parallel()
 	var n atomic.Int64
 	n.Store(1)
-	l := limit.NewLimiter(&downStore{}, fixedClock{t0}, shareRules(t), limit.WithStoreFailure(limit.FailurePolicy{
+	l := admission.NewLimiter(&downStore{}, fixedClock{t0}, shareRules(t), admission.WithStoreFailure(admission.FailurePolicy{
 		Timeout: time.Second, Local: memstore.New(), Replicas: func() int { return int(n.Load()) },
 	}))
 	count := func(calls int) int {
@@ -213,10 +214,10 @@ func TestDegradedBoundAcrossReplicas(t *testing.T) {
 				clk := storetest.NewFakeClock(t0)
 				shared := memstore.New()
 				stores := make([]*flakyStore, replicas)
-				lims := make([]*limit.Limiter, replicas)
+				lims := make([]*admission.Limiter, replicas)
 				for i := range lims {
 					stores[i] = &flakyStore{shared: shared}
-					lims[i] = limit.NewLimiter(stores[i], clk, rs, limit.WithStoreFailure(limit.FailurePolicy{
+					lims[i] = admission.NewLimiter(stores[i], clk, rs, admission.WithStoreFailure(admission.FailurePolicy{
 						Timeout: time.Second, Local: memstore.New(), Replicas: func() int { return replicas },
 					}))
 				}
@@ -299,21 +300,21 @@ func TestDegradedBoundAcrossReplicas(t *testing.T) {
 func TestDegradedLocalAdmissionsWrittenBack(t *testing.T) {
 	t.Parallel()
 	const replicas = 3
-	newCluster := func(t *testing.T) (*storetest.FakeClock, limit.Store, []*flakyStore, []*limit.Limiter) {
+	newCluster := func(t *testing.T) (*storetest.FakeClock, limit.Store, []*flakyStore, []*admission.Limiter) {
 		t.Helper()
 		clk := storetest.NewFakeClock(t0)
 		shared := memstore.New()
 		stores := make([]*flakyStore, replicas)
-		lims := make([]*limit.Limiter, replicas)
+		lims := make([]*admission.Limiter, replicas)
 		for i := range lims {
 			stores[i] = &flakyStore{shared: shared}
-			lims[i] = limit.NewLimiter(stores[i], clk, shareRules(t), limit.WithStoreFailure(limit.FailurePolicy{
+			lims[i] = admission.NewLimiter(stores[i], clk, shareRules(t), admission.WithStoreFailure(admission.FailurePolicy{
 				Timeout: time.Second, Local: memstore.New(), Replicas: func() int { return replicas },
 			}))
 		}
 		return clk, shared, stores, lims
 	}
-	decide := func(t *testing.T, l *limit.Limiter) *limit.Decision {
+	decide := func(t *testing.T, l *admission.Limiter) *admission.Decision {
 		t.Helper()
 		dec, err := l.Decide(context.Background(), req("s", []string{"req", "a"}))
 		if err != nil {

@@ -1,74 +1,24 @@
-package limit
+package admission
 
 import (
 	"context"
 	"errors"
 	"math"
 	"time"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
-
-// StoreFailure is what a rule's charges do when the store cannot answer
-// (an error, a timeout, or a circuit open in front of it): the rules
-// file's store_failure. The policies:
-//
-//   - allow: the charges are treated as admitted; nothing is recorded.
-//   - deny: the charges are over limit, with a RetryAfter of
-//     DegradedRetryAfter.
-//   - local (the default): the charges run on an in-process store, each
-//     limit scaled down to this replica's share of it (see
-//     FailurePolicy.LocalFraction and localShare).
-//
-// In a degraded decision, refunds (negative hits) are dropped, and so are
-// cost reports (Force charges) of allow and deny rules: the store would
-// have recorded them, and an in-process store whose state is gone with
-// the next restart is no place for them; a local rule's cost report is
-// charged locally. What a local rule kept is written back to the store
-// with the next decision on its key that reaches it (see owed). Concurrency caps follow their rule's policy (local:
-// a lease on the in-process store, released by the access log as
-// usual). What is dropped is counted (FailureObserver.Dropped).
-type StoreFailure uint8
-
-const (
-	// FailureUnset inherits: from the parent rule, then the domain, then
-	// the Limiter's default.
-	FailureUnset StoreFailure = iota
-	FailureAllow
-	FailureDeny
-	FailureLocal
-)
-
-var failureNames = [...]string{FailureUnset: "", FailureAllow: "allow", FailureDeny: "deny", FailureLocal: "local"}
-
-func (f StoreFailure) String() string {
-	if int(f) < len(failureNames) && f != FailureUnset {
-		return failureNames[f]
-	}
-	return "unset"
-}
-
-// StoreFailureNames lists the accepted names, for error messages.
-func StoreFailureNames() string { return "allow|deny|local" }
-
-// ParseStoreFailure maps a name (allow, deny, local) to its policy.
-func ParseStoreFailure(s string) (StoreFailure, bool) {
-	for i, n := range failureNames {
-		if n != "" && n == s {
-			return StoreFailure(i), true
-		}
-	}
-	return FailureUnset, false
-}
 
 // stricter reports whether f decides a decision's code over g: deny over
 // local over allow.
-func (f StoreFailure) stricter(g StoreFailure) bool {
-	rank := func(p StoreFailure) int {
+func stricter(f, g limit.StoreFailure) bool {
+	rank := func(p limit.StoreFailure) int {
 		switch p {
-		case FailureDeny:
+		case limit.FailureDeny:
 			return 3
-		case FailureLocal:
+		case limit.FailureLocal:
 			return 2
-		case FailureAllow:
+		case limit.FailureAllow:
 			return 1
 		}
 		return 0
@@ -116,7 +66,7 @@ type FailurePolicy struct {
 	Timeout time.Duration
 	// Default is the policy of rules and domains that set none (Optional,
 	// default FailureLocal).
-	Default StoreFailure
+	Default limit.StoreFailure
 	// LocalFraction, in (0,1], fixes the fraction of every limit a local
 	// charge is checked against; amounts above 0 stay at least 1
 	// (Optional; default 0: the automatic share, see localShare).
@@ -128,7 +78,7 @@ type FailurePolicy struct {
 	// Local is the in-process store of local charges (Required for
 	// local; without it, local charges are denied, the conservative
 	// reading of "a limit this replica keeps alone").
-	Local Store
+	Local limit.Store
 	// Observer is told of store failures and degraded decisions
 	// (Optional).
 	Observer FailureObserver
@@ -147,7 +97,7 @@ type FailureObserver interface {
 	// Degraded: a decision of domain was answered by policy p, the one
 	// that chose its code (deny over local over allow), and dropped
 	// charges were not recorded anywhere.
-	Degraded(domain string, p StoreFailure, dropped int)
+	Degraded(domain string, p limit.StoreFailure, dropped int)
 }
 
 // WithStoreFailure bounds store calls by p.Timeout and answers decisions
@@ -155,8 +105,8 @@ type FailureObserver interface {
 // store error is Decide's error.
 func WithStoreFailure(p FailurePolicy) Option {
 	return func(l *Limiter) {
-		if p.Default == FailureUnset {
-			p.Default = FailureLocal
+		if p.Default == limit.FailureUnset {
+			p.Default = limit.FailureLocal
 		}
 		if !(p.LocalFraction > 0 && p.LocalFraction <= 1) {
 			p.LocalFraction = 0
@@ -187,11 +137,11 @@ func gaveUp(ctx context.Context, err error) bool {
 }
 
 // policyOf is the store_failure of a charge from rule r in dom.
-func (l *Limiter) policyOf(dom *Domain, r *Rule) StoreFailure {
-	if r != nil && r.StoreFailure != FailureUnset {
+func (l *Limiter) policyOf(dom *limit.Domain, r *limit.Rule) limit.StoreFailure {
+	if r != nil && r.StoreFailure != limit.FailureUnset {
 		return r.StoreFailure
 	}
-	if dom.StoreFailure != FailureUnset {
+	if dom.StoreFailure != limit.FailureUnset {
 		return dom.StoreFailure
 	}
 	return l.failure.Default
@@ -201,17 +151,17 @@ func (l *Limiter) policyOf(dom *Domain, r *Rule) StoreFailure {
 // charges. Each status reflects its own rule's policy; the decision's code
 // is decided by the strictest policy present (deny, then local, then
 // allow), which Decision.Policy reports.
-func (l *Limiter) degrade(ctx context.Context, now time.Time, dom *Domain, req *Request, b *built, dec *Decision) {
+func (l *Limiter) degrade(ctx context.Context, now time.Time, dom *limit.Domain, req *limit.Request, b *built, dec *Decision) {
 	dec.Degraded = true
 	dropped := 0
-	var local []Charge
+	var local []limit.Charge
 	var localPlans []plan
 	var localIdx []int // each local charge's index in b
 	denied := false
 	for k, p := range b.plans {
 		c := b.charges[k]
 		pol := l.policyOf(dom, dec.Statuses[p.desc].Rule)
-		if pol.stricter(dec.Policy) {
+		if stricter(pol, dec.Policy) {
 			dec.Policy = pol
 		}
 		if c.Cost < 0 {
@@ -219,11 +169,11 @@ func (l *Limiter) degrade(ctx context.Context, now time.Time, dom *Domain, req *
 			continue
 		}
 		switch pol {
-		case FailureAllow:
+		case limit.FailureAllow:
 			if c.Force {
 				dropped++
 			}
-		case FailureDeny:
+		case limit.FailureDeny:
 			st := &dec.Statuses[p.desc]
 			switch {
 			case c.Force:
@@ -232,7 +182,7 @@ func (l *Limiter) degrade(ctx context.Context, now time.Time, dom *Domain, req *
 				st.ShadowOver = true
 			default:
 				denied = true
-				st.Code = CodeOverLimit
+				st.Code = limit.CodeOverLimit
 				st.RetryAfter = max(st.RetryAfter, DegradedRetryAfter)
 				if p.limit != nil {
 					st.Limit, st.Remaining = p.limit, 0
@@ -240,7 +190,7 @@ func (l *Limiter) degrade(ctx context.Context, now time.Time, dom *Domain, req *
 					st.Concurrency = true
 				}
 			}
-		case FailureLocal:
+		case limit.FailureLocal:
 			local = append(local, l.localCharge(c))
 			localPlans = append(localPlans, p)
 			localIdx = append(localIdx, k)
@@ -248,59 +198,16 @@ func (l *Limiter) degrade(ctx context.Context, now time.Time, dom *Domain, req *
 	}
 	leased := false
 	if len(local) > 0 && !denied {
-		res := make([]Result, len(local))
-		admitted := false
-		if l.failure.Local != nil {
-			// The in-process store answers at once; the caller's context
-			// is enough.
-			var err error
-			admitted, err = l.failure.Local.Apply(context.WithoutCancel(ctx), now, local, res)
-			if err != nil {
-				admitted = false
-				clear(res)
-			}
-			if err == nil {
-				l.owe(now, b, localIdx, local, res, admitted)
-			}
-		}
-		for k, p := range localPlans {
-			st := &dec.Statuses[p.desc]
-			rs := res[k]
-			if !rs.Fits && local[k].Shadow {
-				st.ShadowOver, rs.Fits = true, true
-			}
-			if !rs.Fits && local[k].Force {
-				rs.Fits = true
-			}
-			if p.limit == nil {
-				if !rs.Fits && st.Code == CodeOK {
-					st.Code, st.Concurrency = CodeOverLimit, true
-					st.RetryAfter = max(rs.RetryAfter, DegradedRetryAfter)
-				}
-				if rs.Fits && admitted {
-					leased = true
-				}
-				continue
-			}
-			lim := *p.limit
-			lim.Amount, lim.Burst = local[k].Amount, local[k].Burst
-			if report(st, &lim, rs) {
-				st.Limit, st.Remaining, st.ResetAfter, st.RetryAfter = &lim, rs.Remaining, rs.ResetAfter, rs.RetryAfter
-				if !rs.Fits {
-					st.Code = CodeOverLimit
-					if st.RetryAfter <= 0 {
-						st.RetryAfter = DegradedRetryAfter
-					}
-				}
-			}
-		}
-		if !admitted {
-			denied = true
-		}
+		var admitted bool
+		admitted, leased = l.degradeLocal(ctx, now, b, dec, local, localPlans, localIdx)
+		denied = !admitted
 	}
 	if denied {
-		dec.Code, dec.Reason = CodeOverLimit, ReasonLimit
+		dec.Code, dec.Reason = limit.CodeOverLimit, ReasonLimit
 		markTooLarge(b, dec)
+		if dec.TooLarge() != nil {
+			dec.Reason = ReasonTooLarge
+		}
 		if len(dec.Probes) > 0 {
 			l.release(ctx, now, dom, dec)
 		}
@@ -309,18 +216,70 @@ func (l *Limiter) degrade(ctx context.Context, now time.Time, dom *Domain, req *
 		// Reconcile; no tokens were reserved in the store, so the usage it
 		// reports is charged there as usage spent, if the store is back.
 		l.localLeases.Store(true)
-		dec.Reservation = &Reservation{ID: req.ID, At: now}
+		dec.Reservation = &limit.Reservation{ID: req.ID, At: now}
 	}
 	if o := l.failure.Observer; o != nil {
 		o.Degraded(dom.Name, dec.Policy, dropped)
 	}
 }
 
+// degradeLocal runs a degraded decision's local charges on the
+// in-process store and reports each on its descriptor. It returns
+// whether they were admitted, and whether a concurrency lease was taken.
+func (l *Limiter) degradeLocal(ctx context.Context, now time.Time, b *built, dec *Decision, local []limit.Charge, localPlans []plan, localIdx []int) (admitted, leased bool) {
+	res := make([]limit.Result, len(local))
+	if l.failure.Local != nil {
+		// The in-process store answers at once; the caller's context
+		// is enough.
+		var err error
+		admitted, err = l.failure.Local.Apply(context.WithoutCancel(ctx), now, local, res)
+		if err != nil {
+			admitted = false
+			clear(res)
+		}
+		if err == nil {
+			l.owe(now, b, localIdx, local, res, admitted)
+		}
+	}
+	for k, p := range localPlans {
+		st := &dec.Statuses[p.desc]
+		rs := res[k]
+		if !rs.Fits && local[k].Shadow {
+			st.ShadowOver, rs.Fits = true, true
+		}
+		if !rs.Fits && local[k].Force {
+			rs.Fits = true
+		}
+		if p.limit == nil {
+			if !rs.Fits && st.Code == limit.CodeOK {
+				st.Code, st.Concurrency = limit.CodeOverLimit, true
+				st.RetryAfter = max(rs.RetryAfter, DegradedRetryAfter)
+			}
+			if rs.Fits && admitted {
+				leased = true
+			}
+			continue
+		}
+		lim := *p.limit
+		lim.Amount, lim.Burst = local[k].Amount, local[k].Burst
+		if report(st, &lim, rs) {
+			st.Limit, st.Remaining, st.ResetAfter, st.RetryAfter = &lim, rs.Remaining, rs.ResetAfter, rs.RetryAfter
+			if !rs.Fits {
+				st.Code = limit.CodeOverLimit
+				if st.RetryAfter <= 0 {
+					st.RetryAfter = DegradedRetryAfter
+				}
+			}
+		}
+	}
+	return admitted, leased
+}
+
 // owe notes the local charges the in-process store kept, to be written
 // back to the store (see owed): every one that fit when the decision was
 // admitted, and Force charges either way. A shadow charge that did not
 // fit was not kept.
-func (l *Limiter) owe(now time.Time, b *built, idx []int, local []Charge, res []Result, admitted bool) {
+func (l *Limiter) owe(now time.Time, b *built, idx []int, local []limit.Charge, res []limit.Result, admitted bool) {
 	for k := range local {
 		if !(local[k].Force || admitted && res[k].Fits) {
 			continue
@@ -334,7 +293,7 @@ func (l *Limiter) owe(now time.Time, b *built, idx []int, local []Charge, res []
 
 // localCharge is c checked against this replica's share of its limit:
 // the fixed LocalFraction when one is set, else localShare.
-func (l *Limiter) localCharge(c Charge) Charge {
+func (l *Limiter) localCharge(c limit.Charge) limit.Charge {
 	if f := l.failure.LocalFraction; f > 0 {
 		c.Amount = fractionOf(c.Amount, f)
 		c.Burst = fractionOf(c.Burst, f)
@@ -368,12 +327,12 @@ func (l *Limiter) localCharge(c Charge) Charge {
 //
 // Amounts are rounded down: a share of under one unit denies, the
 // conservative reading of a limit too small to split.
-func (l *Limiter) localShare(a Algorithm) float64 {
+func (l *Limiter) localShare(a limit.Algorithm) float64 {
 	n := 1
 	if r := l.failure.Replicas; r != nil {
 		n = max(1, r())
 	}
-	if a == Concurrency {
+	if a == limit.Concurrency {
 		return 1 / float64(n)
 	}
 	return DefaultOvershoot / float64(n)
@@ -399,17 +358,17 @@ func floorOf(n uint64, f float64) uint64 {
 // releaseLocal gives back, on the in-process store, the concurrency leases
 // a degraded decision may have taken for charges' member: a no-op for
 // members it holds none of.
-func (l *Limiter) releaseLocal(ctx context.Context, now time.Time, charges []Charge) {
+func (l *Limiter) releaseLocal(ctx context.Context, now time.Time, charges []limit.Charge) {
 	if l.failure == nil || l.failure.Local == nil || !l.localLeases.Load() {
 		return
 	}
-	var rel []Charge
+	var rel []limit.Charge
 	for _, c := range charges {
-		if c.Algorithm == Concurrency && c.Cost < 0 {
+		if c.Algorithm == limit.Concurrency && c.Cost < 0 {
 			rel = append(rel, c)
 		}
 	}
 	if len(rel) > 0 {
-		_, _ = l.failure.Local.Apply(context.WithoutCancel(ctx), now, rel, make([]Result, len(rel)))
+		_, _ = l.failure.Local.Apply(context.WithoutCancel(ctx), now, rel, make([]limit.Result, len(rel)))
 	}
 }

@@ -1,10 +1,11 @@
-package limit_test
+package admission_test
 
 import (
 	"context"
 	"testing"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
 	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
@@ -124,7 +125,7 @@ func TestDecideTooLarge(t *testing.T) {
 						r.Descriptors = ds
 						return &r
 					}
-					l := limit.NewLimiter(store, storetest.NewFakeClock(time.UnixMilli(1_700_000_000_000)), tooLargeRules(t))
+					l := admission.NewLimiter(store, storetest.NewFakeClock(time.UnixMilli(1_700_000_000_000)), tooLargeRules(t))
 					if tt.pre != nil {
 						if dec, err := l.Decide(context.Background(), rename(*tt.pre)); err != nil || dec.Code != limit.CodeOK {
 							t.Fatalf("first Decide = %+v, %v; want admitted", dec, err)
@@ -140,6 +141,9 @@ func TestDecideTooLarge(t *testing.T) {
 					st := dec.TooLarge()
 					if (st != nil) != tt.want.tooLarge {
 						t.Fatalf("TooLarge() = %+v, want one: %v", st, tt.want.tooLarge)
+					}
+					if (dec.Reason == admission.ReasonTooLarge) != tt.want.tooLarge {
+						t.Errorf("Reason = %v, want too_large: %v", dec.Reason, tt.want.tooLarge)
 					}
 					if st == nil {
 						return
@@ -158,7 +162,7 @@ func TestDecideTooLarge(t *testing.T) {
 // halfLimits is a Shedder whose active step halves every limit.
 type halfLimits struct{}
 
-func (halfLimits) Shed(_, _, _ string) limit.ShedState { return limit.ShedState{Factor: 0.5} }
+func (halfLimits) Shed(_, _, _ string) admission.ShedState { return admission.ShedState{Factor: 0.5} }
 
 // TestDecideTooLargeUnderPressure: a limit factor passes, so a request
 // that fits the limit but not the limit under pressure is an ordinary
@@ -184,7 +188,7 @@ func TestDecideTooLargeUnderPressure(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			l := limit.NewLimiter(memstore.New(), storetest.NewFakeClock(time.UnixMilli(1_700_000_000_000)), rs, limit.WithShedder(halfLimits{}))
+			l := admission.NewLimiter(memstore.New(), storetest.NewFakeClock(time.UnixMilli(1_700_000_000_000)), rs, admission.WithShedder(halfLimits{}))
 			dec, err := l.Decide(context.Background(), &limit.Request{Domain: "d", Hits: tt.give,
 				Descriptors: []limit.Descriptor{{Entries: []limit.Entry{{Key: "k", Value: "v"}}}}})
 			if err != nil {

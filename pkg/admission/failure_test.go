@@ -1,4 +1,4 @@
-package limit_test
+package admission_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
 	"github.com/tollgate-dev/tollgate/test/testutil"
@@ -111,12 +112,12 @@ func req(domain string, descs ...[]string) *limit.Request {
 	return r
 }
 
-func newFailing(t testing.TB, def limit.StoreFailure, o *observer) *limit.Limiter {
+func newFailing(t testing.TB, def limit.StoreFailure, o *observer) *admission.Limiter {
 	t.Helper()
 	if o == nil {
 		o = &observer{}
 	}
-	return limit.NewLimiter(&downStore{}, fixedClock{t0}, failureRules(t), limit.WithStoreFailure(limit.FailurePolicy{
+	return admission.NewLimiter(&downStore{}, fixedClock{t0}, failureRules(t), admission.WithStoreFailure(admission.FailurePolicy{
 		Timeout: 10 * time.Millisecond, Default: def, LocalFraction: 0.1, Local: memstore.New(), Observer: o,
 	}))
 }
@@ -294,7 +295,7 @@ func TestDecideHonoursStoreTimeout(t *testing.T) {
 	t.Parallel()
 	const timeout = 10 * time.Millisecond
 	s := &downStore{blocking: true}
-	l := limit.NewLimiter(s, nil, failureRules(t), limit.WithStoreFailure(limit.FailurePolicy{Timeout: timeout, Default: limit.FailureDeny}))
+	l := admission.NewLimiter(s, nil, failureRules(t), admission.WithStoreFailure(admission.FailurePolicy{Timeout: timeout, Default: limit.FailureDeny}))
 	for _, r := range []*limit.Request{req("flag", []string{"user", "u"}), req("d", []string{"path", "/p"})} {
 		start := time.Now()
 		dec, err := l.Decide(context.Background(), r)
@@ -315,12 +316,12 @@ func TestDecideHonoursStoreTimeout(t *testing.T) {
 		timeout  time.Duration
 		wantLeft time.Duration // before the caller's deadline, when the store call's ends
 	}{
-		{name: "a close deadline", left: time.Second, timeout: time.Hour, wantLeft: limit.StoreReserve},
+		{name: "a close deadline", left: time.Second, timeout: time.Hour, wantLeft: admission.StoreReserve},
 		{name: "a far deadline", left: time.Hour, timeout: time.Second, wantLeft: time.Hour - time.Second},
 		{name: "a deadline inside the reserve", left: 2 * time.Millisecond, timeout: time.Second, wantLeft: time.Millisecond},
 	} {
 		ds := &deadlineStore{}
-		l := limit.NewLimiter(ds, nil, failureRules(t), limit.WithStoreFailure(limit.FailurePolicy{Timeout: tt.timeout, Default: limit.FailureDeny}))
+		l := admission.NewLimiter(ds, nil, failureRules(t), admission.WithStoreFailure(admission.FailurePolicy{Timeout: tt.timeout, Default: limit.FailureDeny}))
 		ctx, cancel := context.WithTimeout(context.Background(), tt.left)
 		callerDL, _ := ctx.Deadline()
 		_, _ = l.Decide(ctx, req("flag", []string{"user", "u"}))
@@ -353,7 +354,7 @@ func TestDecideHonoursStoreTimeout(t *testing.T) {
 
 func TestDecideWithoutStoreFailureReturnsTheError(t *testing.T) {
 	t.Parallel()
-	l := limit.NewLimiter(&downStore{}, nil, failureRules(t))
+	l := admission.NewLimiter(&downStore{}, nil, failureRules(t))
 	if _, err := l.Decide(context.Background(), req("d", []string{"path", "/p"})); !errors.Is(err, errDown) {
 		t.Errorf("Decide = %v, want the store's error", err)
 	}
@@ -387,10 +388,10 @@ func BenchmarkDecideStoreFailure(b *testing.B) {
 	}
 	policies := []struct {
 		name string
-		opts []limit.Option
+		opts []admission.Option
 	}{
 		{"none", nil},
-		{"default", []limit.Option{limit.WithStoreFailure(limit.FailurePolicy{Timeout: limit.DefaultStoreTimeout, Local: memstore.New()})}},
+		{"default", []admission.Option{admission.WithStoreFailure(admission.FailurePolicy{Timeout: admission.DefaultStoreTimeout, Local: memstore.New()})}},
 	}
 	d := &limit.Domain{Name: "bench", Descriptors: []*limit.Rule{{Key: "tenant", RateLimit: perMinute(1 << 40)}}}
 	rs, err := limit.NewRuleSet(d)
@@ -400,7 +401,7 @@ func BenchmarkDecideStoreFailure(b *testing.B) {
 	for _, st := range stores {
 		for _, p := range policies {
 			b.Run(st.name+"/"+p.name, func(b *testing.B) {
-				l := limit.NewLimiter(st.make(b), nil, rs, p.opts...)
+				l := admission.NewLimiter(st.make(b), nil, rs, p.opts...)
 				reqs := make([]*limit.Request, 1000)
 				for i := range reqs {
 					reqs[i] = req("bench", []string{"tenant", fmt.Sprintf("t%d", i)})
@@ -458,6 +459,9 @@ func TestDegradedTooLarge(t *testing.T) {
 			st := dec.TooLarge()
 			if (st != nil) != tt.want {
 				t.Fatalf("TooLarge() = %+v, want one: %v", st, tt.want)
+			}
+			if (dec.Reason == admission.ReasonTooLarge) != tt.want {
+				t.Errorf("Reason = %v, want too_large: %v", dec.Reason, tt.want)
 			}
 			if st != nil && (st.Cost != 101 || st.Capacity != 100 || st.Limit == nil || st.Limit.Amount != 100) {
 				t.Errorf("status = %+v, want cost 101 of capacity 100", st)

@@ -1,8 +1,9 @@
-package limit
+package admission
 
 import (
-	"strings"
 	"time"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
 // Explain works out, without a store, what Decide would do with req on
@@ -12,13 +13,13 @@ import (
 // and keys it reports are the ones a decision uses; only the store's
 // answer is missing. shedder may be nil (no pressure). It is for
 // `tollgate explain`, off the hot path.
-func Explain(dom *Domain, req *Request, shedder Shedder) (*Explanation, error) {
-	if err := checkRequest(req); err != nil {
+func Explain(dom *limit.Domain, req *limit.Request, shedder Shedder) (*Explanation, error) {
+	if err := limit.CheckRequest(req); err != nil {
 		return nil, err
 	}
 	ex := &Explanation{Multiplier: 1, Descriptors: make([]DescriptorExplanation, len(req.Descriptors))}
 	var micro uint64
-	ex.Tier, micro = dom.plan(req)
+	ex.Tier, micro = dom.Plan(req)
 	if dom.Tiers != nil {
 		ex.Multiplier = dom.Tiers.Plans[ex.Tier]
 		ex.TierGiven = req.Tier
@@ -31,17 +32,17 @@ func Explain(dom *Domain, req *Request, shedder Shedder) (*Explanation, error) {
 		de := &ex.Descriptors[i]
 		de.Entries = req.Descriptors[i].Entries
 		if dom.Tiers != nil {
-			de.Entries = stripTier(de.Entries, dom.Tiers.Key)
+			de.Entries = limit.StripTier(de.Entries, dom.Tiers.Key)
 		}
 		if len(de.Entries) > 0 {
-			de.Steps = dom.matchSteps(de.Entries)
+			de.Steps = dom.MatchSteps(de.Entries)
 		}
 	}
 
 	if dom.Shedding != nil {
-		ex.Scope = ScopeGlobal
-		if dom.Shedding.Scope == ScopeModel {
-			if m := valueOf(req, ModelKey); m != "" {
+		ex.Scope = limit.ScopeGlobal
+		if dom.Shedding.Scope == limit.ScopeModel {
+			if m := req.Value(limit.ModelKey); m != "" {
 				ex.Scope = m
 			}
 		}
@@ -67,7 +68,7 @@ func Explain(dom *Domain, req *Request, shedder Shedder) (*Explanation, error) {
 		ex.Descriptors[i].Replaced = dec.Statuses[i].Replaced
 	}
 	for _, bc := range dom.Breakers {
-		ex.Breakers = append(ex.Breakers, BreakerCheck{Key: bc.Key, Name: valueOf(req, bc.Key)})
+		ex.Breakers = append(ex.Breakers, BreakerCheck{Key: bc.Key, Name: req.Value(bc.Key)})
 	}
 	for k, p := range b.plans {
 		c := b.charges[k]
@@ -77,13 +78,13 @@ func Explain(dom *Domain, req *Request, shedder Shedder) (*Explanation, error) {
 		// limit is scaled by neither plan nor pressure, so it has no base.
 		if r := ce.Rule; r != nil && p.limit != nil {
 			base := r.RateLimit
-			if p.limit.Kind == Tokens {
+			if p.limit.Kind == limit.Tokens {
 				base = r.TokenLimit
 			} else if req.Descriptors[p.desc].Override != nil {
 				base = nil
 			}
 			ce.Base = overridden(base, req.Overrides)
-			ce.Planned = scaled(ce.Base, micro)
+			ce.Planned = limit.Scaled(ce.Base, micro)
 		}
 		ex.Charges = append(ex.Charges, ce)
 		ex.Descriptors[p.desc].Charges = append(ex.Descriptors[p.desc].Charges, len(ex.Charges)-1)
@@ -125,50 +126,17 @@ type Explanation struct {
 // DescriptorExplanation is how one descriptor matched.
 type DescriptorExplanation struct {
 	// Entries are the entries as matched and keyed: tier entries removed.
-	Entries []Entry
+	Entries []limit.Entry
 	// Steps is the walk down the rule tree, one per entry until one
 	// matched nothing.
-	Steps []MatchStep
+	Steps []limit.MatchStep
 	// Rule is the matched rule, nil when none (the walk stopped, or its
 	// last entry landed on a rule without a limit).
-	Rule *Rule
+	Rule *limit.Rule
 	// Replaced: another matched rule's replaces removed this one's limit.
 	Replaced bool
 	// Charges index Explanation.Charges.
 	Charges []int
-}
-
-// MatchKind is how a rule matched one entry.
-type MatchKind uint8
-
-const (
-	// MatchNone: no rule under the previous one matches the entry.
-	MatchNone MatchKind = iota
-	// MatchExact: the rule's key and value.
-	MatchExact
-	// MatchWildcard: the rule's key and the longest value prefix ("gpt-*").
-	MatchWildcard
-	// MatchKey: the rule's key alone (no value: one counter per value).
-	MatchKey
-)
-
-func (k MatchKind) String() string {
-	switch k {
-	case MatchExact:
-		return "exact value"
-	case MatchWildcard:
-		return "wildcard prefix"
-	case MatchKey:
-		return "key only"
-	}
-	return "no match"
-}
-
-// MatchStep is one entry of a descriptor and the rule it reached.
-type MatchStep struct {
-	Entry Entry
-	Kind  MatchKind
-	Rule  *Rule // nil for MatchNone
 }
 
 // BreakerCheck is one breaker the Limiter would ask: the breaker of Key
@@ -180,45 +148,21 @@ type BreakerCheck struct {
 // ChargeExplanation is one charge and the limit behind it.
 type ChargeExplanation struct {
 	// Charge is what goes to the store (Key exactly as Key builds it).
-	Charge Charge
+	Charge limit.Charge
 	// Limit is the effective limit: after the key's or tenant's
 	// override, the plan multiplier and pressure. nil for a concurrency
 	// lease (Charge.Amount is then its cap).
-	Limit *Limit
+	Limit *limit.Limit
 	// Base is the rule's limit (with the request's override), Planned
 	// the same after the plan multiplier only; nil for a descriptor's
 	// own limit and for a concurrency lease.
-	Base, Planned *Limit
-	Rule          *Rule
-}
-
-// matchSteps is match's walk, reporting each step: the same child()
-// lookups, in the same order.
-func (d *Domain) matchSteps(entries []Entry) []MatchStep {
-	out := make([]MatchStep, 0, len(entries))
-	node := &d.root
-	for _, e := range entries {
-		next := node.child(e)
-		st := MatchStep{Entry: e, Rule: next}
-		switch {
-		case next == nil:
-			return append(out, st)
-		case next.Value == "":
-			st.Kind = MatchKey
-		case strings.HasSuffix(next.Value, "*"):
-			st.Kind = MatchWildcard
-		default:
-			st.Kind = MatchExact
-		}
-		out = append(out, st)
-		node = next
-	}
-	return out
+	Base, Planned *limit.Limit
+	Rule          *limit.Rule
 }
 
 // firstValue is the value of the first entry named key in req's
 // descriptors, in order.
-func firstValue(req *Request, key string) string {
+func firstValue(req *limit.Request, key string) string {
 	for i := range req.Descriptors {
 		for _, e := range req.Descriptors[i].Entries {
 			if e.Key == key {

@@ -1,26 +1,28 @@
-package limit
+package admission
 
 import (
 	"context"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
 // tierRules is a domain with premium x3, standard x2, free x1 and half
 // x0.5, whose default is free.
-func tierRules(t testing.TB) *RuleSet {
+func tierRules(t testing.TB) *limit.RuleSet {
 	t.Helper()
-	rs, err := NewRuleSet(&Domain{
+	rs, err := limit.NewRuleSet(&limit.Domain{
 		Name:  "d",
-		Tiers: &Tiers{Key: "tier", Default: "free", Plans: map[string]float64{"premium": 3, "standard": 2, "free": 1, "half": 0.5}},
-		Descriptors: []*Rule{
-			{Key: "tenant", RateLimit: &Limit{Name: "tenant_requests", Amount: 100, Unit: Minute}, Children: []*Rule{
-				{Key: "model", Value: "gpt-4o", TokenLimit: &Limit{Name: "tokens", Kind: Tokens, Amount: 1000, Unit: Hour}},
+		Tiers: &limit.Tiers{Key: "tier", Default: "free", Plans: map[string]float64{"premium": 3, "standard": 2, "free": 1, "half": 0.5}},
+		Descriptors: []*limit.Rule{
+			{Key: "tenant", RateLimit: &limit.Limit{Name: "tenant_requests", Amount: 100, Unit: limit.Minute}, Children: []*limit.Rule{
+				{Key: "model", Value: "gpt-4o", TokenLimit: &limit.Limit{Name: "tokens", Kind: limit.Tokens, Amount: 1000, Unit: limit.Hour}},
 			}},
-			{Key: "model", RateLimit: &Limit{Amount: 10, Unit: Second, Algorithm: TokenBucket, Burst: 4}},
-			{Key: "one", RateLimit: &Limit{Amount: 1, Unit: Second}},
-			{Key: "zero", RateLimit: &Limit{Amount: 0, Unit: Second}},
+			{Key: "model", RateLimit: &limit.Limit{Amount: 10, Unit: limit.Second, Algorithm: limit.TokenBucket, Burst: 4}},
+			{Key: "one", RateLimit: &limit.Limit{Amount: 1, Unit: limit.Second}},
+			{Key: "zero", RateLimit: &limit.Limit{Amount: 0, Unit: limit.Second}},
 			{Key: "slots", MaxConcurrent: 5, Lease: time.Minute},
 		},
 	})
@@ -32,51 +34,51 @@ func tierRules(t testing.TB) *RuleSet {
 
 func TestDecideTiers(t *testing.T) {
 	t.Parallel()
-	tenantKey := Key(Requests, SlidingWindow, time.Minute, "d", entries("tenant", "a"))
-	tokenKey := Key(Tokens, SlidingWindow, time.Hour, "d", entries("tenant", "a", "model", "gpt-4o"))
-	bucketKey := Key(Requests, TokenBucket, time.Second, "d", entries("model", "m"))
+	tenantKey := limit.Key(limit.Requests, limit.SlidingWindow, time.Minute, "d", entries("tenant", "a"))
+	tokenKey := limit.Key(limit.Tokens, limit.SlidingWindow, time.Hour, "d", entries("tenant", "a", "model", "gpt-4o"))
+	bucketKey := limit.Key(limit.Requests, limit.TokenBucket, time.Second, "d", entries("model", "m"))
 	type charge struct {
 		key           string
 		amount, burst uint64
 	}
 	tests := []struct {
 		name       string
-		give       Request
+		give       limit.Request
 		wantTier   string
 		want       []charge
 		wantLimits []uint64 // Status.Limit.Amount per descriptor, 0 for none
 	}{
 		{
 			name:       "premium from a descriptor entry, removed before matching and keying",
-			give:       Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("tier", "premium", "tenant", "a")}}},
+			give:       limit.Request{Domain: "d", Descriptors: []limit.Descriptor{{Entries: entries("tier", "premium", "tenant", "a")}}},
 			wantTier:   "premium",
 			want:       []charge{{tenantKey, 300, 0}},
 			wantLimits: []uint64{300},
 		},
 		{
 			name:       "the tier entry anywhere in the descriptor",
-			give:       Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("tenant", "a", "tier", "standard")}}},
+			give:       limit.Request{Domain: "d", Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a", "tier", "standard")}}},
 			wantTier:   "standard",
 			want:       []charge{{tenantKey, 200, 0}},
 			wantLimits: []uint64{200},
 		},
 		{
 			name:       "no tier: the default",
-			give:       Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}},
+			give:       limit.Request{Domain: "d", Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a")}}},
 			wantTier:   "free",
 			want:       []charge{{tenantKey, 100, 0}},
 			wantLimits: []uint64{100},
 		},
 		{
 			name:       "an unknown tier: the default",
-			give:       Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("tier", "gold", "tenant", "a")}}},
+			give:       limit.Request{Domain: "d", Descriptors: []limit.Descriptor{{Entries: entries("tier", "gold", "tenant", "a")}}},
 			wantTier:   "free",
 			want:       []charge{{tenantKey, 100, 0}},
 			wantLimits: []uint64{100},
 		},
 		{
 			name: "descriptors disagree: the first wins, and each is stripped",
-			give: Request{Domain: "d", Descriptors: []Descriptor{
+			give: limit.Request{Domain: "d", Descriptors: []limit.Descriptor{
 				{Entries: entries("tenant", "a", "tier", "standard")},
 				{Entries: entries("tier", "premium", "tenant", "a", "model", "gpt-4o")},
 			}},
@@ -85,60 +87,60 @@ func TestDecideTiers(t *testing.T) {
 			wantLimits: []uint64{200, 2000},
 		},
 		{
-			name:       "Request.Tier wins over a descriptor entry",
-			give:       Request{Domain: "d", Tier: "premium", Descriptors: []Descriptor{{Entries: entries("tier", "free", "tenant", "a")}}},
+			name:       "limit.Request.Tier wins over a descriptor entry",
+			give:       limit.Request{Domain: "d", Tier: "premium", Descriptors: []limit.Descriptor{{Entries: entries("tier", "free", "tenant", "a")}}},
 			wantTier:   "premium",
 			want:       []charge{{tenantKey, 300, 0}},
 			wantLimits: []uint64{300},
 		},
 		{
-			name:       "an unknown Request.Tier: the default",
-			give:       Request{Domain: "d", Tier: "gold", Descriptors: []Descriptor{{Entries: entries("tier", "premium", "tenant", "a")}}},
+			name:       "an unknown limit.Request.Tier: the default",
+			give:       limit.Request{Domain: "d", Tier: "gold", Descriptors: []limit.Descriptor{{Entries: entries("tier", "premium", "tenant", "a")}}},
 			wantTier:   "free",
 			want:       []charge{{tenantKey, 100, 0}},
 			wantLimits: []uint64{100},
 		},
 		{
 			name:       "token bucket burst scaled",
-			give:       Request{Domain: "d", Tier: "premium", Descriptors: []Descriptor{{Entries: entries("model", "m")}}},
+			give:       limit.Request{Domain: "d", Tier: "premium", Descriptors: []limit.Descriptor{{Entries: entries("model", "m")}}},
 			wantTier:   "premium",
 			want:       []charge{{bucketKey, 30, 12}},
 			wantLimits: []uint64{30},
 		},
 		{
 			name:       "a fraction floors, but never below 1",
-			give:       Request{Domain: "d", Tier: "half", Descriptors: []Descriptor{{Entries: entries("model", "m")}, {Entries: entries("one", "x")}, {Entries: entries("zero", "x")}}},
+			give:       limit.Request{Domain: "d", Tier: "half", Descriptors: []limit.Descriptor{{Entries: entries("model", "m")}, {Entries: entries("one", "x")}, {Entries: entries("zero", "x")}}},
 			wantTier:   "half",
-			want:       []charge{{bucketKey, 5, 2}, {Key(Requests, SlidingWindow, time.Second, "d", entries("one", "x")), 1, 0}, {Key(Requests, SlidingWindow, time.Second, "d", entries("zero", "x")), 0, 0}},
+			want:       []charge{{bucketKey, 5, 2}, {limit.Key(limit.Requests, limit.SlidingWindow, time.Second, "d", entries("one", "x")), 1, 0}, {limit.Key(limit.Requests, limit.SlidingWindow, time.Second, "d", entries("zero", "x")), 0, 0}},
 			wantLimits: []uint64{5, 1, 0},
 		},
 		{
 			name: "override first, then the multiplier",
-			give: Request{Domain: "d", Tier: "premium", Overrides: map[string]Override{"tenant_requests": {Amount: 7}, "tokens": {Amount: 50}},
-				Descriptors: []Descriptor{{Entries: entries("tenant", "a", "model", "gpt-4o")}, {Entries: entries("tenant", "a")}}},
+			give: limit.Request{Domain: "d", Tier: "premium", Overrides: map[string]limit.Override{"tenant_requests": {Amount: 7}, "tokens": {Amount: 50}},
+				Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a", "model", "gpt-4o")}, {Entries: entries("tenant", "a")}}},
 			wantTier:   "premium",
 			want:       []charge{{tokenKey, 150, 0}, {tenantKey, 21, 0}},
 			wantLimits: []uint64{150, 21},
 		},
 		{
 			name:       "Envoy's descriptor limit is explicit: not scaled",
-			give:       Request{Domain: "d", Tier: "premium", Descriptors: []Descriptor{{Entries: entries("tenant", "a"), Override: &Override{Amount: 40, Unit: Minute}}}},
+			give:       limit.Request{Domain: "d", Tier: "premium", Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a"), Override: &limit.Override{Amount: 40, Unit: limit.Minute}}}},
 			wantTier:   "premium",
 			want:       []charge{{tenantKey, 40, 0}},
 			wantLimits: []uint64{40},
 		},
 		{
 			name:       "a descriptor of the tier entry alone matches nothing",
-			give:       Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries("tier", "premium"), Override: &Override{Amount: 1, Unit: Second}}}},
+			give:       limit.Request{Domain: "d", Descriptors: []limit.Descriptor{{Entries: entries("tier", "premium"), Override: &limit.Override{Amount: 1, Unit: limit.Second}}}},
 			wantTier:   "premium",
 			want:       nil,
 			wantLimits: []uint64{0},
 		},
 		{
 			name:       "max_concurrent scaled",
-			give:       Request{Domain: "d", Tier: "standard", ID: "r1", Descriptors: []Descriptor{{Entries: entries("slots", "x")}}},
+			give:       limit.Request{Domain: "d", Tier: "standard", ID: "r1", Descriptors: []limit.Descriptor{{Entries: entries("slots", "x")}}},
 			wantTier:   "standard",
-			want:       []charge{{Key(Requests, Concurrency, time.Minute, "d", entries("slots", "x")), 10, 0}},
+			want:       []charge{{limit.Key(limit.Requests, limit.Concurrency, time.Minute, "d", entries("slots", "x")), 10, 0}},
 			wantLimits: []uint64{0},
 		},
 	}
@@ -186,7 +188,7 @@ func TestDecideTiersKeepRules(t *testing.T) {
 	l := NewLimiter(&recordStore{}, nil, rs)
 	rule := rs.Domain("d").Match(entries("tenant", "a"))
 	for _, tier := range []string{"premium", "free", "premium"} {
-		dec, err := l.Decide(context.Background(), &Request{Domain: "d", Tier: tier, Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}})
+		dec, err := l.Decide(context.Background(), &limit.Request{Domain: "d", Tier: tier, Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a")}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -202,8 +204,8 @@ func TestDecideTiersKeepRules(t *testing.T) {
 func TestDecideWithoutTiers(t *testing.T) {
 	t.Parallel()
 	st := &recordStore{}
-	dec, err := NewLimiter(st, nil, testRules(t)).Decide(context.Background(), &Request{Domain: "d", Tier: "premium",
-		Descriptors: []Descriptor{{Entries: entries("tenant", "a")}}})
+	dec, err := NewLimiter(st, nil, testRules(t)).Decide(context.Background(), &limit.Request{Domain: "d", Tier: "premium",
+		Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a")}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,13 +219,13 @@ func TestDecideWithoutTiers(t *testing.T) {
 func TestReconcileTiers(t *testing.T) {
 	t.Parallel()
 	st := &recordStore{}
-	req := &Request{Domain: "d", ID: "r1", Tier: "premium", Descriptors: []Descriptor{{Entries: entries("tier", "premium", "tenant", "a", "model", "gpt-4o")}}}
+	req := &limit.Request{Domain: "d", ID: "r1", Tier: "premium", Descriptors: []limit.Descriptor{{Entries: entries("tier", "premium", "tenant", "a", "model", "gpt-4o")}}}
 	if _, err := NewLimiter(st, nil, tierRules(t)).Settle(context.Background(), req, time.UnixMilli(1000), 300, 100); err != nil {
 		t.Fatal(err)
 	}
-	want := []Charge{
-		{Key: Key(Tokens, SlidingWindow, time.Hour, "d", entries("tenant", "a", "model", "gpt-4o")), Amount: 3000, Window: time.Hour, Cost: -200, At: 1000},
-		{Key: onceKey("d", entries("tenant", "a", "model", "gpt-4o"), "r1"), Algorithm: Once, Window: time.Hour, Cost: 1},
+	want := []limit.Charge{
+		{Key: limit.Key(limit.Tokens, limit.SlidingWindow, time.Hour, "d", entries("tenant", "a", "model", "gpt-4o")), Amount: 3000, Window: time.Hour, Cost: -200, At: 1000},
+		{Key: limit.OnceKey("d", entries("tenant", "a", "model", "gpt-4o"), "r1"), Algorithm: limit.Once, Window: time.Hour, Cost: 1},
 	}
 	if len(st.charges) != len(want) {
 		t.Fatalf("charges %+v", st.charges)
@@ -255,9 +257,9 @@ func TestScale(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			micro := uint64(tt.giveMult*microOne + 0.5)
-			if got := scale(tt.give, micro); got != tt.want {
-				t.Errorf("scale(%d, %v) = %d, want %d", tt.give, tt.giveMult, got, tt.want)
+			micro := uint64(tt.giveMult*limit.MicroOne + 0.5)
+			if got := limit.Scale(tt.give, micro); got != tt.want {
+				t.Errorf("limit.Scale(%d, %v) = %d, want %d", tt.give, tt.giveMult, got, tt.want)
 			}
 		})
 	}
@@ -268,22 +270,22 @@ func TestNewRuleSetRejectsTiers(t *testing.T) {
 	plans := map[string]float64{"premium": 3, "free": 1}
 	tests := []struct {
 		name string
-		give *Tiers
+		give *limit.Tiers
 		want string
 	}{
-		{"no key", &Tiers{Default: "free", Plans: plans}, "key is empty"},
-		{"no plans", &Tiers{Key: "tier", Default: "free"}, "no plans"},
-		{"default not a plan", &Tiers{Key: "tier", Default: "gold", Plans: plans}, `default "gold" is not one of the plans`},
-		{"zero multiplier", &Tiers{Key: "tier", Default: "free", Plans: map[string]float64{"free": 0}}, "outside (0, 1000]"},
-		{"huge multiplier", &Tiers{Key: "tier", Default: "free", Plans: map[string]float64{"free": 1001}}, "outside (0, 1000]"},
-		{"a rule on the tier key", &Tiers{Key: "tenant", Default: "free", Plans: plans}, `rule tenant matches the tiers key "tenant"`},
-		{"a nested rule on the tier key", &Tiers{Key: "model", Default: "free", Plans: plans}, `rule tenant.model matches the tiers key "model"`},
+		{"no key", &limit.Tiers{Default: "free", Plans: plans}, "key is empty"},
+		{"no plans", &limit.Tiers{Key: "tier", Default: "free"}, "no plans"},
+		{"default not a plan", &limit.Tiers{Key: "tier", Default: "gold", Plans: plans}, `default "gold" is not one of the plans`},
+		{"zero multiplier", &limit.Tiers{Key: "tier", Default: "free", Plans: map[string]float64{"free": 0}}, "outside (0, 1000]"},
+		{"huge multiplier", &limit.Tiers{Key: "tier", Default: "free", Plans: map[string]float64{"free": 1001}}, "outside (0, 1000]"},
+		{"a rule on the tier key", &limit.Tiers{Key: "tenant", Default: "free", Plans: plans}, `rule tenant matches the tiers key "tenant"`},
+		{"a nested rule on the tier key", &limit.Tiers{Key: "model", Default: "free", Plans: plans}, `rule tenant.model matches the tiers key "model"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			_, err := NewRuleSet(&Domain{Name: "x", Tiers: tt.give, Descriptors: []*Rule{
-				{Key: "tenant", RateLimit: perMinute(1), Children: []*Rule{{Key: "model", RateLimit: perMinute(1)}}},
+			_, err := limit.NewRuleSet(&limit.Domain{Name: "x", Tiers: tt.give, Descriptors: []*limit.Rule{
+				{Key: "tenant", RateLimit: perMinute(1), Children: []*limit.Rule{{Key: "model", RateLimit: perMinute(1)}}},
 			}})
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("err = %v, want %q", err, tt.want)

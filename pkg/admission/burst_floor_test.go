@@ -1,4 +1,4 @@
-package limit_test
+package admission_test
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
 	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
@@ -14,7 +15,7 @@ import (
 // noBurst is a Shedder whose active step has burst: false for every tier.
 type noBurst struct{}
 
-func (noBurst) Shed(_, _, _ string) limit.ShedState { return limit.ShedState{NoBurst: true} }
+func (noBurst) Shed(_, _, _ string) admission.ShedState { return admission.ShedState{NoBurst: true} }
 
 // TestBurstFloorSteadyStream is issue 13's premium case: a steady stream
 // at a shared token bucket's rate, whose arrivals jitter as any real
@@ -51,7 +52,7 @@ func TestBurstFloorSteadyStream(t *testing.T) {
 				t.Fatal(err)
 			}
 			clock := storetest.NewFakeClock(time.UnixMilli(1_700_000_000_000))
-			l := limit.NewLimiter(memstore.New(), clock, rs, limit.WithShedder(noBurst{}))
+			l := admission.NewLimiter(memstore.New(), clock, rs, admission.WithShedder(noBurst{}))
 			rnd := rand.New(rand.NewPCG(13, 13))
 			period := time.Second / rate
 			start := clock.Now()
