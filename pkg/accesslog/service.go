@@ -38,8 +38,8 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
-	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/breaker"
+	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/outcome"
 	"github.com/tollgate-dev/tollgate/pkg/ticket"
 )
@@ -226,7 +226,7 @@ func (s *Service) open(checked, limited string) *ticket.Ticket {
 		return t
 	}
 	for _, p := range rl.Probes {
-		if !slices.ContainsFunc(t.Probes, func(q admission.Probe) bool { return q.Key == p.Key && q.Name == p.Name }) {
+		if !slices.ContainsFunc(t.Probes, func(q limit.Probe) bool { return q.Key == p.Key && q.Name == p.Name }) {
 			t.Probes = append(t.Probes, p)
 		}
 	}

@@ -25,7 +25,6 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/outcome"
 	"github.com/tollgate-dev/tollgate/pkg/ticket"
@@ -403,12 +402,12 @@ func TestObserverOutcome(t *testing.T) {
 		t.Fatal(err)
 	}
 	probe := *testTicket
-	probe.Probes = []admission.Probe{{Key: "model", Name: "gpt-4o", ID: "1700000000000.0123456789abcdef0123456789abcdef"}}
+	probe.Probes = []limit.Probe{{Key: "model", Name: "gpt-4o", ID: "1700000000000.0123456789abcdef0123456789abcdef"}}
 	rlsProbe := entry(nil, 503)
 	rlsProbe.CommonProperties.Metadata = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
 		ticket.RateLimitNamespace: {Fields: map[string]*structpb.Value{ticket.Field: structpb.NewStringValue(seal(testKeys, &ticket.Ticket{
 			ID: "rls.1", Domain: "ai", At: t0, Descriptors: []limit.Descriptor{{Entries: []limit.Entry{{Key: "tenant", Value: "t2"}}}},
-			Probes: []admission.Probe{{Key: "tenant", Name: "t2", ID: "5.ffff"}},
+			Probes: []limit.Probe{{Key: "tenant", Name: "t2", ID: "5.ffff"}},
 		}))}},
 	}}
 	// A probe ID in metadata outside the ticket is nobody's: the old
@@ -425,7 +424,7 @@ func TestObserverOutcome(t *testing.T) {
 	both.CommonProperties.Metadata.FilterMetadata[ticket.RateLimitNamespace] = &structpb.Struct{Fields: map[string]*structpb.Value{
 		ticket.Field: structpb.NewStringValue(seal(testKeys, &ticket.Ticket{ID: "rls.2", Domain: "ai", At: t0,
 			Descriptors: []limit.Descriptor{{Entries: []limit.Entry{{Key: "tenant", Value: "acme"}}}},
-			Probes:      []admission.Probe{{Key: "tenant", Name: "acme", ID: "rl-probe"}, {Key: "model", Name: "gpt-4o", ID: "second"}},
+			Probes:      []limit.Probe{{Key: "tenant", Name: "acme", ID: "rl-probe"}, {Key: "model", Name: "gpt-4o", ID: "second"}},
 		})),
 	}}
 	send(t, alsv3.NewAccessLogServiceClient(serve(t, svc)),

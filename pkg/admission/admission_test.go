@@ -10,35 +10,35 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
-// fakeShedder answers a fixed ShedState per tier, and records the scopes
+// fakeShedder answers a fixed limit.ShedState per tier, and records the scopes
 // asked for.
 type fakeShedder struct {
-	state  map[string]ShedState // by tier
+	state  map[string]limit.ShedState // by tier
 	scopes []string
 }
 
-func (f *fakeShedder) Shed(domain, scope, tier string) ShedState {
+func (f *fakeShedder) Shed(domain, scope, tier string) limit.ShedState {
 	f.scopes = append(f.scopes, scope)
 	return f.state[tier]
 }
 
 // fakeBreakers answers a fixed verdict per name and records releases.
 type fakeBreakers struct {
-	verdict  map[string]BreakerVerdict // by name; absent: allowed
+	verdict  map[string]limit.BreakerVerdict // by name; absent: allowed
 	err      error
 	allows   int
 	released []string // probe IDs
 }
 
-func (f *fakeBreakers) Allow(_ context.Context, _ time.Time, _, _, name string) (BreakerVerdict, error) {
+func (f *fakeBreakers) Allow(_ context.Context, _ time.Time, _, _, name string) (limit.BreakerVerdict, error) {
 	f.allows++
 	if f.err != nil {
-		return BreakerVerdict{}, f.err
+		return limit.BreakerVerdict{}, f.err
 	}
 	if v, ok := f.verdict[name]; ok {
 		return v, nil
 	}
-	return BreakerVerdict{Allowed: true}, nil
+	return limit.BreakerVerdict{Allowed: true}, nil
 }
 
 func (f *fakeBreakers) Release(_ context.Context, _ time.Time, _, _, _, probeID string) error {
@@ -66,8 +66,8 @@ func admissionRules(t testing.TB, scope string) *limit.RuleSet {
 
 func TestDecideAdmissionOrder(t *testing.T) {
 	t.Parallel()
-	probe := BreakerVerdict{Allowed: true, ProbeID: "1.1"}
-	open := BreakerVerdict{RetryAfter: 20 * time.Second}
+	probe := limit.BreakerVerdict{Allowed: true, ProbeID: "1.1"}
+	open := limit.BreakerVerdict{RetryAfter: 20 * time.Second}
 	tenantKey := limit.Key(limit.Requests, limit.SlidingWindow, time.Minute, "d", entries("tenant", "a"))
 	type charge struct {
 		key           string
@@ -76,8 +76,8 @@ func TestDecideAdmissionOrder(t *testing.T) {
 	tests := []struct {
 		name        string
 		give        limit.Request
-		shed        map[string]ShedState
-		verdicts    map[string]BreakerVerdict
+		shed        map[string]limit.ShedState
+		verdicts    map[string]limit.BreakerVerdict
 		deny        bool // the store denies the tenant limit
 		wantCode    limit.Code
 		wantReason  Reason
@@ -98,7 +98,7 @@ func TestDecideAdmissionOrder(t *testing.T) {
 		{
 			name:       "a shed tier is refused and charged nothing",
 			give:       limit.Request{Domain: "d", Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a")}, {Entries: entries("model", "m")}}},
-			shed:       map[string]ShedState{"free": {Shed: true}},
+			shed:       map[string]limit.ShedState{"free": {Shed: true}},
 			wantCode:   limit.CodeOverLimit,
 			wantReason: ReasonShed,
 			wantRetry:  30 * time.Second,
@@ -107,7 +107,7 @@ func TestDecideAdmissionOrder(t *testing.T) {
 		{
 			name:        "another tier is admitted (admit_only leaves premium in)",
 			give:        limit.Request{Domain: "d", Tier: "premium", Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a")}}},
-			shed:        map[string]ShedState{"free": {Shed: true}},
+			shed:        map[string]limit.ShedState{"free": {Shed: true}},
 			wantCode:    limit.CodeOK,
 			wantCharges: []charge{{tenantKey, 300, 0}},
 			wantLimits:  []uint64{300},
@@ -115,7 +115,7 @@ func TestDecideAdmissionOrder(t *testing.T) {
 		{
 			name:        "shadow: admitted, marked, limits as written",
 			give:        limit.Request{Domain: "d", Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a")}}},
-			shed:        map[string]ShedState{"free": {Shed: true, Shadow: true, Factor: 0.5, NoBurst: true}},
+			shed:        map[string]limit.ShedState{"free": {Shed: true, Shadow: true, Factor: 0.5, NoBurst: true}},
 			wantCode:    limit.CodeOK,
 			wantShadow:  true,
 			wantCharges: []charge{{tenantKey, 100, 0}},
@@ -126,7 +126,7 @@ func TestDecideAdmissionOrder(t *testing.T) {
 			give: limit.Request{Domain: "d", Tier: "premium", Descriptors: []limit.Descriptor{
 				{Entries: entries("tenant", "a")}, {Entries: entries("model", "m")},
 			}},
-			shed:     map[string]ShedState{"premium": {Factor: 0.7, NoBurst: true}},
+			shed:     map[string]limit.ShedState{"premium": {Factor: 0.7, NoBurst: true}},
 			wantCode: limit.CodeOK,
 			wantCharges: []charge{
 				{tenantKey, 210, 0},
@@ -137,7 +137,7 @@ func TestDecideAdmissionOrder(t *testing.T) {
 		{
 			name:       "an open breaker refuses before the limits",
 			give:       limit.Request{Domain: "d", Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a")}, {Entries: entries("model", "m")}}},
-			verdicts:   map[string]BreakerVerdict{"m": open},
+			verdicts:   map[string]limit.BreakerVerdict{"m": open},
 			wantCode:   limit.CodeOverLimit,
 			wantReason: ReasonBreaker,
 			wantRetry:  20 * time.Second,
@@ -146,7 +146,7 @@ func TestDecideAdmissionOrder(t *testing.T) {
 		{
 			name:        "the breaker of limit.Request.Model, without a model entry",
 			give:        limit.Request{Domain: "d", Model: "m", Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a")}}},
-			verdicts:    map[string]BreakerVerdict{"m": open},
+			verdicts:    map[string]limit.BreakerVerdict{"m": open},
 			wantCode:    limit.CodeOverLimit,
 			wantReason:  ReasonBreaker,
 			wantRetry:   20 * time.Second,
@@ -156,8 +156,8 @@ func TestDecideAdmissionOrder(t *testing.T) {
 		{
 			name:        "shedding before the breaker",
 			give:        limit.Request{Domain: "d", Model: "m", Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a")}}},
-			shed:        map[string]ShedState{"free": {Shed: true}},
-			verdicts:    map[string]BreakerVerdict{"m": probe},
+			shed:        map[string]limit.ShedState{"free": {Shed: true}},
+			verdicts:    map[string]limit.BreakerVerdict{"m": probe},
 			wantCode:    limit.CodeOverLimit,
 			wantReason:  ReasonShed,
 			wantRetry:   30 * time.Second,
@@ -167,7 +167,7 @@ func TestDecideAdmissionOrder(t *testing.T) {
 		{
 			name:        "a half-open probe is admitted and reported",
 			give:        limit.Request{Domain: "d", Model: "m", Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a")}}},
-			verdicts:    map[string]BreakerVerdict{"m": probe},
+			verdicts:    map[string]limit.BreakerVerdict{"m": probe},
 			wantCode:    limit.CodeOK,
 			wantCharges: []charge{{tenantKey, 100, 0}},
 			wantLimits:  []uint64{100},
@@ -176,7 +176,7 @@ func TestDecideAdmissionOrder(t *testing.T) {
 		{
 			name:        "a probe the limits refuse is released",
 			give:        limit.Request{Domain: "d", Model: "m", Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a")}}},
-			verdicts:    map[string]BreakerVerdict{"m": probe},
+			verdicts:    map[string]limit.BreakerVerdict{"m": probe},
 			deny:        true,
 			wantCode:    limit.CodeOverLimit,
 			wantReason:  ReasonLimit,
@@ -330,15 +330,15 @@ func TestDecideSettles(t *testing.T) {
 		weighed = limit.Descriptor{Entries: entries("tenant", "a"), Hits: 5, HitsSet: true}
 		plain   = limit.Descriptor{Entries: entries("tenant", "a")}
 	)
-	open := map[string]BreakerVerdict{"m": {RetryAfter: 20 * time.Second}}
-	probe := map[string]BreakerVerdict{"m": {Allowed: true, ProbeID: "p"}}
-	shed := map[string]ShedState{"free": {Shed: true}}
-	shadow := map[string]ShedState{"free": {Shed: true, Shadow: true}}
+	open := map[string]limit.BreakerVerdict{"m": {RetryAfter: 20 * time.Second}}
+	probe := map[string]limit.BreakerVerdict{"m": {Allowed: true, ProbeID: "p"}}
+	shed := map[string]limit.ShedState{"free": {Shed: true}}
+	shadow := map[string]limit.ShedState{"free": {Shed: true, Shadow: true}}
 	tests := []struct {
 		name       string
 		give       []limit.Descriptor
-		verdicts   map[string]BreakerVerdict
-		shed       map[string]ShedState
+		verdicts   map[string]limit.BreakerVerdict
+		shed       map[string]limit.ShedState
 		wantReason Reason
 		wantCosts  []int64
 		wantAsked  bool // the breaker was asked

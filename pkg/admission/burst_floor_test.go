@@ -15,7 +15,7 @@ import (
 // noBurst is a Shedder whose active step has burst: false for every tier.
 type noBurst struct{}
 
-func (noBurst) Shed(_, _, _ string) admission.ShedState { return admission.ShedState{NoBurst: true} }
+func (noBurst) Shed(_, _, _ string) limit.ShedState { return limit.ShedState{NoBurst: true} }
 
 // TestBurstFloorSteadyStream is issue 13's premium case: a steady stream
 // at a shared token bucket's rate, whose arrivals jitter as any real

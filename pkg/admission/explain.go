@@ -105,7 +105,7 @@ type Explanation struct {
 	// Scope is the pressure scope the domain's shedding reads for the
 	// request ("" without shedding), and Shed what the shedder said.
 	Scope string
-	Shed  ShedState
+	Shed  limit.ShedState
 	// Refused is set when shedding refuses the request before any limit
 	// (Reason ReasonShed); nothing is then matched against the limits.
 	Refused    bool

@@ -44,7 +44,7 @@ type Decision struct {
 	ShadowShed bool
 	// Probes are the half-open breakers' probes the admitted request
 	// holds; their outcomes must be reported with the probe IDs.
-	Probes []Probe
+	Probes []limit.Probe
 	// Degraded: the store could not answer (an error, a timeout, its
 	// circuit open) and the rules' store_failure did; Policy is the one
 	// that chose Code (deny over local over allow).
@@ -210,7 +210,7 @@ func (l *Limiter) reconcile(ctx context.Context, req *limit.Request, at time.Tim
 		charges = append(charges, limit.Charge{
 			Key:       limit.OnceKey(req.Domain, b.first, req.ID),
 			Algorithm: limit.Once,
-			Window:    max(SettleOnceFor, b.lease),
+			Window:    max(limit.SettleOnceFor, b.lease),
 			Cost:      1,
 		})
 	}
@@ -235,12 +235,6 @@ func (l *Limiter) storeFailed(dom *limit.Domain) {
 		o.StoreFailed(dom.Name)
 	}
 }
-
-// SettleOnceFor is how long a settled reservation is remembered, so a
-// duplicate report is recognised: far longer than Envoy keeps retrying a
-// stream. A ticket used to settle must be refused once it is older than
-// this (package ticket's max age), or a replay would settle again.
-const SettleOnceFor = time.Hour
 
 type mode uint8
 

@@ -13,39 +13,15 @@ import (
 // lists: the interfaces they call (pkg/pressure and pkg/breaker implement
 // them) and the steps that refuse and give probes back.
 
-// ShedState is what pressure does to one request of a tier now.
-type ShedState struct {
-	// Shed: the tier is refused (in shadow mode: would be).
-	Shed bool
-	// Shadow: the policy reports and applies nothing; Factor and NoBurst
-	// are then ignored.
-	Shadow bool
-	// Factor scales every limit, in (0,1]; 0 or 1: unchanged.
-	Factor float64
-	// NoBurst shrinks every token bucket's burst to the policy's
-	// BurstFloor of its rate.
-	NoBurst bool
-}
-
 // Shedder reports the shedding in force; pkg/pressure's Gate is one. It
 // is read once per decision of a domain with a Shedding policy, so it
 // must be cheap (an atomic load) and never block on a store.
 type Shedder interface {
 	// Shed is the state of domain's policy at the pressure of scope
 	// (ScopeGlobal, or a model's name) for a request of tier. The zero
-	// ShedState, for a domain or scope it knows nothing of, changes
+	// limit.ShedState, for a domain or scope it knows nothing of, changes
 	// nothing.
-	Shed(domain, scope, tier string) ShedState
-}
-
-// BreakerVerdict is a breaker's answer to one request.
-type BreakerVerdict struct {
-	Allowed bool
-	// ProbeID is set when the request was admitted as a half-open probe:
-	// its outcome must come back with it (Decision.Probes).
-	ProbeID string
-	// RetryAfter is set when the request is refused.
-	RetryAfter time.Duration
+	Shed(domain, scope, tier string) limit.ShedState
 }
 
 // Breakers are the circuit breakers of the domains' BreakerConfigs;
@@ -53,19 +29,10 @@ type BreakerVerdict struct {
 type Breakers interface {
 	// Allow asks domain's breaker on key whether the upstream name may be
 	// called now. A half-open breaker admits a bounded number of probes.
-	Allow(ctx context.Context, now time.Time, domain, key, name string) (BreakerVerdict, error)
+	Allow(ctx context.Context, now time.Time, domain, key, name string) (limit.BreakerVerdict, error)
 	// Release frees a probe slot Allow gave to a request that then did
 	// not go upstream (a limit refused it), without counting an outcome.
 	Release(ctx context.Context, now time.Time, domain, key, name, probeID string) error
-}
-
-// Probe is a half-open breaker's probe that an admitted request holds:
-// its outcome must be reported with ID (ext_authz puts it in the dynamic
-// metadata, and the access log brings it back).
-type Probe struct {
-	// Key is the breaker's descriptor key, Name its value.
-	Key, Name string
-	ID        string
 }
 
 // Option configures a Limiter.
@@ -201,7 +168,7 @@ func (l *Limiter) allowBreakers(ctx context.Context, now time.Time, dom *limit.D
 			return false, nil
 		}
 		if v.ProbeID != "" {
-			dec.Probes = append(dec.Probes, Probe{Key: b.Key, Name: name, ID: v.ProbeID})
+			dec.Probes = append(dec.Probes, limit.Probe{Key: b.Key, Name: name, ID: v.ProbeID})
 		}
 	}
 	return true, nil

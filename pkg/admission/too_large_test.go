@@ -162,7 +162,7 @@ func TestDecideTooLarge(t *testing.T) {
 // halfLimits is a Shedder whose active step halves every limit.
 type halfLimits struct{}
 
-func (halfLimits) Shed(_, _, _ string) admission.ShedState { return admission.ShedState{Factor: 0.5} }
+func (halfLimits) Shed(_, _, _ string) limit.ShedState { return limit.ShedState{Factor: 0.5} }
 
 // TestDecideTooLargeUnderPressure: a limit factor passes, so a request
 // that fits the limit but not the limit under pressure is an ordinary

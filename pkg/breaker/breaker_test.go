@@ -615,3 +615,6 @@ func BenchmarkBreakerObserveSuccess(b *testing.B) {
 		})
 	}
 }
+
+// Set is the admission pipeline's Breakers.
+var _ admission.Breakers = (*breaker.Set)(nil)

@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tollgate-dev/tollgate/pkg/admission"
+	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
 // Set is the admission.Breakers of a process: each domain's Breakers by key,
@@ -21,8 +21,6 @@ type Set struct {
 }
 
 type setKey struct{ domain, key string }
-
-var _ admission.Breakers = (*Set)(nil)
 
 // NewSet returns an empty Set: every upstream allowed until Set.Replace.
 func NewSet() *Set {
@@ -62,16 +60,16 @@ func (s *Set) Breakers() []*Breaker {
 
 // Allow implements admission.Breakers. A domain or key the Set has no
 // Breaker for is allowed.
-func (s *Set) Allow(ctx context.Context, now time.Time, domain, key, name string) (admission.BreakerVerdict, error) {
+func (s *Set) Allow(ctx context.Context, now time.Time, domain, key, name string) (limit.BreakerVerdict, error) {
 	b := (*s.m.Load())[setKey{domain, key}]
 	if b == nil {
-		return admission.BreakerVerdict{Allowed: true}, nil
+		return limit.BreakerVerdict{Allowed: true}, nil
 	}
 	v, err := b.Allow(ctx, now, name)
 	if err != nil {
-		return admission.BreakerVerdict{}, err
+		return limit.BreakerVerdict{}, err
 	}
-	return admission.BreakerVerdict{Allowed: v.Allowed, ProbeID: v.ProbeID, RetryAfter: v.RetryAfter}, nil
+	return limit.BreakerVerdict{Allowed: v.Allowed, ProbeID: v.ProbeID, RetryAfter: v.RetryAfter}, nil
 }
 
 // Release implements admission.Breakers.

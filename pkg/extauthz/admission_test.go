@@ -81,7 +81,7 @@ func TestMetadataProbes(t *testing.T) {
 		t.Fatal(err)
 	}
 	at := time.UnixMilli(1_800_000_000_000)
-	probes := []admission.Probe{{Key: "model", Name: "m", ID: "17.0123456789abcdef0123456789abcdef"}}
+	probes := []limit.Probe{{Key: "model", Name: "m", ID: "17.0123456789abcdef0123456789abcdef"}}
 	c := &call{id: authn.Identity{Tenant: "acme"}, model: "m", sealer: sealer,
 		req: &limit.Request{Domain: "ai", ID: "r.1", Model: "m"},
 		dec: &admission.Decision{Code: limit.CodeOK, At: at, Probes: probes}}

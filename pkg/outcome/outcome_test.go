@@ -15,7 +15,6 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
 	"github.com/tollgate-dev/tollgate/pkg/ticket"
@@ -214,7 +213,7 @@ func TestBreakers(t *testing.T) {
 	t.Parallel()
 	l, _, _ := newTestLoop(t, &fakeLimiter{rules: rules(t)}, nil)
 	tk := reservedTicket()
-	tk.Probes = []admission.Probe{{Key: "model", Name: "gpt-4o", ID: "p1"}, {Key: "model", Name: "other", ID: "p2"}}
+	tk.Probes = []limit.Probe{{Key: "model", Name: "gpt-4o", ID: "p1"}, {Key: "model", Name: "other", ID: "p2"}}
 	// model comes from the ticket's Model; region is carried by no
 	// descriptor, so it is left out.
 	want := []Breaker{{Key: "model", Name: "gpt-4o", ProbeID: "p1"}}

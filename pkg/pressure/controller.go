@@ -14,7 +14,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
@@ -175,8 +174,6 @@ func NewController(cfg ControllerConfig) (*Controller, error) {
 	c.doms.Store(&m)
 	return c, nil
 }
-
-var _ admission.Admissions = (*Controller)(nil)
 
 // Start runs the flusher until ctx ends or Stop; the domains Set before
 // or after start ticking with it.

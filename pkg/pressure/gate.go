@@ -4,7 +4,6 @@ import (
 	"math/rand/v2"
 	"sync/atomic"
 
-	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
@@ -27,8 +26,6 @@ type Gate struct {
 }
 
 type gateKey struct{ domain, scope string }
-
-var _ admission.Shedder = (*Gate)(nil)
 
 // NewGate returns a Gate that sheds nothing until Set.
 func NewGate() *Gate { return NewGateRand(rand.Float64) }
@@ -67,16 +64,16 @@ func (g *Gate) SetController(c *Controller) { g.ctl.Store(c) }
 // Shed implements admission.Shedder. A tier the steps shed stays shed; one
 // they admit is shed with the controller's fraction, in shadow mode when
 // the steps' policy is.
-func (g *Gate) Shed(domain, scope, tier string) admission.ShedState {
+func (g *Gate) Shed(domain, scope, tier string) limit.ShedState {
 	m := *g.m.Load()
 	e := m[gateKey{domain, scope}]
 	if e == nil && scope != limit.ScopeGlobal {
 		e = m[gateKey{domain, limit.ScopeGlobal}]
 	}
-	var st admission.ShedState
+	var st limit.ShedState
 	if e != nil {
 		o := e.out.Load()
-		st = admission.ShedState{Shed: o.Sheds(tier), Shadow: o.Shadow, Factor: o.Factor, NoBurst: o.NoBurst}
+		st = limit.ShedState{Shed: o.Sheds(tier), Shadow: o.Shadow, Factor: o.Factor, NoBurst: o.NoBurst}
 	}
 	if c := g.ctl.Load(); c != nil && !st.Shed {
 		if f := c.Fraction(domain, scope, tier); f >= 1 || (f > 0 && g.draw() < f) {

@@ -3,7 +3,6 @@ package pressure
 import (
 	"testing"
 
-	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
 )
@@ -19,7 +18,7 @@ func TestGate(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := NewGate()
-	if got := g.Shed("d", limit.ScopeGlobal, "free"); got != (admission.ShedState{}) {
+	if got := g.Shed("d", limit.ScopeGlobal, "free"); got != (limit.ShedState{}) {
 		t.Fatalf("empty gate: %+v", got)
 	}
 	g.Set(GateEntry{"d", limit.ScopeGlobal, global}, GateEntry{"d", "gpt-4o", model}, GateEntry{"s", limit.ScopeGlobal, shadow})
@@ -29,13 +28,13 @@ func TestGate(t *testing.T) {
 	tests := []struct {
 		name                string
 		domain, scope, tier string
-		want                admission.ShedState
+		want                limit.ShedState
 	}{
-		{name: "global sheds free", domain: "d", scope: limit.ScopeGlobal, tier: "free", want: admission.ShedState{Shed: true, Factor: 0.7, NoBurst: true}},
-		{name: "global shrinks premium", domain: "d", scope: limit.ScopeGlobal, tier: "premium", want: admission.ShedState{Factor: 0.7, NoBurst: true}},
-		{name: "a model's own scope", domain: "d", scope: "gpt-4o", tier: "standard", want: admission.ShedState{Shed: true, Factor: 0.7, NoBurst: true}},
-		{name: "a model without a scope reads global", domain: "d", scope: "llama", tier: "standard", want: admission.ShedState{Factor: 0.7, NoBurst: true}},
-		{name: "shadow", domain: "s", scope: limit.ScopeGlobal, tier: "free", want: admission.ShedState{Shed: true, Shadow: true, Factor: 0.7, NoBurst: true}},
+		{name: "global sheds free", domain: "d", scope: limit.ScopeGlobal, tier: "free", want: limit.ShedState{Shed: true, Factor: 0.7, NoBurst: true}},
+		{name: "global shrinks premium", domain: "d", scope: limit.ScopeGlobal, tier: "premium", want: limit.ShedState{Factor: 0.7, NoBurst: true}},
+		{name: "a model's own scope", domain: "d", scope: "gpt-4o", tier: "standard", want: limit.ShedState{Shed: true, Factor: 0.7, NoBurst: true}},
+		{name: "a model without a scope reads global", domain: "d", scope: "llama", tier: "standard", want: limit.ShedState{Factor: 0.7, NoBurst: true}},
+		{name: "shadow", domain: "s", scope: limit.ScopeGlobal, tier: "free", want: limit.ShedState{Shed: true, Shadow: true, Factor: 0.7, NoBurst: true}},
 		{name: "unknown domain", domain: "x", scope: limit.ScopeGlobal, tier: "free"},
 	}
 	for _, tt := range tests {

@@ -90,7 +90,7 @@ func TestTicket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	probes := []admission.Probe{{Key: "model", Name: "m", ID: "17.0123456789abcdef0123456789abcdef"}}
+	probes := []limit.Probe{{Key: "model", Name: "m", ID: "17.0123456789abcdef0123456789abcdef"}}
 	descs := []*commonrl.RateLimitDescriptor{{Entries: []*commonrl.RateLimitDescriptor_Entry{{Key: "model", Value: "m"}}}}
 	for _, tt := range []struct {
 		name, domain string

@@ -34,7 +34,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
@@ -68,7 +67,7 @@ const (
 	// It must not exceed the life of the marks that make a settle or a
 	// breaker failure count once, or a replay after the mark is gone
 	// would count again.
-	DefaultMaxAge = admission.SettleOnceFor
+	DefaultMaxAge = limit.SettleOnceFor
 	// maxSkew is how far in the future a ticket's time may be: the
 	// replicas' clocks are NTP-synced, and a ticket from further ahead is
 	// not one a replica made.
@@ -106,7 +105,7 @@ type Ticket struct {
 	// At is the decision's time, to the millisecond.
 	At time.Time
 	// Probes are the half-open breakers' probes the request holds.
-	Probes []admission.Probe
+	Probes []limit.Probe
 }
 
 // Request is the limit.Request the ticket's decision was made on.
@@ -318,7 +317,7 @@ func decode(b []byte) (*Ticket, error) {
 		}
 	}
 	if n := d.count(maxProbes, "probes"); n > 0 {
-		t.Probes = make([]admission.Probe, n)
+		t.Probes = make([]limit.Probe, n)
 		for i := range t.Probes {
 			t.Probes[i].Key = d.string(limit.MaxEntryKeyBytes, "probe key")
 			t.Probes[i].Name = d.string(limit.MaxValueBytes, "probe name")

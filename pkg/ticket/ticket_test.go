@@ -10,7 +10,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
@@ -56,7 +55,7 @@ func typical() *Ticket {
 			"b_tokens": {Amount: 5, Unit: limit.Hour, Multiplier: 2},
 			"a":        {Amount: 0},
 		},
-		Probes: []admission.Probe{{Key: "model", Name: "gpt-4o", ID: "1799.0123456789abcdef0123456789abcdef"}},
+		Probes: []limit.Probe{{Key: "model", Name: "gpt-4o", ID: "1799.0123456789abcdef0123456789abcdef"}},
 	}
 }
 
