@@ -20,7 +20,7 @@ import (
 //  1. Local shedding: this replica's in-flight bound. It is not a stage
 //     here: pkg/server's interceptor refuses a request before it is
 //     decoded, which is the point of a bound that protects the replica
-//     (docs/architecture-admission.md says why).
+//     (docs/architecture.md says why).
 //  2. Tier shedding by pressure: shedTier, then shedUnlessSettles once
 //     the rules have told whether the request only settles.
 //  3. Circuit breakers: askBreakers.
