@@ -334,7 +334,11 @@ func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge
 	}
 	s.observe(nowMs, charges, res, nil)
 	if !retry {
-		// Denied by a charge without a lease: the extras changed nothing.
+		// Denied by a charge without a lease: the extras changed nothing,
+		// but a leased charge was answered for its cost plus the lease.
+		// Alone, its cost fits when the room covers it: say so, or the
+		// caller reports that descriptor over its limit too.
+		fitsAlone(charges, sc.extra, res)
 		return false, nil
 	}
 	s.retries.Add(1)
@@ -753,4 +757,18 @@ func (h *grantHeap) Pop() any {
 	old[len(old)-1] = nil
 	*h = old[:len(old)-1]
 	return g
+}
+
+// fitsAlone corrects, in a denied decision's res, the answers to leased
+// charges (extra[i] > 0) that did not fit only because of the lease they
+// asked for: the room covers the charge's own cost, so it fits. Its
+// Remaining stays the room, as in any denied decision, which keeps none.
+func fitsAlone(charges []limit.Charge, extra []int64, res []limit.Result) {
+	for i, x := range extra {
+		c := charges[i].Cost
+		if x <= 0 || res[i].Fits || c < 0 || res[i].Remaining < uint64(c) {
+			continue
+		}
+		res[i].Fits, res[i].RetryAfter = true, 0
+	}
 }

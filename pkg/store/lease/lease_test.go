@@ -371,6 +371,49 @@ func TestDeniedByExtraRetries(t *testing.T) {
 	}
 }
 
+// TestDeniedElsewhereLeasedFits: in a decision another charge denies, a
+// leased charge whose own cost fits is answered as fitting (Result.Fits
+// is about the charge alone), though the store was asked for its cost
+// plus a lease that did not fit. Otherwise RLS would answer that
+// descriptor OVER_LIMIT too.
+func TestDeniedElsewhereLeasedFits(t *testing.T) {
+	t.Parallel()
+	shared := memstore.New()
+	ctx := context.Background()
+	a := limit.Charge{Key: "a", Algorithm: limit.FixedWindow, Amount: 100, Window: time.Minute, Cost: 1}
+	b := limit.Charge{Key: "b", Algorithm: limit.FixedWindow, Amount: 1, Window: time.Minute, Cost: 1}
+	fillA, fillB := a, b
+	fillA.Cost = 90
+	res := make([]limit.Result, 2)
+	if ok, _ := shared.Apply(ctx, t0, []limit.Charge{fillA, fillB}, res); !ok {
+		t.Fatal("fill")
+	}
+	// This replica sees a with 9 left (a key seen once is not leased)...
+	s := lease.New(shared, lease.Options{MinAmount: 1, Fraction: 1})
+	if ok, _ := s.Apply(ctx, t0, []limit.Charge{a}, res[:1]); !ok {
+		t.Fatal("first a")
+	}
+	// ...another takes 8 of them, so the lease this one asks for with
+	// its next charge on a no longer fits, though the charge does.
+	fillA.Cost = 8
+	if ok, _ := shared.Apply(ctx, t0, []limit.Charge{fillA}, res[:1]); !ok {
+		t.Fatal("fill a")
+	}
+	ok, err := s.Apply(ctx, t0, []limit.Charge{a, b}, res)
+	if err != nil || ok {
+		t.Fatalf("admitted %v, err %v: b is full", ok, err)
+	}
+	if !res[0].Fits || res[0].RetryAfter != 0 || res[0].Remaining != 1 {
+		t.Errorf("a (1 of 100 left, cost 1) = %+v, want Fits, Remaining 1, no RetryAfter", res[0])
+	}
+	if res[1].Fits {
+		t.Errorf("b (full) = %+v, want not Fits", res[1])
+	}
+	if st := s.Stats(); st.Retries != 0 {
+		t.Errorf("retried: %+v (b denies whatever a asks)", st)
+	}
+}
+
 // returning is a lease.Store that gives every lease back right after the
 // decision that took it, at that decision's time: each decision on a
 // leasable key asks the store for its cost plus a lease, is answered as
@@ -389,17 +432,20 @@ func (r returning) Apply(ctx context.Context, now time.Time, charges []limit.Cha
 }
 
 // leaseExcept are the conformance subtests a leasing store does not
-// pass, by design. In a decision that another charge denies, a leased
-// charge is answered as the store answered its cost plus the lease: not
-// fitting (with that RetryAfter) although its cost alone fits. Nothing
-// is kept either way, so no window admits more or less; but these two
-// check every charge's Fits of random decisions against an exact model.
-// The lease promises that no window admits more than its limit (the
-// package doc): TestNeverOverAdmits asserts that over random schedules
-// of the same kinds of charges, from several replicas spending leases.
+// pass, by design. They check every answer of random decisions against an
+// exact model that knows no leases. In a decision another charge denies,
+// a leased charge was asked for with its lease: it is answered as fitting
+// when its cost alone fits (TestDeniedElsewhereLeasedFits), but when it
+// does not fit its RetryAfter is the wait for its cost plus the lease, a
+// longer one than the model's; and a window's Remaining counts the room a
+// lease of the same step took before it was given back. Nothing is kept
+// either way, so no window admits more: the lease's promise, that no
+// window admits more than its limit (the package doc), is what
+// TestNeverOverAdmits asserts over random schedules of the same kinds of
+// charges, from several replicas spending leases.
 var leaseExcept = map[string]string{
-	"Property": "a denied decision's leased charge is reported not fitting when its cost alone fits (see leaseExcept)",
-	"Model":    "a denied decision's leased charge is reported not fitting when its cost alone fits (see leaseExcept)",
+	"Property": "Remaining and RetryAfter count the leases asked for with the charges (see leaseExcept)",
+	"Model":    "Remaining and RetryAfter count the leases asked for with the charges (see leaseExcept)",
 }
 
 // TestConformance runs the conformance suite with leasing on (every
