@@ -76,6 +76,9 @@ type Domain struct {
 	// StoreFailure is the domain's store_failure, inherited by rules
 	// that set none (FailureUnset: the Limiter's default).
 	StoreFailure StoreFailure
+	// RetryBudget, when set, tells Envoy how many retries an admitted
+	// request may make (admission.Decision.Retries).
+	RetryBudget *RetryBudget
 
 	root Rule
 }
