@@ -57,6 +57,11 @@ type Decision struct {
 	// Admissions), "" for none: the request's ticket carries it, so that
 	// its completion ends the flight.
 	Flight string
+	// Retries is how many times an admitted request may be retried
+	// upstream now, when HasRetries: its domain has a retry budget
+	// (retry.go). The adapters tell Envoy as x-envoy-max-retries.
+	Retries    int
+	HasRetries bool
 }
 
 // Limiter matches requests against the current rules and applies the
@@ -80,6 +85,9 @@ type Limiter struct {
 	// localLeases is set once a degraded decision took a concurrency
 	// lease on the in-process store, so Reconcile releases there too.
 	localLeases atomic.Bool
+	// retries, when set, gives the retry budget its signals
+	// (WithRetrySource).
+	retries RetrySource
 }
 
 // NewLimiter returns a Limiter over store; rules may be nil (everything is
@@ -132,6 +140,7 @@ type plan struct {
 // outcome would ever free its slot before the lease ends.
 func (l *Limiter) Decide(ctx context.Context, req *limit.Request) (*Decision, error) {
 	dec, dom, settles, err := l.decide(ctx, req)
+	l.budgetRetries(dec, dom, req, settles)
 	if err != nil || l.admissions == nil || dom == nil || settles || dom.Shedding == nil || dom.Shedding.Control == nil {
 		return dec, err
 	}
