@@ -1,0 +1,93 @@
+package config
+
+import (
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+)
+
+func TestLoadRetryBudget(t *testing.T) {
+	t.Parallel()
+	def := limit.DefaultRetryBudget()
+	def.Source = "testdata/retrybudget/defaults.yaml:5"
+	tests := []struct {
+		name string
+		give string
+		want *limit.RetryBudget
+	}{
+		{name: "every field", give: "good.yaml", want: &limit.RetryBudget{
+			Max: 2, MaxPressure: 0.8, MaxQueueWait: 1500 * time.Millisecond, ErrorRate: 0.1, HighErrorRate: 0.4,
+			Source: "testdata/retrybudget/good.yaml:6",
+		}},
+		{name: "an empty section is the defaults", give: "defaults.yaml", want: &def},
+		{name: "disabled", give: "disabled.yaml", want: nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			rs, err := Load(filepath.Join("testdata", "retrybudget", tt.give))
+			if err != nil {
+				t.Fatalf("Load: %v", err)
+			}
+			got := rs.Domain("inference").RetryBudget
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("RetryBudget (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestLoadRetryBudgetBad(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		give string
+		want string
+	}{
+		{
+			name: "every field out of range",
+			give: "bad_ranges.yaml",
+			want: `testdata/retrybudget/bad_ranges.yaml:3: retry_budget.max: 4 is more than 3
+testdata/retrybudget/bad_ranges.yaml:4: retry_budget.max_pressure: 1.5 is not in (0,1]; pressure is a fraction of capacity
+testdata/retrybudget/bad_ranges.yaml:5: retry_budget.max_queue_wait: 0s is not in (0s,1h]
+testdata/retrybudget/bad_ranges.yaml:6: retry_budget.error_rate: 1 is not in (0,1); it is a share of the upstream's requests
+testdata/retrybudget/bad_ranges.yaml:7: retry_budget.high_error_rate: -0.1 is not in (0,1); it is a share of the upstream's requests`,
+		},
+		{
+			name: "error_rate above high_error_rate",
+			give: "bad_order.yaml",
+			want: `testdata/retrybudget/bad_order.yaml:3: retry_budget.error_rate: 0.6 is above high_error_rate 0.3; the budget falls to 2 before it falls to 1`,
+		},
+		{
+			name: "unknown key",
+			give: "bad_key.yaml",
+			want: `testdata/retrybudget/bad_key.yaml:3: retry_budget.retries: unknown key (want one of enabled|max|max_pressure|max_queue_wait|error_rate|high_error_rate)`,
+		},
+		{
+			name: "not a mapping",
+			give: "bad_kind.yaml",
+			want: `testdata/retrybudget/bad_kind.yaml:2: retry_budget: want a mapping with keys enabled|max|max_pressure|max_queue_wait|error_rate|high_error_rate, got a list`,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			rs, err := Load(filepath.Join("testdata", "retrybudget", tt.give))
+			if rs != nil {
+				t.Errorf("Load returned rules with the error")
+			}
+			var probs Errors
+			if !errors.As(err, &probs) {
+				t.Fatalf("Load error = %v (%T), want Errors", err, err)
+			}
+			if got := err.Error(); got != tt.want {
+				t.Errorf("Load error:\n%s\nwant:\n%s", got, tt.want)
+			}
+		})
+	}
+}
