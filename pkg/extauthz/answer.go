@@ -147,6 +147,10 @@ func fillOptions(hs []headers.Header, vs []optionValue, out []*corev3.HeaderValu
 	return out
 }
 
+// upstreamHeaders is the most headers Check sets on an admitted request
+// upstream: the three identity headers and the retry budget.
+const upstreamHeaders = 4
+
 // okAnswer is an admitted request's answer. Its messages are allocated
 // together, not one by one, since Check answers most requests with one.
 type okAnswer struct {
@@ -155,14 +159,14 @@ type okAnswer struct {
 	oneof  authv3.CheckResponse_OkResponse
 	ok     authv3.OkHttpResponse
 	remove [3]string
-	opts   [3 + maxRateLimitHeaders]optionValue
-	ptrs   [3 + maxRateLimitHeaders]*corev3.HeaderValueOption
+	opts   [upstreamHeaders + maxRateLimitHeaders]optionValue
+	ptrs   [upstreamHeaders + maxRateLimitHeaders]*corev3.HeaderValueOption
 	meta   metaValues
 }
 
 func okResponse(c *call) *authv3.CheckResponse {
 	a := &okAnswer{}
-	var buf [3 + maxRateLimitHeaders]headers.Header
+	var buf [upstreamHeaders + maxRateLimitHeaders]headers.Header
 	set := buf[:0]
 	// Each identity header is set, overwriting what the client sent, or,
 	// when there is no value, removed. Never both: Envoy removes after it
@@ -177,6 +181,11 @@ func okResponse(c *call) *authv3.CheckResponse {
 			a.remove[removed] = h.Key
 			removed++
 		}
+	}
+	if c.dec != nil && c.dec.HasRetries {
+		// Set, not appended: a client's own value must not stand beside
+		// it (docs/retry-budget.md).
+		set = append(set, headers.Header{Key: headers.MaxRetries, Value: headers.Retries(c.dec.Retries)})
 	}
 	identity := len(set)
 	set = rateLimitHeaders(c, set)

@@ -147,6 +147,11 @@ func toResponse(dec *admission.Decision) *rlsv3.RateLimitResponse {
 	if dec.Degraded {
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: HeaderDegraded, Value: headers.DegradedStore})
 	}
+	if dec.HasRetries && dec.Code == limit.CodeOK {
+		// Envoy adds these to the request before its router reads them
+		// (docs/retry-budget.md says where it does not).
+		resp.RequestHeadersToAdd = []*corev3.HeaderValue{{Key: headers.MaxRetries, Value: headers.Retries(dec.Retries)}}
+	}
 	return resp
 }
 
