@@ -128,6 +128,9 @@ type Runtime struct {
 	retired        map[[2]breaker.State]uint64 // transitions of Breakers a reload dropped
 	retiredClasses map[breakerClass]uint64     // outcome classes of Breakers a reload dropped
 	untracked      uint64
+
+	// queueWait, when set, is the admission queue's wait (SetQueueWait).
+	queueWait atomic.Pointer[QueueWaitFunc]
 }
 
 // breakerClass keys tollgate_breaker_outcomes_total.
@@ -214,9 +217,10 @@ func New(ctx context.Context, f Config, shared Shared, log *zap.Logger) (*Runtim
 }
 
 // LimiterOptions make a Limiter shed by pressure and consult breakers,
-// and tell the overload controller of the decisions of its domains.
+// tell the overload controller of the decisions of its domains, and read
+// the retry budget's signals here.
 func (s *Runtime) LimiterOptions() []admission.Option {
-	return []admission.Option{admission.WithShedder(s.gate), admission.WithBreakers(s.breakers), admission.WithAdmissions(s.ctl)}
+	return []admission.Option{admission.WithShedder(s.gate), admission.WithBreakers(s.breakers), admission.WithAdmissions(s.ctl), admission.WithRetrySource(s)}
 }
 
 // Completed ends the flight of a verified ticket's request: the outcome
