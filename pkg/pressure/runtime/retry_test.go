@@ -37,9 +37,11 @@ func TestRetrySignals(t *testing.T) {
 			give: "m", want: limit.RetrySignals{Pressure: 0.9},
 		},
 		{
-			name:  "queue wait",
-			setup: func(rt *Runtime) { rt.SetQueueWait(func(d string) time.Duration { return map[string]time.Duration{"d": 3 * time.Second}[d] }) },
-			give:  "m", want: limit.RetrySignals{QueueWait: 3 * time.Second},
+			name: "queue wait",
+			setup: func(rt *Runtime) {
+				rt.SetQueueWait(func(d string) time.Duration { return map[string]time.Duration{"d": 3 * time.Second}[d] })
+			},
+			give: "m", want: limit.RetrySignals{QueueWait: 3 * time.Second},
 		},
 		{
 			name: "a model's own failures",
