@@ -300,6 +300,7 @@ type explainOutput struct {
 	Pressure    *pressureExplain    `json:"pressure,omitempty"`
 	Descriptors []descriptorExplain `json:"descriptors"`
 	Breakers    []breakerExplain    `json:"breakers,omitempty"`
+	RetryBudget *retryBudgetExplain `json:"retry_budget,omitempty"`
 	// Charges are every store key the request would charge, all or nothing.
 	Charges []chargeExplain `json:"charges"`
 	// Refused is set when the request is refused whatever the store holds.
@@ -434,6 +435,7 @@ func (o *explainOutput) fill(dom *limit.Domain, req *limit.Request, ex *admissio
 		l := limitOf(c)
 		o.Charges = append(o.Charges, chargeExplain{Key: c.Charge.Key, Cost: c.Charge.Cost, Limit: l.summary(), Shadow: c.Charge.Shadow})
 	}
+	o.RetryBudget = explainRetryBudget(dom)
 	o.Refused = ex.Refused
 	o.Verdict = o.verdict(ex)
 }
@@ -607,6 +609,7 @@ func (o *explainOutput) writeText(w io.Writer) {
 			fmt.Fprintf(w, "breaker %s: not consulted (no %s entry)\n", b.Key, b.Key)
 		}
 	}
+	o.RetryBudget.writeText(w)
 	for _, n := range o.Notes {
 		fmt.Fprintf(w, "note: %s\n", n)
 	}
