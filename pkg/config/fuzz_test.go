@@ -13,7 +13,7 @@ import (
 // answer must be one of two things: a domain that indexes cleanly, or
 // Errors in which every problem names the file.
 func FuzzParse(f *testing.F) {
-	for _, pattern := range []string{"testdata/good/*.yaml", "testdata/bad/*.yaml", "testdata/bad/*/*.yaml", "../../config/*.yaml"} {
+	for _, pattern := range []string{"testdata/good/*.yaml", "testdata/bad/*.yaml", "testdata/bad/*/*.yaml", "testdata/retrybudget/*.yaml", "../../config/*.yaml"} {
 		files, err := filepath.Glob(pattern)
 		if err != nil {
 			f.Fatal(err)
