@@ -2,7 +2,9 @@ package config
 
 import (
 	"errors"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,5 +91,35 @@ testdata/retrybudget/bad_ranges.yaml:7: retry_budget.high_error_rate: -0.1 is no
 				t.Errorf("Load error:\n%s\nwant:\n%s", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestRetryBudgetDocExample keeps the example in docs/retry-budget.md
+// loadable, and saying what the defaults are.
+func TestRetryBudgetDocExample(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../../docs/retry-budget.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, body, ok := strings.Cut(string(b), "```yaml\n")
+	if !ok {
+		t.Fatal("docs/retry-budget.md has no yaml block")
+	}
+	body, _, ok = strings.Cut(body, "```")
+	if !ok {
+		t.Fatal("docs/retry-budget.md: the yaml block does not end")
+	}
+	d, err := Parse("retry-budget.md", []byte(body))
+	if err != nil {
+		t.Fatalf("the example does not load: %v", err)
+	}
+	if d.RetryBudget == nil {
+		t.Fatal("the example has no retry budget")
+	}
+	want := limit.DefaultRetryBudget()
+	want.Source = d.RetryBudget.Source
+	if diff := cmp.Diff(&want, d.RetryBudget); diff != "" {
+		t.Errorf("the example's values are not the defaults it claims (-defaults +example):\n%s", diff)
 	}
 }
