@@ -100,3 +100,29 @@ func observe(rt *Runtime, at time.Time, model string, n int, kind pressure.Kind)
 		rt.Outcomes().Observe(at, kind, 10*time.Millisecond, model)
 	}
 }
+
+// BenchmarkRetrySignals is the cost the retry budget adds to a decision
+// of a domain with one, on a replica with every signal on.
+func BenchmarkRetrySignals(b *testing.B) {
+	rt, err := New(context.Background(), Config{
+		Replica: "r1", Interval: time.Hour, TTL: time.Hour, Combine: pressure.CombineMax, Capacity: 10, Errors: true, Window: time.Minute,
+	}, Shared{
+		Board: memstore.NewBoard(), Cells: memstore.NewCells(), Breakers: memstore.NewBreakers(),
+		Flights: memstore.NewFlights(), Meters: memstore.NewMeters(),
+	}, zap.NewNop())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(rt.Stop)
+	if _, err := rt.Outcomes().Model("m"); err != nil {
+		b.Fatal(err)
+	}
+	now := time.Now()
+	for i := range 1000 {
+		rt.Outcomes().Observe(now.Add(-time.Duration(i)*50*time.Millisecond), pressure.Served, time.Duration(i)*time.Millisecond, "m")
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = rt.RetrySignals("d", "m")
+	}
+}
