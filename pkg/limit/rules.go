@@ -76,6 +76,8 @@ type Domain struct {
 	// StoreFailure is the domain's store_failure, inherited by rules
 	// that set none (FailureUnset: the Limiter's default).
 	StoreFailure StoreFailure
+	// Queue, when set, lets refused requests wait (see Queue).
+	Queue *Queue
 
 	root Rule
 }
