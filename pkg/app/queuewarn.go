@@ -39,3 +39,21 @@ func queueWarnings(rs *limit.RuleSet) []string {
 	}
 	return out
 }
+
+// queueNote is explain's line about how a refusal of a request of tier
+// waits in dom's queue; "" when dom has none.
+func queueNote(dom *limit.Domain, tier string) string {
+	q := dom.Queue
+	if q == nil {
+		return ""
+	}
+	qt, rank, ok := q.For(tier)
+	switch {
+	case qt.Skip:
+		return fmt.Sprintf("queue: tier %q skips it: a refusal by a limit is answered at once", tier)
+	case !ok:
+		return fmt.Sprintf("queue: tier %q does not wait: a refusal by a limit is answered at once", tier)
+	}
+	return fmt.Sprintf("queue: a refusal by a limit or cap waits up to %v or the caller's deadline less %v (priority %d of %d, then FIFO; at most %d waiting per replica), retrying at least every %v",
+		qt.MaxWait, admission.QueueMargin, rank+1, len(q.Tiers)+1, qt.MaxLength, q.PollEvery())
+}

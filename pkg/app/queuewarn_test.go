@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -135,6 +136,38 @@ func TestValidateQueueWarning(t *testing.T) {
 			warned := strings.Contains(stderr.String(), path+`: warning: domain "d": queue max_wait`)
 			if warned != tt.wantWarn {
 				t.Errorf("warned %v, want %v:\n%s", warned, tt.wantWarn, stderr)
+			}
+		})
+	}
+}
+
+// TestExplainQueue: explain says how the request's tier waits.
+func TestExplainQueue(t *testing.T) {
+	t.Parallel()
+	rules := rulesFile(t, `domain: d
+tiers: {key: tier, default: free, plans: {premium: 3, free: 1, vip: 5}}
+queue:
+  tiers:
+    - {tier: vip, skip: true}
+    - {tier: premium, max_wait: 3s, max_length: 20}
+descriptors:
+  - {key: tenant, rate_limit: {unit: second, requests_per_unit: 1}}
+`)
+	tests := []struct {
+		name string
+		give string
+		want string
+	}{
+		{name: "waits", give: "tenant=a,tier=premium", want: "queue: a refusal by a limit or cap waits up to 3s or the caller's deadline less 25ms (priority 2 of 3, then FIFO; at most 20 waiting per replica), retrying at least every 250ms"},
+		{name: "skips", give: "tenant=a,tier=vip", want: `queue: tier "vip" skips it: a refusal by a limit is answered at once`},
+		{name: "not listed", give: "tenant=a", want: `queue: tier "free" does not wait: a refusal by a limit is answered at once`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got := explainJSON(t, "--config", rules, "--domain", "d", "--descriptor", tt.give)
+			if !slices.Contains(got.Notes, tt.want) {
+				t.Errorf("notes %q, want %q among them", got.Notes, tt.want)
 			}
 		})
 	}
