@@ -370,3 +370,52 @@ func TestAverageWait(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkQueueOverhead: what the queue stage adds to a decision that
+// does not wait: an admitted one, and a rate limit's refusal of a tier
+// that skips the queue.
+func BenchmarkQueueOverhead(b *testing.B) {
+	for _, bb := range []struct {
+		name  string
+		queue bool
+		key   string
+		want  limit.Code
+	}{
+		{name: "admitted/without", key: "many", want: limit.CodeOK},
+		{name: "admitted/with", queue: true, key: "many", want: limit.CodeOK},
+		{name: "refused/without", key: "one", want: limit.CodeOverLimit},
+		{name: "refused/with", queue: true, key: "one", want: limit.CodeOverLimit},
+	} {
+		b.Run(bb.name, func(b *testing.B) {
+			dom := &limit.Domain{
+				Name:  "b",
+				Tiers: &limit.Tiers{Key: "tier", Default: "vip", Plans: map[string]float64{"premium": 1, "free": 1, "vip": 1}},
+				Descriptors: []*limit.Rule{
+					{Key: "many", RateLimit: &limit.Limit{Amount: 1 << 40, Unit: limit.Second}},
+					{Key: "one", RateLimit: &limit.Limit{Amount: 1, Unit: limit.Hour}},
+				},
+			}
+			var opts []Option
+			if bb.queue {
+				dom.Queue = queueTiers
+				opts = append(opts, WithQueue(NewQueue(nil)))
+			}
+			rs, err := limit.NewRuleSet(dom)
+			if err != nil {
+				b.Fatal(err)
+			}
+			l := NewLimiter(memstore.New(), nil, rs, opts...)
+			req := &limit.Request{Domain: "b", Tier: "vip", Descriptors: []limit.Descriptor{{Entries: entries(bb.key, "a")}}}
+			ctx := context.Background()
+			if _, err := l.Decide(ctx, req); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if dec, err := l.Decide(ctx, req); err != nil || dec.Code != bb.want {
+					b.Fatalf("Decide = %+v, %v", dec, err)
+				}
+			}
+		})
+	}
+}
