@@ -79,6 +79,8 @@ type Limiter struct {
 	// admissions, when set, is told of the decisions of domains with a
 	// Control (WithAdmissions).
 	admissions Admissions
+	// queue, when set, holds refused requests that may wait (WithQueue).
+	queue *Queue
 	// failure, when set, bounds store calls and answers for a store that
 	// cannot (WithStoreFailure).
 	failure *FailurePolicy
@@ -140,6 +142,12 @@ type plan struct {
 // outcome would ever free its slot before the lease ends.
 func (l *Limiter) Decide(ctx context.Context, req *limit.Request) (*Decision, error) {
 	dec, dom, settles, err := l.decide(ctx, req)
+	if err == nil {
+		dec, err = l.hold(ctx, req, dec, dom, settles)
+	}
+	if err == nil && settles && dec.Code == limit.CodeOK && l.queue != nil {
+		l.queue.Notify(req.Domain) // a refund may have freed capacity
+	}
 	l.budgetRetries(dec, dom, req, settles)
 	if err != nil || l.admissions == nil || dom == nil || settles || dom.Shedding == nil || dom.Shedding.Control == nil {
 		return dec, err
@@ -159,7 +167,11 @@ func (l *Limiter) Decide(ctx context.Context, req *limit.Request) (*Decision, er
 // same ID (the access log and ext_proc both reporting, or an entry
 // delivered twice, to any replica) changes nothing and returns false.
 func (l *Limiter) Settle(ctx context.Context, req *limit.Request, at time.Time, reserved, actual uint64) (bool, error) {
-	return l.reconcile(ctx, req, at, clampCost(actual)-clampCost(reserved), true)
+	ok, err := l.reconcile(ctx, req, at, clampCost(actual)-clampCost(reserved), true)
+	if err == nil && l.queue != nil {
+		l.queue.Notify(req.Domain)
+	}
+	return ok, err
 }
 
 // Release gives back the concurrency leases Decide took for req, without
@@ -169,6 +181,9 @@ func (l *Limiter) Settle(ctx context.Context, req *limit.Request, at time.Time, 
 // named by the request ID, and removing it twice removes it once.
 func (l *Limiter) Release(ctx context.Context, req *limit.Request) error {
 	_, err := l.reconcile(ctx, req, time.Time{}, 0, false)
+	if err == nil && l.queue != nil {
+		l.queue.Notify(req.Domain)
+	}
 	return err
 }
 

@@ -438,6 +438,9 @@ func (o *explainOutput) fill(dom *limit.Domain, req *limit.Request, ex *admissio
 	o.RetryBudget = explainRetryBudget(dom)
 	o.Refused = ex.Refused
 	o.Verdict = o.verdict(ex)
+	if n := queueNote(dom, ex.Tier); n != "" {
+		o.Notes = append(o.Notes, n)
+	}
 }
 
 func limitOf(c admission.ChargeExplanation) limitExplain {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -292,16 +293,28 @@ func (a *App) newServeMetrics(st *serveStores) (*prometheus.Registry, *serveMetr
 
 // serveAPIs are the Limiter and the APIs over it.
 type serveAPIs struct {
-	lim  *admission.Limiter
-	loop *outcome.Loop
-	rls  *rls.Service
-	az   *authz
+	lim *admission.Limiter
+	// queue is the Limiter's admission queue (its AverageWait feeds the
+	// retry budget).
+	queue *admission.Queue
+	loop  *outcome.Loop
+	rls   *rls.Service
+	az    *authz
 }
 
 // newServeAPIs builds the Limiter over the store and the pressure
 // runtime, the outcome loop, and the APIs Envoy calls.
 func newServeAPIs(f *serveFlags, st *serveStores, sh *pressureruntime.Runtime, m *serveMetrics, reg prometheus.Registerer, rules *limit.RuleSet, log *zap.Logger) (*serveAPIs, error) {
-	lim := admission.NewLimiter(st.store, limit.SystemClock{}, rules, append(sh.LimiterOptions(), f.failure.option(m.failures, f.redisURL != "", st.health.replicas.get))...)
+	qm, err := newQueueMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	queue := admission.NewQueue(qm)
+	// The retry budget counts the queue's wait: this replica's average
+	// over every domain (a wait is a sign of the replica's load, whichever
+	// domain shows it).
+	sh.SetQueueWait(func(string) time.Duration { return queue.AverageWait() })
+	lim := admission.NewLimiter(st.store, limit.SystemClock{}, rules, append(sh.LimiterOptions(), f.failure.option(m.failures, f.redisURL != "", st.health.replicas.get), admission.WithQueue(queue))...)
 	loop, err := outcome.New(st.ticketKeys, lim, log.Named("outcome"), reg, outcome.Options{Completed: func(t *ticket.Ticket) { sh.Completed(t.Request()) }})
 	if err != nil {
 		return nil, err
@@ -316,7 +329,7 @@ func newServeAPIs(f *serveFlags, st *serveStores, sh *pressureruntime.Runtime, m
 		return nil, err
 	}
 	observeOutcomes(sh, az.als, log.Named("pressure"))
-	return &serveAPIs{lim: lim, loop: loop, rls: rlsSvc, az: az}, nil
+	return &serveAPIs{lim: lim, queue: queue, loop: loop, rls: rlsSvc, az: az}, nil
 }
 
 // newServer builds the gRPC and admin server over the APIs.

@@ -32,6 +32,9 @@ func (a *App) validate(args []string) int {
 		fmt.Fprintln(a.Stderr, err)
 		return ExitError
 	}
+	for _, w := range queueWarnings(rs) {
+		fmt.Fprintln(a.Stderr, w)
+	}
 	fmt.Fprintf(a.Stdout, "ok: %d domains\n", len(rs.Domains()))
 	return ExitOK
 }

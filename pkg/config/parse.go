@@ -112,7 +112,7 @@ const (
 
 // The keys each mapping accepts, in the order error messages list them.
 var (
-	fileKeys       = []string{"domain", "algorithm", "descriptors", "tiers", "shedding", "breakers", "store_failure", "retry_budget"}
+	fileKeys       = []string{"domain", "algorithm", "descriptors", "tiers", "shedding", "breakers", "store_failure", "retry_budget", "queue"}
 	tiersKeys      = []string{"key", "default", "plans"}
 	sheddingKeys   = []string{"steps", "hysteresis", "hold", "shadow", "min_factor", "scope", "burst_floor", "control"}
 	controlKeys    = []string{"key", "capacity", "default_capacity", "target", "sheddable", "interval", "window", "dwell", "quantum", "lease", "grace"}
@@ -198,6 +198,9 @@ func (w *walker) domain(root *yaml.Node) (*limit.Domain, int) {
 	}
 	if n, has := f["retry_budget"]; has {
 		d.RetryBudget = w.retryBudget(n)
+	}
+	if n, has := f["queue"]; has {
+		d.Queue = w.queue(n, d.Tiers, f["tiers"] != nil)
 	}
 	if !ok {
 		return nil, 0

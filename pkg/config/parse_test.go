@@ -197,7 +197,7 @@ testdata/bad/max_concurrent_bad.yaml:7: descriptors[1].max_concurrent.lease: 100
 		{
 			name: "top level is a list",
 			give: "top_level_list.yaml",
-			want: `testdata/bad/top_level_list.yaml:1: want a mapping with keys domain|algorithm|descriptors|tiers|shedding|breakers|store_failure|retry_budget, got a list`,
+			want: `testdata/bad/top_level_list.yaml:1: want a mapping with keys domain|algorithm|descriptors|tiers|shedding|breakers|store_failure|retry_budget|queue, got a list`,
 		},
 		{
 			name: "tiers without key, default or plans",

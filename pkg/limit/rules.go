@@ -79,6 +79,8 @@ type Domain struct {
 	// RetryBudget, when set, tells Envoy how many retries an admitted
 	// request may make (admission.Decision.Retries).
 	RetryBudget *RetryBudget
+	// Queue, when set, lets refused requests wait (see Queue).
+	Queue *Queue
 
 	root Rule
 }

@@ -1,0 +1,389 @@
+package admission
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+)
+
+// The queue stage: where a domain's queue (limit.Queue) lets the
+// request's tier wait, a request that a rate limit or concurrency cap
+// refused is held on this replica and decided again, until the limits
+// admit it, another stage refuses it, or its tier's bound passes; then
+// it is answered as any decision is (docs/admission-queue.md).
+//
+// Only ReasonLimit waits. A shed tier is refused at once: shedding
+// means this replica or its upstream is overloaded, and a held request
+// is a held stream and goroutine, more load, for a hold (the policy's,
+// seconds long) that outlasts any wait bound. An open breaker's period
+// outlasts it too, and a request too large for a limit never fits.
+//
+// Waiters retry one at a time per domain, in priority order (the
+// queue's tiers, first highest) and then FIFO, whenever they are due:
+// all of a domain's waiters when this replica sees capacity free (a
+// settle, a release, an admitted refund), one waiter when the denial's
+// RetryAfter passes (a window's bucket ageing out), capped by the
+// queue's poll (capacity another replica freed, a lease that expired).
+// The retry is a whole decision against the global limiter, so waiters
+// on every replica take capacity from the one store as it frees; the
+// queue orders this replica's claims, and the store's all-or-nothing
+// call keeps the limits.
+
+// QueueMargin is how long before the caller's deadline a waiter gives
+// up waiting: the last retry's store call and the answer's way back to
+// Envoy must fit in it, or Envoy times the call out and applies its own
+// failure_mode_allow, which is no answer of ours.
+const QueueMargin = 25 * time.Millisecond
+
+// QueueOutcome is how a wait ended.
+type QueueOutcome uint8
+
+const (
+	// QueueAdmitted: a retry admitted the request.
+	QueueAdmitted QueueOutcome = iota
+	// QueueTimeout: the tier's bound (or the caller's deadline less
+	// QueueMargin) passed; the last refusal is answered.
+	QueueTimeout
+	// QueueRefused: a retry was refused by another stage (shedding, a
+	// breaker), which is answered at once.
+	QueueRefused
+	// QueueGone: the caller gave up, or the store failed.
+	QueueGone
+)
+
+// String is the outcome's metric label.
+func (o QueueOutcome) String() string {
+	switch o {
+	case QueueAdmitted:
+		return "admitted"
+	case QueueTimeout:
+		return "timeout"
+	case QueueRefused:
+		return "refused"
+	default:
+		return "gone"
+	}
+}
+
+// QueueObserver is told what the queue does; pkg/app's metrics are one.
+// It is called on the decision path, so it must not block.
+type QueueObserver interface {
+	// Queued reports a change of delta in the waiters of domain's tier.
+	Queued(domain, tier string, delta int)
+	// Waited reports a wait that ended after d with outcome o.
+	Waited(domain, tier string, d time.Duration, o QueueOutcome)
+	// Shed reports a refusal answered without a wait although the tier
+	// may wait: full (its queue at max_length) or, when not, the caller's
+	// deadline left no time to wait in.
+	Shed(domain, tier string, full bool)
+}
+
+// Queue holds this replica's waiters (see the stage's comment above).
+// Its zero value is not usable; use NewQueue.
+type Queue struct {
+	obs QueueObserver
+	mu  sync.Mutex
+	// doms are the queues of the domains with waiters, by name.
+	doms map[string]*domQueue
+	avg  waitAverage
+}
+
+// NewQueue returns an empty queue reporting to obs (nil: to nobody).
+func NewQueue(obs QueueObserver) *Queue {
+	return &Queue{obs: obs, doms: map[string]*domQueue{}}
+}
+
+// WithQueue makes the Limiter hold refused requests in q where a
+// domain's queue lets them wait. Without it, domains' queues are
+// ignored.
+func WithQueue(q *Queue) Option { return func(l *Limiter) { l.queue = q } }
+
+// domQueue is one domain's waiters.
+type domQueue struct {
+	// ranks are the waiters of each rank (limit.Queue.For), oldest first.
+	ranks [][]*waiter
+	// holder is the waiter whose retry runs; nil when none does.
+	holder *waiter
+	n      int
+}
+
+// waiter is one held request.
+type waiter struct {
+	rank int
+	// due: it should retry at its next turn.
+	due bool
+	// turn receives when the waiter may retry; holder is then it.
+	turn chan struct{}
+}
+
+// Notify tells the waiters of domain that capacity may have freed: each
+// retries, in priority order.
+func (q *Queue) Notify(domain string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	d := q.doms[domain]
+	if d == nil {
+		return
+	}
+	for _, ws := range d.ranks {
+		for _, w := range ws {
+			w.due = true
+		}
+	}
+	d.grant()
+}
+
+// Len is the number of waiters of domain's rank (for tests and /debug).
+func (q *Queue) Len(domain string, rank int) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if d := q.doms[domain]; d != nil && rank < len(d.ranks) {
+		return len(d.ranks[rank])
+	}
+	return 0
+}
+
+// AverageWait is the average wait of the requests whose wait ended in
+// the last 10 to 20 seconds on this replica (0 when none waited): the
+// retry budget's measure of how full the queue runs.
+func (q *Queue) AverageWait() time.Duration {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.avg.get(time.Now())
+}
+
+// grant gives the turn to the first due waiter, in rank then FIFO
+// order, unless a retry runs; q.mu is held.
+func (d *domQueue) grant() {
+	if d.holder != nil {
+		return
+	}
+	for _, ws := range d.ranks {
+		for _, w := range ws {
+			if w.due {
+				w.due = false
+				d.holder = w
+				w.turn <- struct{}{} // cap 1, and only the holder is sent to
+				return
+			}
+		}
+	}
+}
+
+// join adds a waiter of rank unless the rank holds maxLen already.
+func (q *Queue) join(domain string, rank, maxLen int) *waiter {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	d := q.doms[domain]
+	if d == nil {
+		d = &domQueue{}
+		q.doms[domain] = d
+	}
+	for len(d.ranks) <= rank {
+		d.ranks = append(d.ranks, nil)
+	}
+	if len(d.ranks[rank]) >= maxLen {
+		if d.n == 0 {
+			delete(q.doms, domain)
+		}
+		return nil
+	}
+	w := &waiter{rank: rank, turn: make(chan struct{}, 1)}
+	d.ranks[rank] = append(d.ranks[rank], w)
+	d.n++
+	return w
+}
+
+// ready marks w due, and gives it the turn if nobody holds it.
+func (q *Queue) ready(domain string, w *waiter) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	w.due = true
+	q.doms[domain].grant()
+}
+
+// done ends w's turn and passes it on.
+func (q *Queue) done(domain string, w *waiter) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	d := q.doms[domain]
+	if d.holder == w {
+		d.holder = nil
+	}
+	d.grant()
+}
+
+// leave removes w, passing its turn on if it held it, and records a
+// wait of waited.
+func (q *Queue) leave(domain string, w *waiter, waited time.Duration) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.avg.add(time.Now(), waited)
+	d := q.doms[domain]
+	ws := d.ranks[w.rank]
+	for i, o := range ws {
+		if o == w {
+			d.ranks[w.rank] = append(ws[:i:i], ws[i+1:]...)
+			break
+		}
+	}
+	d.n--
+	if d.holder == w {
+		d.holder = nil
+	}
+	if d.n == 0 {
+		delete(q.doms, domain)
+		return
+	}
+	d.grant()
+}
+
+// hold is the queue stage: it returns dec unless the request may wait
+// for it, and otherwise the decision its wait ends with.
+func (l *Limiter) hold(ctx context.Context, req *limit.Request, dec *Decision, dom *limit.Domain, settles bool) (*Decision, error) {
+	if l.queue == nil || dom == nil || dom.Queue == nil || settles || dec.Code != limit.CodeOverLimit ||
+		dec.Reason != ReasonLimit || dec.Degraded || dec.TooLarge() != nil {
+		return dec, nil
+	}
+	qt, rank, ok := dom.Queue.For(dec.Tier)
+	if !ok {
+		return dec, nil
+	}
+	retry := func() (*Decision, error) {
+		d, _, _, err := l.decide(ctx, req)
+		return d, err
+	}
+	return l.queue.wait(ctx, dom.Name, dec.Tier, qt, rank, dom.Queue.PollEvery(), dec, retry)
+}
+
+// wait holds one refused request (dec) of a tier that may wait.
+func (q *Queue) wait(ctx context.Context, domain, tier string, qt limit.QueueTier, rank int, poll time.Duration,
+	dec *Decision, retry func() (*Decision, error),
+) (*Decision, error) {
+	start := time.Now()
+	end := start.Add(qt.MaxWait)
+	if dl, ok := ctx.Deadline(); ok {
+		if last := dl.Add(-QueueMargin); last.Before(end) {
+			end = last
+		}
+	}
+	if !end.After(start) {
+		q.shed(domain, tier, false)
+		return dec, nil
+	}
+	w := q.join(domain, rank, qt.MaxLength)
+	if w == nil {
+		q.shed(domain, tier, true)
+		return dec, nil
+	}
+	if q.obs != nil {
+		q.obs.Queued(domain, tier, 1)
+	}
+	out := QueueGone
+	defer func() {
+		waited := time.Since(start)
+		q.leave(domain, w, waited)
+		if q.obs != nil {
+			q.obs.Queued(domain, tier, -1)
+			q.obs.Waited(domain, tier, waited, out)
+		}
+	}()
+	t := time.NewTimer(until(dec, poll, start, end))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-t.C:
+			now := time.Now()
+			if !now.Before(end) {
+				out = QueueTimeout
+				return dec, nil
+			}
+			// Due now: the turn comes when the waiters ahead of it have
+			// retried; meanwhile only the bound can end the wait.
+			q.ready(domain, w)
+			t.Reset(end.Sub(now))
+		case <-w.turn:
+			next, err := retry()
+			q.done(domain, w)
+			if err != nil {
+				return nil, err
+			}
+			if next.Code == limit.CodeOK {
+				out = QueueAdmitted
+				return next, nil
+			}
+			if next.Reason != ReasonLimit || next.Degraded || next.TooLarge() != nil {
+				out = QueueRefused
+				return next, nil
+			}
+			dec = next
+			now := time.Now()
+			if !now.Before(end) {
+				out = QueueTimeout
+				return dec, nil
+			}
+			t.Reset(until(dec, poll, now, end))
+		}
+	}
+}
+
+// until is how long from now a waiter refused by dec waits before it
+// retries on its own: until the soonest RetryAfter of its refused
+// descriptors (a bucket ageing out), at most poll, and not past end.
+func until(dec *Decision, poll time.Duration, now, end time.Time) time.Duration {
+	d := poll
+	for _, st := range dec.Statuses {
+		if st.Code == limit.CodeOverLimit && st.RetryAfter > 0 {
+			d = min(d, st.RetryAfter)
+		}
+	}
+	return max(min(d, end.Sub(now)), time.Millisecond)
+}
+
+// shed reports a refusal of a tier that may wait, answered at once.
+func (q *Queue) shed(domain, tier string, full bool) {
+	if q.obs != nil {
+		q.obs.Shed(domain, tier, full)
+	}
+}
+
+// waitAverage averages the waits that ended in two 10 s buckets, the
+// current one and the one before, so it forgets a burst within 20 s.
+type waitAverage struct {
+	start     time.Time
+	sum, prev time.Duration
+	n, prevN  int64
+}
+
+const waitBucket = 10 * time.Second
+
+func (a *waitAverage) roll(now time.Time) {
+	switch {
+	case now.Sub(a.start) < waitBucket:
+	case now.Sub(a.start) < 2*waitBucket:
+		a.prev, a.prevN = a.sum, a.n
+		a.sum, a.n = 0, 0
+		a.start = a.start.Add(waitBucket)
+	default:
+		a.prev, a.prevN, a.sum, a.n = 0, 0, 0, 0
+		a.start = now
+	}
+}
+
+func (a *waitAverage) add(now time.Time, d time.Duration) {
+	a.roll(now)
+	a.sum += d
+	a.n++
+}
+
+func (a *waitAverage) get(now time.Time) time.Duration {
+	a.roll(now)
+	if n := a.n + a.prevN; n > 0 {
+		return (a.sum + a.prev) / time.Duration(n)
+	}
+	return 0
+}
