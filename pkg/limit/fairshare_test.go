@@ -457,3 +457,43 @@ func BenchmarkFairDecision(b *testing.B) {
 		})
 	}
 }
+
+// FuzzFairState drives the gate with hostile input (any key, weight, cost,
+// room and clock steps, even backwards) and checks the state stays sane:
+// keys sorted and unique, at most MaxKeys and the overflow key, and no
+// NaN or infinity in the Clock or any Finish, which would stall or open
+// the gate for good.
+func FuzzFairState(f *testing.F) {
+	f.Add([]byte("a\x01b\x02c"), 1.0, int64(1), int64(10), 0.1, uint8(2))
+	f.Add([]byte{0, 0xff, 0x80, 7}, math.NaN(), int64(-5), int64(-1), 0.9, uint8(0))
+	f.Add([]byte("tenant"), 1e300, int64(math.MaxInt64), int64(math.MaxInt64), 2.0, uint8(255))
+	f.Fuzz(func(t *testing.T, script []byte, weight float64, cost, room int64, minShare float64, maxKeys uint8) {
+		p := &FairPolicy{Backlog: 50 * time.Millisecond, Quantum: 1, Credit: 5, MinShare: min(max(minShare, 0), 0.99), MaxKeys: int(maxKeys)}
+		var st FairState
+		now := int64(1_800_000_000_000)
+		for i, b := range script {
+			now += int64(b%7) - 1
+			key := string(script[i:min(len(script), i+1+int(b%3))])
+			w := weight * float64(1+b%4)
+			if st.Gate(p, now, key, w, cost, room) {
+				st.Record(p, now, key, w, cost, FairOutcome(b%3))
+			} else {
+				st.Record(p, now, key, w, cost, FairDenied)
+			}
+			if math.IsNaN(st.Clock) || math.IsInf(st.Clock, 0) {
+				t.Fatalf("step %d: Clock %v", i, st.Clock)
+			}
+			if len(st.Keys) > p.maxKeys()+1 {
+				t.Fatalf("step %d: %d keys, MaxKeys %d", i, len(st.Keys), p.maxKeys())
+			}
+			for j, k := range st.Keys {
+				if math.IsNaN(k.Finish) || math.IsInf(k.Finish, 0) {
+					t.Fatalf("step %d: key %q Finish %v", i, k.Key, k.Finish)
+				}
+				if j > 0 && st.Keys[j-1].Key >= k.Key {
+					t.Fatalf("step %d: keys out of order: %q then %q", i, st.Keys[j-1].Key, k.Key)
+				}
+			}
+		}
+	})
+}
