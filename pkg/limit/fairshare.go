@@ -211,14 +211,15 @@ func (s *FairState) Gate(p *FairPolicy, now int64, key string, weight float64, c
 		if k.Key == key || !k.waiting(p, now) {
 			continue
 		}
-		kw := max(ws[j], k.Weight)
+		kw := ws[j]
 		g := s.lift(p, k.Finish, kw)
 		if f >= g+p.quantum()/w {
 			ahead = true
 		}
 		reserve += kw * max(f-g, 0)
 	}
-	return !ahead || float64(room-max(cost, 0)) >= reserve
+	// In floats: a hostile cost must not wrap the subtraction.
+	return !ahead || float64(room)-float64(max(cost, 0)) >= reserve
 }
 
 // Record writes what the decision at now did for key, asking with weight
@@ -234,7 +235,11 @@ func (s *FairState) Record(p *FairPolicy, now int64, key string, weight float64,
 	k := &s.Keys[i]
 	k.Weight, k.Asked = weight, now
 	k.decay(p, now)
-	k.Asks += float64(max(cost, 0))
+	if out != FairElsewhere {
+		// A decision another charge denied says nothing of the key's
+		// demand on this limit.
+		k.Asks += float64(max(cost, 0))
+	}
 	if out == FairAdmitted {
 		k.Admits += float64(max(cost, 0))
 	}

@@ -497,3 +497,47 @@ func FuzzFairState(f *testing.F) {
 		}
 	})
 }
+
+// TestFairGate: single decisions against a known state.
+func TestFairGate(t *testing.T) {
+	t.Parallel()
+	const now = int64(1_800_000_000_000)
+	p := &FairPolicy{Backlog: time.Second, Quantum: 1, Credit: 100}
+	// lead was admitted 10 of weight 1 while lag, waiting, was denied
+	// all it asked: lag is owed 10, the reserve lead must leave.
+	lead := func() *FairState {
+		var st FairState
+		for i := range int64(10) {
+			st.Record(p, now+i, "lag", 1, 1, FairDenied)
+			st.Record(p, now+i, "lead", 1, 1, FairAdmitted)
+		}
+		return &st
+	}
+	tests := []struct {
+		name string
+		st   *FairState
+		key  string
+		cost int64
+		room int64
+		want bool
+	}{
+		{name: "empty state", st: &FairState{}, key: "a", cost: 1, room: 0, want: true},
+		{name: "behind", st: lead(), key: "lag", cost: 1, room: 1, want: true},
+		{name: "ahead and room short of the reserve", st: lead(), key: "lead", cost: 1, room: 5, want: false},
+		{name: "ahead and room covers the reserve", st: lead(), key: "lead", cost: 1, room: 11, want: true},
+		{name: "a hostile room cannot wrap", st: lead(), key: "lead", cost: 1, room: math.MinInt64, want: false},
+		{name: "a hostile cost leaves no reserve", st: lead(), key: "lead", cost: math.MaxInt64, room: math.MaxInt64, want: false},
+		// The Clock is 5 (each admission split over lead and lag): a new
+		// key starts there, owed nothing, and leaves lag its 5.
+		{name: "a new key leaves the waiting key its due", st: lead(), key: "new", cost: 1, room: 5, want: false},
+		{name: "a new key takes room beyond it", st: lead(), key: "new", cost: 1, room: 6, want: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if got := tt.st.Gate(p, now+20, tt.key, 1, tt.cost, tt.room); got != tt.want {
+				t.Errorf("Gate(%q, cost %d, room %d) = %v, want %v (state %+v)", tt.key, tt.cost, tt.room, got, tt.want, *tt.st)
+			}
+		})
+	}
+}
