@@ -72,6 +72,24 @@ type settings struct {
 
 	maxRequests uint32 // the upstream cluster's circuit breaker
 	maxRetries  uint32
+	// retryBudget, when the cluster sets one, replaces maxRetries (as in
+	// Envoy: a retry_budget overrides the max_retries threshold).
+	retryBudget *retryBudget
+}
+
+// retryBudget is a circuit breaker's retry_budget: retries in flight at
+// most percent of the requests in flight, and never fewer than
+// minConcurrency.
+type retryBudget struct {
+	percent        float64
+	minConcurrency uint32
+}
+
+// allows reports whether one more retry may start while retrying are in
+// flight among active requests.
+func (b *retryBudget) allows(retrying, active int64) bool {
+	limit := max(int64(b.minConcurrency), int64(b.percent/100*float64(active)))
+	return retrying < limit
 }
 
 type routeSettings struct {
@@ -346,6 +364,16 @@ func (s *settings) takeCluster(c *clusterv3.Cluster) {
 		}
 		if v := t.GetMaxRetries(); v != nil {
 			s.maxRetries = v.GetValue()
+		}
+		if b := t.GetRetryBudget(); b != nil {
+			// Envoy's defaults: 20% and 3.
+			s.retryBudget = &retryBudget{percent: 20, minConcurrency: 3}
+			if v := b.GetBudgetPercent(); v != nil {
+				s.retryBudget.percent = v.GetValue()
+			}
+			if v := b.GetMinRetryConcurrency(); v != nil {
+				s.retryBudget.minConcurrency = v.GetValue()
+			}
 		}
 	}
 }

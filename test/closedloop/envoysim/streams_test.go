@@ -118,9 +118,11 @@ func TestStreamPerInstance(t *testing.T) {
 }
 
 // TestMaxRetries: x-envoy-max-retries set by Check is honoured when a
-// retry condition is in force, within the cluster's max_retries breaker.
+// retry condition is in force, within the cluster's retry breaker: the
+// shipped retry_budget, or a max_retries threshold in its place.
 func TestMaxRetries(t *testing.T) {
 	t.Parallel()
+	const shippedBudget = "retry_budget:\n          budget_percent: { value: 20.0 }\n          min_retry_concurrency: 3"
 	tests := []struct {
 		name         string
 		giveBoot     []string // replacements in envoy-ext-authz.yaml
@@ -129,27 +131,43 @@ func TestMaxRetries(t *testing.T) {
 		wantFlags    *datav3.ResponseFlags
 	}{
 		{
-			name:         "no retry condition",
-			giveBoot:     []string{"max_retries: 0", "max_retries: 3"},
+			name:         "no retry condition for a 503",
+			giveBoot:     []string{shippedBudget, "max_retries: 3"},
 			giveHeaders:  map[string]string{"x-envoy-max-retries": "2"},
 			wantAttempts: 1,
 		},
 		{
 			name:         "two retries",
-			giveBoot:     []string{"max_retries: 0", "max_retries: 3"},
+			giveBoot:     []string{shippedBudget, "max_retries: 3"},
 			giveHeaders:  map[string]string{"x-envoy-retry-on": "5xx", "x-envoy-max-retries": "2"},
 			wantAttempts: 3,
 			wantFlags:    &datav3.ResponseFlags{UpstreamRetryLimitExceeded: true},
 		},
 		{
 			name:         "zero retries",
-			giveBoot:     []string{"max_retries: 0", "max_retries: 3"},
+			giveBoot:     []string{shippedBudget, "max_retries: 3"},
 			giveHeaders:  map[string]string{"x-envoy-retry-on": "5xx", "x-envoy-max-retries": "0"},
 			wantAttempts: 1,
 			wantFlags:    &datav3.ResponseFlags{UpstreamRetryLimitExceeded: true},
 		},
 		{
-			name:         "the shipped breaker allows none",
+			name:         "a max_retries breaker of 0 allows none",
+			giveBoot:     []string{shippedBudget, "max_retries: 0"},
+			giveHeaders:  map[string]string{"x-envoy-retry-on": "5xx", "x-envoy-max-retries": "2"},
+			wantAttempts: 1,
+			wantFlags:    &datav3.ResponseFlags{UpstreamOverflow: true},
+		},
+		{
+			// One request in flight: 20% of it is under the budget's
+			// minimum of 3 retries in flight, so both retries run.
+			name:         "the shipped budget allows a lone request its retries",
+			giveHeaders:  map[string]string{"x-envoy-retry-on": "5xx", "x-envoy-max-retries": "2"},
+			wantAttempts: 3,
+			wantFlags:    &datav3.ResponseFlags{UpstreamRetryLimitExceeded: true},
+		},
+		{
+			name:         "a budget with no minimum allows a lone request none",
+			giveBoot:     []string{"min_retry_concurrency: 3", "min_retry_concurrency: 0"},
 			giveHeaders:  map[string]string{"x-envoy-retry-on": "5xx", "x-envoy-max-retries": "2"},
 			wantAttempts: 1,
 			wantFlags:    &datav3.ResponseFlags{UpstreamOverflow: true},

@@ -120,7 +120,7 @@ const (
 	noRetry retryVerdict = iota
 	retryNow
 	retryLimitExceeded // URX
-	retryOverflow      // the cluster's max_retries: UO
+	retryOverflow      // the cluster's max_retries or retry_budget: UO
 )
 
 // shouldRetry is RetryStateImpl::shouldRetry after the condition
@@ -129,7 +129,11 @@ func (x *exchange) shouldRetry(p *retryPolicy) retryVerdict {
 	if p.remaining == 0 {
 		return retryLimitExceeded
 	}
-	if x.in.retrying.Load() >= int64(x.g.s.maxRetries) {
+	full := x.in.retrying.Load() >= int64(x.g.s.maxRetries)
+	if b := x.g.s.retryBudget; b != nil {
+		full = !b.allows(x.in.retrying.Load(), x.in.inflight.Load())
+	}
+	if full {
 		x.g.stats.retryOverflows.Add(1)
 		return retryOverflow
 	}
