@@ -114,6 +114,13 @@ func testModelFullRange(t *testing.T, newStore func(testing.TB) limit.Store) {
 				default:
 					now += r.Int64N(1 << 40)
 				}
+				// Time stops at the furthest the clock can go: past it the
+				// offset wrapped the clock backwards, and a store that had
+				// dropped an expired counter then answered differently
+				// from the model, which never drops one (a flaky test, not
+				// a store bug: a clock going back past an expiry cannot be
+				// told from a fresh key).
+				now = min(now, maxAt)
 				at := e.at(now)
 				charges := make([]limit.Charge, 1+r.IntN(3))
 				for i := range charges {

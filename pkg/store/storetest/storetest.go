@@ -22,6 +22,7 @@ package storetest
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -129,8 +130,15 @@ func (e *env) charge(name string, c limit.Charge) limit.Charge {
 	return c
 }
 
+// maxAt is the furthest at can set the clock: ms past it would overflow
+// the time.Duration added to base and wrap the clock backwards.
+const maxAt = math.MaxInt64 / int64(time.Millisecond)
+
 // at sets the clock to base+ms.
 func (e *env) at(ms int64) time.Time {
+	if ms > maxAt {
+		e.tb.Fatalf("storetest: clock offset %d ms overflows a time.Duration (at most %d)", ms, maxAt)
+	}
 	t := base.Add(time.Duration(ms) * time.Millisecond)
 	e.clock.Set(t)
 	return t
