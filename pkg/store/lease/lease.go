@@ -326,7 +326,7 @@ func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge
 		if res[i].Fits || charges[i].Shadow {
 			continue
 		}
-		if x == 0 || res[i].Remaining < uint64(charges[i].Cost) {
+		if !fitsWithoutLease(charges[i].Cost, x, res[i]) {
 			retry = false
 			break
 		}
@@ -765,10 +765,15 @@ func (h *grantHeap) Pop() any {
 // Remaining stays the room, as in any denied decision, which keeps none.
 func fitsAlone(charges []limit.Charge, extra []int64, res []limit.Result) {
 	for i, x := range extra {
-		c := charges[i].Cost
-		if x <= 0 || res[i].Fits || c < 0 || res[i].Remaining < uint64(c) {
-			continue
+		if !res[i].Fits && fitsWithoutLease(charges[i].Cost, x, res[i]) {
+			res[i].Fits, res[i].RetryAfter = true, 0
 		}
-		res[i].Fits, res[i].RetryAfter = true, 0
 	}
+}
+
+// fitsWithoutLease reports whether a charge of cost, asked for with a
+// lease of extra > 0 and answered r, would have fit at its cost alone:
+// the room r reports covers it. Apply's retry and fitsAlone both ask it.
+func fitsWithoutLease(cost, extra int64, r limit.Result) bool {
+	return extra > 0 && cost >= 0 && r.Remaining >= uint64(cost)
 }
