@@ -288,11 +288,7 @@ func (c *Controller) startDomain(d *ctlDomain) {
 
 // Decided implements admission.Admissions.
 func (c *Controller) Decided(domain, upstream, tier string, admitted bool, id string) string {
-	d := (*c.doms.Load())[domain]
-	if d == nil {
-		return ""
-	}
-	sc := d.scopes[upstream]
+	sc := c.scope(domain, upstream)
 	if sc == nil {
 		return ""
 	}
