@@ -357,14 +357,26 @@ func TestDeniedByExtraRetries(t *testing.T) {
 	ctx := context.Background()
 	res := make([]limit.Result, 1)
 	fill := c
-	fill.Cost = 99
+	fill.Cost = 90
 	if ok, _ := shared.Apply(ctx, t0, []limit.Charge{fill}, res); !ok {
 		t.Fatal("fill")
 	}
+	// This replica sees k with 9 left (a key seen once is not leased);
+	// another takes 8, so the lease it asks for next does not fit.
 	s := lease.New(shared, lease.Options{MinAmount: 1, Fraction: 1})
+	if ok, _ := s.Apply(ctx, t0, []limit.Charge{c}, res); !ok {
+		t.Fatal("first k")
+	}
+	fill.Cost = 8
+	if ok, _ := shared.Apply(ctx, t0, []limit.Charge{fill}, res); !ok {
+		t.Fatal("fill k")
+	}
 	ok, err := s.Apply(ctx, t0, []limit.Charge{c}, res)
 	if err != nil || !ok {
 		t.Fatalf("the last unit was refused: admitted %v, err %v, res %+v", ok, err, res)
+	}
+	if st := s.Stats(); st.Retries != 1 {
+		t.Errorf("retries = %d, want 1: the last unit is admitted by asking again without the lease", st.Retries)
 	}
 	if ok, _ := s.Apply(ctx, t0, []limit.Charge{c}, res); ok {
 		t.Fatal("admitted past the limit")
