@@ -46,7 +46,7 @@ test: redis prometheus ## Vet, then run every test (with the race detector) agai
 	$(GO) test $(GOTEST_FLAGS) ./...
 
 .PHONY: test-short
-test-short: redis ## Unit tests in under 2 minutes: `go test -short`, where the slow tests skip (they still run in make test).
+test-short: redis ## Unit tests without the race detector: `go test -short`, where the slow tests skip (they still run in make test).
 	$(GO) test -short -count=1 ./...
 
 # golangci-lint for `make lint`, installed like helm: into bin/, checked against the pinned version.

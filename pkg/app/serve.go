@@ -293,13 +293,10 @@ func (a *App) newServeMetrics(st *serveStores) (*prometheus.Registry, *serveMetr
 
 // serveAPIs are the Limiter and the APIs over it.
 type serveAPIs struct {
-	lim *admission.Limiter
-	// queue is the Limiter's admission queue (its AverageWait feeds the
-	// retry budget).
-	queue *admission.Queue
-	loop  *outcome.Loop
-	rls   *rls.Service
-	az    *authz
+	lim  *admission.Limiter
+	loop *outcome.Loop
+	rls  *rls.Service
+	az   *authz
 }
 
 // newServeAPIs builds the Limiter over the store and the pressure
@@ -329,7 +326,7 @@ func newServeAPIs(f *serveFlags, st *serveStores, sh *pressureruntime.Runtime, m
 		return nil, err
 	}
 	observeOutcomes(sh, az.als, log.Named("pressure"))
-	return &serveAPIs{lim: lim, queue: queue, loop: loop, rls: rlsSvc, az: az}, nil
+	return &serveAPIs{lim: lim, loop: loop, rls: rlsSvc, az: az}, nil
 }
 
 // newServer builds the gRPC and admin server over the APIs.

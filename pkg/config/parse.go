@@ -482,14 +482,10 @@ func (w *walker) concurrent(n *yaml.Node, path string) (uint64, time.Duration) {
 	}
 	lease := defaultLease
 	if ln, has := f["lease"]; has {
-		if v, ok := w.str(ln, path+".lease"); ok {
-			d, err := time.ParseDuration(v)
-			switch {
-			case err != nil:
-				w.addf(ln, path+".lease", "%q is not a duration such as 30s or 10m", v)
-			case d < time.Second || d > 24*time.Hour:
+		if d, ok := w.duration(ln, path+".lease"); ok {
+			if d < time.Second || d > 24*time.Hour {
 				w.addf(ln, path+".lease", "%s is outside 1s..24h", d)
-			default:
+			} else {
 				lease = d
 			}
 		}

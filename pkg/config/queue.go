@@ -22,7 +22,7 @@ var (
 //	queue:                             # (Optional) refused requests wait for capacity; default none
 //	  max_wait: 2s                     #   (Optional) bound of tiers not listed (all requests without tiers); default 0 (no wait)
 //	  max_length: 100                  #   (Required with max_wait) waiters of one such tier per replica
-//	  poll: 250ms                      #   (Optional) retry this often when no release is seen, 10ms..max_wait; default 250ms
+//	  poll: 250ms                      #   (Optional) retry this often when no release is seen, 10ms..30s; default 250ms
 //	  tiers:                           #   (Optional; needs tiers) highest priority first
 //	    - tier: premium                #     (Required) a plan of tiers; once
 //	      max_wait: 4s                 #     (Required unless skip) longest wait, in (0,30s]
