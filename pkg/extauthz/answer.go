@@ -99,14 +99,15 @@ func toAnswer(ctx context.Context, err error, c *call) (*authv3.CheckResponse, s
 }
 
 // refusal answers a refused decision by its reason's row of
-// admission's table: the answer's status picks its shape.
+// admission's table: the answer's status picks its shape, and the row
+// gives the status, the code, the message and whether Retry-After goes.
 func refusal(c *call) (*authv3.CheckResponse, string, error) {
 	a := c.dec.Reason.Answer()
 	switch {
 	case a.BeforeLimits:
-		return unavailableResponse(c, a.Code, a.Message), a.Result, nil
+		return unavailableResponse(c, &a), a.Result, nil
 	case a.Status == 413:
-		return tooLargeResponse(c, c.dec.TooLarge()), a.Result, nil
+		return tooLargeResponse(c, &a, c.dec.TooLarge()), a.Result, nil
 	}
 	return overLimitResponse(c), resultOverLimit, nil
 }
@@ -316,32 +317,35 @@ func overLimitResponse(c *call) *authv3.CheckResponse {
 // told x-should-retry: false. The headers carry no Retry-After and no
 // x-ratelimit-reset (see headers.Append), and the message gives the
 // limit and what the request costs.
-func tooLargeResponse(c *call, st *limit.Status) *authv3.CheckResponse {
+func tooLargeResponse(c *call, a *admission.Answer, st *limit.Status) *authv3.CheckResponse {
 	name, tokens := "", false
 	if st.Limit != nil {
 		name, tokens = st.Limit.Name, st.Limit.Kind == limit.Tokens
 	}
-	p := &problem{status: 413, errType: "invalid_request_error", errCode: headers.CodeTooLarge, result: resultTooLarge,
+	p := &problem{status: typev3.StatusCode(a.Status), errType: "invalid_request_error", errCode: headers.CodeTooLarge,
 		msg: headers.TooLargeMessage(name, tokens, st.Capacity, st.Cost)}
 	return deniedResponse(p, c)
 }
 
 // unavailableResponse answers a request refused before any limit (tier
-// shedding or an open breaker): 503, which OpenAI clients retry, with
-// Retry-After and x-tollgate-reason. The type is OpenAI's own for a 503
-// ("server_error"), so clients classify it as they would the upstream's.
-func unavailableResponse(c *call, code, msg string) *authv3.CheckResponse {
-	secs := max(1, headers.CeilSeconds(c.dec.RetryAfter))
-	p := &problem{status: 503, errType: "server_error", errCode: code,
-		msg: msg + ". Retry after " + strconv.FormatInt(secs, 10) + " seconds."}
+// shedding or an open breaker) with a's status (503, which OpenAI clients
+// retry), code and message, Retry-After when a says waiting helps, and
+// x-tollgate-reason. The type is OpenAI's own for a 503 ("server_error"),
+// so clients classify it as they would the upstream's.
+func unavailableResponse(c *call, a *admission.Answer) *authv3.CheckResponse {
+	secs := strconv.FormatInt(max(1, headers.CeilSeconds(c.dec.RetryAfter)), 10)
+	p := &problem{status: typev3.StatusCode(a.Status), errType: "server_error", errCode: a.Code, msg: a.Message + "."}
+	if a.RetryAfter {
+		p.msg = a.Message + ". Retry after " + secs + " seconds."
+	}
 	resp := deniedResponse(p, c)
 	d := resp.GetDeniedResponse()
 	// The statuses' waits (the decision's) usually gave Retry-After
 	// already; a decision without statuses still needs one.
-	if !slices.ContainsFunc(d.Headers, func(h *corev3.HeaderValueOption) bool { return h.GetHeader().GetKey() == headers.RetryAfter }) {
-		d.Headers = append(d.Headers, option(headers.RetryAfter, strconv.FormatInt(secs, 10)))
+	if a.RetryAfter && !slices.ContainsFunc(d.Headers, func(h *corev3.HeaderValueOption) bool { return h.GetHeader().GetKey() == headers.RetryAfter }) {
+		d.Headers = append(d.Headers, option(headers.RetryAfter, secs))
 	}
-	d.Headers = append(d.Headers, option(headers.Reason, c.dec.Reason.String()))
+	d.Headers = append(d.Headers, option(headers.Reason, a.Name))
 	return resp
 }
 

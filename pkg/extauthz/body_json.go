@@ -8,7 +8,6 @@ package extauthz
 import (
 	"encoding/json"
 	"math/bits"
-	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -209,17 +208,10 @@ func (s *scanner[T]) charsTo(count *uint64) error {
 			break
 		}
 		// An escape is one rune; a \u escape of a surrogate pair, which
-		// takes two, too.
+		// takes two, too: keyRune says how many bytes it spans.
 		n++
-		if d[j+1] != 'u' {
-			i = j + 2
-			continue
-		}
-		i = j + 6
-		if r := hex4(d[j+2:]); utf16.IsSurrogate(r) && i+6 <= t.end && d[i] == '\\' && d[i+1] == 'u' &&
-			utf16.DecodeRune(r, hex4(d[i+2:])) != utf8.RuneError {
-			i += 6
-		}
+		_, w := keyRune(d, j)
+		i = j + w
 	}
 	*count += uint64(n)
 	return nil

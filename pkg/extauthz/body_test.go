@@ -290,15 +290,20 @@ func TestReadBodyRawOrString(t *testing.T) {
 }
 
 // TestParseBodyAllocs: a chat body costs one allocation, its model,
-// however many messages it has. Not parallel: AllocsPerRun counts the
+// however many messages it has, and however its keys are escaped (keys.go
+// matches a key as it decodes it). Not parallel: AllocsPerRun counts the
 // whole process's allocations.
 func TestParseBodyAllocs(t *testing.T) {
 	body := chatBody("gpt-4o", 1900, 256)
 	body = body[:len(body)-1] + `,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"stream":true}`
 	raw := []byte(body)
+	escaped := keysBody(escapeFirst)
+	escapedStr := string(escaped)
 	for _, run := range []func(){
 		func() { _, _ = ParseBody(raw, "model", EndpointChat, false) },
 		func() { _, _ = parseBody(body, "model", EndpointChat, false) },
+		func() { _, _ = ParseBody(escaped, "model", EndpointChat, false) },
+		func() { _, _ = parseBody(escapedStr, "model", EndpointChat, false) },
 	} {
 		if n := testing.AllocsPerRun(100, run); n > 1 {
 			t.Errorf("ParseBody allocates %v times, want 1", n)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"testing"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/headers"
 	"github.com/tollgate-dev/tollgate/test/testutil"
 )
@@ -79,5 +80,19 @@ func TestCheckTooLarge(t *testing.T) {
 				t.Errorf("the whole budget, after: %v, want admitted", resp)
 			}
 		})
+	}
+}
+
+// TestTooLargeReasonName: the x-tollgate-reason that headers.Append
+// writes for a request that can never fit is the name admission's table
+// gives ReasonTooLarge (pkg/headers may not import admission, so it
+// spells the name again), as the 503 answers take theirs from the table.
+func TestTooLargeReasonName(t *testing.T) {
+	t.Parallel()
+	if got, want := headers.ReasonTooLarge, admission.ReasonTooLarge.String(); got != want {
+		t.Errorf("headers.ReasonTooLarge = %q, the table's name is %q", got, want)
+	}
+	if got, want := resultTooLarge, admission.ReasonTooLarge.Answer().Result; got != want {
+		t.Errorf("resultTooLarge = %q, the table's result is %q", got, want)
 	}
 }

@@ -137,12 +137,15 @@ func toResponse(dec *admission.Decision) *rlsv3.RateLimitResponse {
 		resp.RawBody = tooLargeBody(st)
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: "content-type", Value: "application/json"})
 	}
-	if dec.Reason.Answer().BeforeLimits {
+	if a := dec.Reason.Answer(); a.BeforeLimits {
 		// Refused before any limit: the statuses report none, so the
-		// wait and the reason go in headers of their own.
-		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
-			&corev3.HeaderValue{Key: HeaderRetryAfter, Value: strconv.FormatInt(max(1, headers.CeilSeconds(dec.RetryAfter)), 10)},
-			&corev3.HeaderValue{Key: HeaderReason, Value: dec.Reason.String()})
+		// wait (when the row says waiting helps) and the reason go in
+		// headers of their own.
+		if a.RetryAfter {
+			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
+				&corev3.HeaderValue{Key: HeaderRetryAfter, Value: strconv.FormatInt(max(1, headers.CeilSeconds(dec.RetryAfter)), 10)})
+		}
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: HeaderReason, Value: a.Name})
 	}
 	if dec.Degraded {
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: HeaderDegraded, Value: headers.DegradedStore})

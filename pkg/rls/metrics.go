@@ -85,12 +85,14 @@ func (m *metrics) observe(domain string, known bool, req *limit.Request, dec *ad
 	if tier == "" {
 		tier = labelNoTier
 	}
+	// The reason's row, read once: it is the same for every status.
+	a := dec.Reason.Answer()
 	for i := range dec.Statuses {
 		st := &dec.Statuses[i]
 		rule, result := labels(st)
 		switch {
-		case dec.Reason.Answer().BeforeLimits:
-			result = dec.Reason.Answer().Result
+		case a.BeforeLimits:
+			result = a.Result
 		case dec.ShadowShed && st.Code == limit.CodeOK:
 			result = resultShadowShed
 		}
