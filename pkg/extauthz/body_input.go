@@ -46,24 +46,20 @@ func (s *scanner[T]) itemMember(k token) error {
 
 // textOrItems counts a string, or a list of input items (instructions
 // may be either).
-func (s *scanner[T]) textOrItems() error {
-	switch s.data[s.i] {
-	case '"':
-		return s.chars()
-	case '[':
-		return s.array(s.inputItem)
-	}
-	return s.skip(false)
-}
+func (s *scanner[T]) textOrItems() error { return s.textOrList(s.inputItem) }
 
 // prompt counts a completions prompt: a string, a list of strings, a list
 // of token IDs, or a list of lists of token IDs.
-func (s *scanner[T]) prompt() error {
+func (s *scanner[T]) prompt() error { return s.textOrList(s.promptItem) }
+
+// textOrList counts a string, or each element of a list with each; any
+// other value is skipped.
+func (s *scanner[T]) textOrList(each func() error) error {
 	switch s.data[s.i] {
 	case '"':
 		return s.chars()
 	case '[':
-		return s.array(s.promptItem)
+		return s.array(each)
 	}
 	return s.skip(false)
 }
