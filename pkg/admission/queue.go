@@ -243,8 +243,7 @@ func (q *Queue) leave(domain string, w *waiter, waited time.Duration) {
 // hold is the queue stage: it returns dec unless the request may wait
 // for it, and otherwise the decision its wait ends with.
 func (l *Limiter) hold(ctx context.Context, req *limit.Request, dec *Decision, dom *limit.Domain, settles bool) (*Decision, error) {
-	if l.queue == nil || dom == nil || dom.Queue == nil || settles || dec.Code != limit.CodeOverLimit ||
-		dec.Reason != ReasonLimit || dec.Degraded || dec.TooLarge() != nil {
+	if l.queue == nil || dom == nil || dom.Queue == nil || settles || !mayWait(dec) {
 		return dec, nil
 	}
 	qt, rank, ok := dom.Queue.For(dec.Tier)
@@ -256,6 +255,14 @@ func (l *Limiter) hold(ctx context.Context, req *limit.Request, dec *Decision, d
 		return d, err
 	}
 	return l.queue.wait(ctx, dom.Name, dec.Tier, qt, rank, dom.Queue.PollEvery(), dec, retry)
+}
+
+// mayWait says whether dec is a refusal that capacity freeing may end: a
+// rate limit's or concurrency cap's, answered by the store (not by
+// store_failure), and not too large for any wait. The stage's comment
+// says why no other refusal waits.
+func mayWait(dec *Decision) bool {
+	return dec.Code == limit.CodeOverLimit && dec.Reason == ReasonLimit && !dec.Degraded && dec.TooLarge() == nil
 }
 
 // wait holds one refused request (dec) of a tier that may wait.
@@ -316,7 +323,7 @@ func (q *Queue) wait(ctx context.Context, domain, tier string, qt limit.QueueTie
 				out = QueueAdmitted
 				return next, nil
 			}
-			if next.Reason != ReasonLimit || next.Degraded || next.TooLarge() != nil {
+			if !mayWait(next) {
 				out = QueueRefused
 				return next, nil
 			}
