@@ -544,12 +544,20 @@ func limitsOf(req *limit.Request, i int, r *limit.Rule, adj adjust, micro uint64
 func markTooLarge(b *built, dec *Decision) {
 	for k, p := range b.plans {
 		c, st := &b.charges[k], &dec.Statuses[p.desc]
-		if p.limit == nil || c.Shadow || c.Force || c.Cost <= 0 || uint64(c.Cost) <= p.capacity || st.TooLarge {
+		if st.TooLarge || !neverFits(c, p) {
 			continue
 		}
 		st.Code, st.Limit, st.RetryAfter = limit.CodeOverLimit, p.limit, 0
 		st.TooLarge, st.Cost, st.Capacity = true, uint64(c.Cost), p.capacity
 	}
+}
+
+// neverFits says whether charge c of limit p costs more than the
+// limit's whole capacity, so that no wait lets it fit: a denial of it is
+// ReasonTooLarge. A shadow charge and a cost report never block, and a
+// concurrency lease has no capacity of this kind.
+func neverFits(c *limit.Charge, p plan) bool {
+	return p.limit != nil && !c.Shadow && !c.Force && c.Cost > 0 && uint64(c.Cost) > p.capacity
 }
 
 // capacity is the most l admits at once: a token bucket's burst, else

@@ -235,7 +235,7 @@ func reportLimit(st *limit.Status, c *limit.Charge, pl plan, rs limit.Result) {
 	if !rs.Fits && c.Force {
 		rs.Fits = true // kept and not blocking: the budget now shows 0 left
 	}
-	if !rs.Fits && !st.TooLarge && c.Cost > 0 && uint64(c.Cost) > pl.capacity {
+	if !rs.Fits && !st.TooLarge && neverFits(c, pl) {
 		// A denial no wait ends wins what the descriptor reports:
 		// the client must change the request, not retry it.
 		st.Code, st.Limit, st.Remaining, st.ResetAfter, st.RetryAfter = limit.CodeOverLimit, pl.limit, rs.Remaining, rs.ResetAfter, rs.RetryAfter

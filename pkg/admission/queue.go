@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
@@ -87,7 +88,15 @@ type Queue struct {
 	mu  sync.Mutex
 	// doms are the queues of the domains with waiters, by name.
 	doms map[string]*domQueue
-	avg  waitAverage
+	// waiting counts the waiters of every domain (changed under mu), so
+	// that Notify, called on every settle, release and refund, takes no
+	// lock while nothing waits, the usual state.
+	waiting atomic.Int64
+	// avgMu guards avg apart from mu: the retry budget reads the average
+	// on every admitted decision of its domains, and must not wait on
+	// the waiters' turns.
+	avgMu sync.Mutex
+	avg   waitAverage
 }
 
 // NewQueue returns an empty queue reporting to obs (nil: to nobody).
@@ -121,6 +130,9 @@ type waiter struct {
 // Notify tells the waiters of domain that capacity may have freed: each
 // retries, in priority order.
 func (q *Queue) Notify(domain string) {
+	if q.waiting.Load() == 0 {
+		return // a waiter that joins later retries on its own timer
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	d := q.doms[domain]
@@ -149,8 +161,8 @@ func (q *Queue) Len(domain string, rank int) int {
 // the last 10 to 20 seconds on this replica (0 when none waited): the
 // retry budget's measure of how full the queue runs.
 func (q *Queue) AverageWait() time.Duration {
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	q.avgMu.Lock()
+	defer q.avgMu.Unlock()
 	return q.avg.get(time.Now())
 }
 
@@ -193,6 +205,7 @@ func (q *Queue) join(domain string, rank, maxLen int) *waiter {
 	w := &waiter{rank: rank, turn: make(chan struct{}, 1)}
 	d.ranks[rank] = append(d.ranks[rank], w)
 	d.n++
+	q.waiting.Add(1)
 	return w
 }
 
@@ -218,9 +231,12 @@ func (q *Queue) done(domain string, w *waiter) {
 // leave removes w, passing its turn on if it held it, and records a
 // wait of waited.
 func (q *Queue) leave(domain string, w *waiter, waited time.Duration) {
+	q.avgMu.Lock()
+	q.avg.add(time.Now(), waited)
+	q.avgMu.Unlock()
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.avg.add(time.Now(), waited)
+	q.waiting.Add(-1)
 	d := q.doms[domain]
 	ws := d.ranks[w.rank]
 	for i, o := range ws {
@@ -243,8 +259,7 @@ func (q *Queue) leave(domain string, w *waiter, waited time.Duration) {
 // hold is the queue stage: it returns dec unless the request may wait
 // for it, and otherwise the decision its wait ends with.
 func (l *Limiter) hold(ctx context.Context, req *limit.Request, dec *Decision, dom *limit.Domain, settles bool) (*Decision, error) {
-	if l.queue == nil || dom == nil || dom.Queue == nil || settles || dec.Code != limit.CodeOverLimit ||
-		dec.Reason != ReasonLimit || dec.Degraded || dec.TooLarge() != nil {
+	if l.queue == nil || dom == nil || dom.Queue == nil || settles || !mayWait(dec) {
 		return dec, nil
 	}
 	qt, rank, ok := dom.Queue.For(dec.Tier)
@@ -256,6 +271,14 @@ func (l *Limiter) hold(ctx context.Context, req *limit.Request, dec *Decision, d
 		return d, err
 	}
 	return l.queue.wait(ctx, dom.Name, dec.Tier, qt, rank, dom.Queue.PollEvery(), dec, retry)
+}
+
+// mayWait says whether dec is a refusal that capacity freeing may end: a
+// rate limit's or concurrency cap's, answered by the store (not by
+// store_failure), and not too large for any wait. The stage's comment
+// says why no other refusal waits.
+func mayWait(dec *Decision) bool {
+	return dec.Code == limit.CodeOverLimit && dec.Reason == ReasonLimit && !dec.Degraded && dec.TooLarge() == nil
 }
 
 // wait holds one refused request (dec) of a tier that may wait.
@@ -316,7 +339,7 @@ func (q *Queue) wait(ctx context.Context, domain, tier string, qt limit.QueueTie
 				out = QueueAdmitted
 				return next, nil
 			}
-			if next.Reason != ReasonLimit || next.Degraded || next.TooLarge() != nil {
+			if !mayWait(next) {
 				out = QueueRefused
 				return next, nil
 			}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -30,6 +31,12 @@ var queueTiers = &limit.Queue{
 // `slots` requests at once per model; and one per second per tenant.
 func queueLimiter(t testing.TB, slots uint64, obs QueueObserver) (*Limiter, *Queue) {
 	t.Helper()
+	return queueLimiterOn(t, slots, obs, memstore.New())
+}
+
+// queueLimiterOn is queueLimiter over st.
+func queueLimiterOn(t testing.TB, slots uint64, obs QueueObserver, st limit.Store) (*Limiter, *Queue) {
+	t.Helper()
 	rs, err := limit.NewRuleSet(&limit.Domain{
 		Name:  "q",
 		Tiers: &limit.Tiers{Key: "tier", Default: "free", Plans: map[string]float64{"premium": 1, "standard": 1, "free": 1, "vip": 1}},
@@ -43,7 +50,7 @@ func queueLimiter(t testing.TB, slots uint64, obs QueueObserver) (*Limiter, *Que
 		t.Fatal(err)
 	}
 	q := NewQueue(obs)
-	return NewLimiter(memstore.New(), nil, rs, WithQueue(q)), q
+	return NewLimiter(st, nil, rs, WithQueue(q)), q
 }
 
 // slotReq asks for one slot of model m as tier, under id.
@@ -217,6 +224,72 @@ func TestQueueLength(t *testing.T) {
 			t.Errorf("%d answered at once, %d sheds counted; want %d", atOnce, obs.snapshot().full, want)
 		}
 	})
+}
+
+// TestQueueOneRetryAtATime: however many wait, a domain's waiters retry
+// one at a time on a replica (docs/benchmarks.md, issue 16): a Notify
+// makes all of them due at once, and their retries, each a store call
+// here slow enough to overlap, still reach the store one by one.
+func TestQueueOneRetryAtATime(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		st := &overlapStore{Store: memstore.New()}
+		l, q := queueLimiterOn(t, 1, nil, st)
+		ctx := context.Background()
+		if _, err := l.Decide(ctx, slotReq("free", "holder")); err != nil {
+			t.Fatal(err)
+		}
+		const n = 10
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				if _, err := l.Decide(ctx, slotReq("premium", fmt.Sprint(i))); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		synctest.Wait()
+		if got := q.Len("q", 0); got != n {
+			t.Fatalf("%d waiting, want %d", got, n)
+		}
+		st.slow.Store(true)
+		q.Notify("q")
+		wg.Wait()
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		if st.calls < n {
+			t.Errorf("%d retries, want at least one per waiter (%d)", st.calls, n)
+		}
+		if st.max != 1 {
+			t.Errorf("%d retries reached the store at once, want 1", st.max)
+		}
+	})
+}
+
+// overlapStore counts, once slow, how many Apply calls run at once; each
+// takes a millisecond, so calls that are not serialized overlap.
+type overlapStore struct {
+	limit.Store
+	slow            atomic.Bool
+	mu              sync.Mutex
+	now, max, calls int
+}
+
+func (s *overlapStore) Apply(ctx context.Context, now time.Time, charges []limit.Charge, res []limit.Result) (bool, error) {
+	if s.slow.Load() {
+		s.mu.Lock()
+		s.now++
+		s.calls++
+		s.max = max(s.max, s.now)
+		s.mu.Unlock()
+		defer func() {
+			s.mu.Lock()
+			s.now--
+			s.mu.Unlock()
+		}()
+		time.Sleep(time.Millisecond)
+	}
+	return s.Store.Apply(ctx, now, charges, res)
 }
 
 // countObserver counts what a queue reports.
