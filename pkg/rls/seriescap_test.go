@@ -250,9 +250,12 @@ func TestDetailedSeriesMemory(t *testing.T) {
 		values     int
 		wantSeries int
 		wantMax    int64 // heap growth past warm, bytes
-		wantMin    int64
+		wantMin    int64 // may be negative: the heap can shrink
 	}{
-		{name: "capped", give: DefaultDetailedSeriesCap, values: 100_000, wantSeries: DefaultDetailedSeriesCap, wantMax: 2 << 20},
+		// A capped run may end a few hundred bytes below where it began
+		// (CI saw -144: the GC freed a buffer the warm-up left), so only
+		// the growth is bounded.
+		{name: "capped", give: DefaultDetailedSeriesCap, values: 100_000, wantSeries: DefaultDetailedSeriesCap, wantMin: math.MinInt64, wantMax: 2 << 20},
 		{name: "uncapped", give: math.MaxInt, values: 20_000, wantSeries: 20_000, wantMin: 5 << 20, wantMax: math.MaxInt64},
 	}
 	for _, tt := range tests {
