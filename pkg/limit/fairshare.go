@@ -1,6 +1,7 @@
 package limit
 
 import (
+	"hash/fnv"
 	"math"
 	"slices"
 	"strings"
@@ -312,4 +313,47 @@ func fairFloor(share float64, ws []float64) {
 			ws[i] = max(w, raised)
 		}
 	}
+}
+
+// FairShare is a rule's fair_share: each of the rule's limits is one
+// absolute budget (never scaled by the plan multiplier) that the values
+// of Key share by weight.
+type FairShare struct {
+	// Key is the descriptor entry key whose value is the fairness member.
+	// It is looked up in every descriptor of the request, as the tiers
+	// key is; a request without it asks as FairOverflowKey.
+	Key string
+	// Plan makes the request's plan multiplier its weight. Otherwise a
+	// member weighs Weights[value], or DefaultWeight when not listed.
+	Plan          bool
+	Weights       map[string]float64
+	DefaultWeight float64
+	// Rate and Token are the policies of the rule's rate_limit and
+	// token_limit, defaults resolved from each limit (Backlog: the
+	// window; Credit: one bucket's share of the amount). nil when the
+	// rule has no such limit.
+	Rate, Token *FairPolicy
+}
+
+// FairCharge marks a Charge on a fair-shared limit. Policy nil means the
+// charge is not fair-shared.
+type FairCharge struct {
+	Policy *FairPolicy
+	// Member is FairMember of the fairness key's value.
+	Member string
+	// Weight is the member's weight (FairWeight clamps it).
+	Weight float64
+}
+
+// FairMember is how a fairness key's value is kept in the state: a
+// fixed-size hash (16 hex digits, FNV-64a), so hostile values of up to
+// MaxValueBytes cannot make the state that every decision reads and
+// writes whole any larger. FairOverflowKey ("") stays itself.
+func FairMember(value string) string {
+	if value == "" {
+		return FairOverflowKey
+	}
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(value))
+	return string(appendHex(make([]byte, 0, 16), h.Sum64()))
 }

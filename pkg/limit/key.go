@@ -195,6 +195,10 @@ func BreakerKey(descKey, name string) string {
 // on the breaker at key: key's hash tag, so that one script reaches both.
 func BreakerOnceKey(key, once string) string { return key + ":once:" + once }
 
+// FairStateKey is the fair-share state of the shared counter at key: key's
+// hash tag, so that the counter and its state are one slot and one script.
+func FairStateKey(key string) string { return key + ":fair" }
+
 // BoardKey and PushedKey are the pressure board of scope: the hash of the
 // replicas' scores, and the score an outside controller pushes. Every
 // scope shares the tag {pressure}; an operator may SET the pushed key.

@@ -106,6 +106,9 @@ type Charge struct {
 	At int64
 	// Member names the holder of a Concurrency lease (the request ID).
 	Member string
+	// Fair, when Fair.Policy is set, makes this charge's counter a limit
+	// that fairness members share by weight (see the contract above).
+	Fair FairCharge
 }
 
 // Result is what a Store says about one Charge. Remaining and ResetAfter
