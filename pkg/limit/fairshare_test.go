@@ -541,3 +541,20 @@ func TestFairGate(t *testing.T) {
 		})
 	}
 }
+
+// TestFairDecay: the hand-rolled e^-x that Lua repeats to the bit is
+// within 1e-13 of math.Exp over the range the state uses.
+func TestFairDecay(t *testing.T) {
+	t.Parallel()
+	for x := 0.0; x <= 64; x += 0.0137 {
+		got, want := fairDecay(x), math.Exp(-x)
+		if d := math.Abs(got-want) / want; d > 1e-13 {
+			t.Fatalf("fairDecay(%v) = %v, math.Exp = %v: relative error %g", x, got, want, d)
+		}
+	}
+	for _, tt := range []struct{ give, want float64 }{{0, 1}, {-1, 1}, {math.NaN(), 1}, {65, 0}, {math.Inf(1), 0}} {
+		if got := fairDecay(tt.give); got != tt.want {
+			t.Errorf("fairDecay(%v) = %v, want %v", tt.give, got, tt.want)
+		}
+	}
+}

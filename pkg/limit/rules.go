@@ -36,6 +36,10 @@ type Rule struct {
 	// which carry an ID, take it.
 	MaxConcurrent uint64
 	Lease         time.Duration
+	// Fair, when set, makes the rule's limits budgets its fairness
+	// members share by weight (docs/fair-share.md); they are then never
+	// scaled by the plan multiplier.
+	Fair *FairShare
 	// Replaces names limits (rate_limit.name) that this rule displaces when
 	// both match in one request.
 	Replaces []string
