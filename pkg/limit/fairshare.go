@@ -244,7 +244,7 @@ func (s *FairState) Gate(p *FairPolicy, now int64, key string, weight float64, c
 		if f >= g+p.quantum()/w {
 			ahead = true
 		}
-		reserve += kw * max(f-g, 0)
+		reserve += float64(kw * max(f-g, 0)) // rounded alone, as Lua does
 	}
 	// In floats: a hostile cost must not wrap the subtraction.
 	return !ahead || float64(room)-float64(max(cost, 0)) >= reserve
@@ -319,7 +319,7 @@ func fairFloor(share float64, ws []float64) {
 	// lightest unraised weight already meets the floor.
 	raised, rest := math.Inf(1), total
 	for r, w := range sorted {
-		left := 1 - float64(r)*share
+		left := 1 - float64(float64(r)*share)
 		if left <= 0 {
 			break
 		}
