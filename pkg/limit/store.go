@@ -81,6 +81,25 @@ import (
 // twice is counted once. Remaining, ResetAfter and RetryAfter are 0 for
 // Once.
 //
+// Fair share (Fair.Policy set, Cost >= 0, not Force, and a sliding
+// window, fixed window or token bucket; on any other charge Fair is
+// ignored): the state is a FairState at FairStateKey(Key). In charge
+// order, before the counter steps, FairState.Gate(policy, now ms, member,
+// weight, Cost, room) runs with room = the counter's Remaining at that
+// point (after the earlier charges of the Apply). The charge fits only
+// when the gate passes and the counter fits it. A charge the gate stops
+// leaves the counter unstepped (its hw still moves) and reports
+// Fits=false, the counter's Remaining and ResetAfter, and RetryAfter =
+// the soonest a share can free: the end of the current bucket (sliding
+// window), the end of window cur (fixed window), ceil(T) (token bucket),
+// at least 1 ms. Once admitted is known, every gated charge records in
+// the same atomic step, in charge order: FairDenied when the charge itself
+// did not fit (gate or counter; Shadow charges too), else FairAdmitted
+// when the decision is admitted, else FairElsewhere. The state is written
+// even when the decision is denied; an Apply a Once charge voids writes
+// none. TTL of the state = Backlog + Window, renewed by every record.
+// storetest.RunFair checks all of it against a reference.
+//
 // Durations are reported rounded up to whole milliseconds.
 type Charge struct {
 	// Key is the counter's store key from Key; it carries a Redis hash tag.
@@ -107,7 +126,7 @@ type Charge struct {
 	// Member names the holder of a Concurrency lease (the request ID).
 	Member string
 	// Fair, when Fair.Policy is set, makes this charge's counter a limit
-	// that fairness members share by weight (see the contract above).
+	// that fairness members share by weight (the Fair share paragraph above).
 	Fair FairCharge
 }
 
