@@ -606,3 +606,12 @@ func TestOnceSeenKeysNotLeased(t *testing.T) {
 		t.Errorf("hot key after a full table: %+v, want leases", st)
 	}
 }
+
+// TestFairConformance: with leasing on as in TestConformance, fair-shared
+// decisions still meet the store's fair contract: they pass through.
+func TestFairConformance(t *testing.T) {
+	t.Parallel()
+	storetest.RunFair(t, func(testing.TB) limit.Store {
+		return lease.New(memstore.New(), lease.Options{MinAmount: 1, Fraction: 1, MaxLife: 24 * time.Hour})
+	})
+}
