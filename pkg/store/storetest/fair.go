@@ -20,7 +20,8 @@ import (
 // a Store adds: the gate asked with the counter's room before the charge,
 // Record with the decision's outcome (denied decisions included, voided
 // ones not), the state's lifetime, the answer a gate denial gets, and the
-// laws through the Store API.
+// laws through the Store API; Model compares every answer with a
+// reference built on limit.Counter and limit.FairState.
 func RunFair(t *testing.T, newStore func(t testing.TB) limit.Store) {
 	for _, st := range fairSuite {
 		t.Run(st.name, func(t *testing.T) { t.Parallel(); st.run(t, newStore) })
@@ -38,6 +39,7 @@ var fairSuite = []struct {
 	{"HostileInputs", testFairHostile},
 	{"HardCap", testFairHardCap},
 	{"ProportionalShare", testFairProportional},
+	{"Model", testFairModel},
 }
 
 // fairPolicy is the suite's policy: a key waits for two minutes after a
