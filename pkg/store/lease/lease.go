@@ -39,7 +39,13 @@
 // charges with Cost >= 0 and no Force: a decision the store denies then
 // keeps nothing, so a denial caused by the extra is retried once without
 // it. Refunds, Force charges, Once marks, concurrency leases and shadow
-// charges always go to the store. A lease is tied to the limit it was
+// charges always go to the store. A decision with a fair-shared charge
+// (Charge.Fair.Policy set) goes to the store whole, as it came: the fair
+// gate orders the members by what each was admitted, so it must see every
+// decision on the shared limit, once; a lease would admit in bulk behind
+// its back, and a retry without the extras would record the decision
+// twice. Leasing the decision's other charges would save no store call.
+// A lease is tied to the limit it was
 // granted under: a decision carrying the key under another Amount (a plan
 // or pressure change) asks the store.
 //
@@ -261,7 +267,7 @@ type scratch struct {
 // inner, asking for leases on the way.
 func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge, res []limit.Result) (bool, error) {
 	nowMs := now.UnixMilli()
-	if !retryable(charges) {
+	if !retryable(charges) || fairShared(charges) {
 		return s.inner.Apply(ctx, now, charges, res)
 	}
 	sc := s.scratch.Get().(*scratch)
@@ -382,6 +388,16 @@ func retryable(charges []limit.Charge) bool {
 		}
 	}
 	return len(charges) > 0
+}
+
+// fairShared reports whether a charge of the decision is fair-shared.
+func fairShared(charges []limit.Charge) bool {
+	for i := range charges {
+		if charges[i].Fair.Policy != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // leasable reports whether charge i of a retryable decision may be leased

@@ -288,6 +288,9 @@ func TestPassesThrough(t *testing.T) {
 	refund := big
 	refund.Cost = -1
 	conc := limit.Charge{Key: "c", Algorithm: limit.Concurrency, Amount: 10, Window: time.Minute, Cost: 1, Member: "m"}
+	fair := big
+	fair.Key = "f"
+	fair.Fair = limit.FairCharge{Policy: &limit.FairPolicy{Backlog: time.Minute, Quantum: 1, Credit: 10}, Member: limit.FairMember("a"), Weight: 1}
 	tests := []struct {
 		name string
 		give []limit.Charge
@@ -299,6 +302,9 @@ func TestPassesThrough(t *testing.T) {
 		{"refund", []limit.Charge{refund}},
 		{"concurrency beside a leasable charge", []limit.Charge{big, conc}},
 		{"key twice", []limit.Charge{big, big}},
+		// The fair gate must see every decision on a shared limit.
+		{"fair", []limit.Charge{fair}},
+		{"fair beside a leasable charge", []limit.Charge{big, fair}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -599,4 +605,13 @@ func TestOnceSeenKeysNotLeased(t *testing.T) {
 	if st := s.Stats(); st.Granted == 0 || st.Local < 90 {
 		t.Errorf("hot key after a full table: %+v, want leases", st)
 	}
+}
+
+// TestFairConformance: with leasing on as in TestConformance, fair-shared
+// decisions still meet the store's fair contract: they pass through.
+func TestFairConformance(t *testing.T) {
+	t.Parallel()
+	storetest.RunFair(t, func(testing.TB) limit.Store {
+		return lease.New(memstore.New(), lease.Options{MinAmount: 1, Fraction: 1, MaxLife: 24 * time.Hour})
+	})
 }

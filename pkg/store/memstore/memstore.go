@@ -18,6 +18,10 @@
 // expired ones until the next decision on it drops them) and lives until
 // its latest deadline; a void decision (a Once mark that does not fit)
 // writes nothing.
+//
+// A fair-shared charge (Charge.Fair.Policy set) keeps a limit.FairState
+// in its own entry at limit.FairStateKey of the counter's key, locked
+// with the counter and expired like it (fair.go).
 package memstore
 
 import (
@@ -57,6 +61,8 @@ type shard struct {
 
 type entry struct {
 	c limit.Counter
+	// fair is the fair-share state when the entry is a FairStateKey.
+	fair *limit.FairState
 	// expires is the Unix ms from which c is equivalent to a fresh counter.
 	expires int64
 }
@@ -76,6 +82,11 @@ func New() *Store {
 type scratch struct {
 	slots []slot
 	slot  []int // charge index -> slot index
+	// fair is charge index -> the slot of its fair state, -1 for a charge
+	// that is not fair-shared; empty when the decision has none.
+	fair []int
+	// fits is charge index -> whether it fitted, for Record.
+	fits []bool
 }
 
 // slot is one distinct key of a decision.
@@ -86,6 +97,9 @@ type slot struct {
 	live  bool   // e holds state that has not expired
 	c     limit.Counter
 	last  int // the last charge on this key, for Expiry
+	// isFair marks the slot of a fair state, fs its working copy.
+	isFair bool
+	fs     limit.FairState
 }
 
 func (s *Store) shardOf(key string) int {
@@ -132,6 +146,7 @@ func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge
 		sc.keepDenied(charges, ms)
 	}
 	if !void {
+		sc.record(charges, admitted, ms)
 		s.commitAll(sc, charges, ms)
 	}
 	s.unlock(locked)
@@ -191,6 +206,7 @@ func (s *Store) gather(sc *scratch, charges []limit.Charge) shardSet {
 		sc.slots[j].last = i
 		sc.slot = append(sc.slot, j)
 	}
+	sc.gatherFair(s, charges, &locked)
 	return locked
 }
 
@@ -224,7 +240,13 @@ func (sc *scratch) step(charges []limit.Charge, res []limit.Result, ms int64) (a
 	admitted = true
 	for i := range charges {
 		ch := &charges[i]
-		fits, retry := sc.slots[sc.slot[i]].c.Step(ch, ms)
+		fits, retry := sc.gate(i, ch, ms)
+		if fits {
+			fits, retry = sc.slots[sc.slot[i]].c.Step(ch, ms)
+		}
+		if len(sc.fair) > 0 {
+			sc.fits[i] = fits
+		}
 		res[i] = limit.Result{Fits: fits, RetryAfter: limit.Millis(retry)}
 		switch {
 		case fits || ch.Cost < 0:
@@ -264,7 +286,14 @@ func (sc *scratch) keepDenied(charges []limit.Charge, ms int64) {
 func (s *Store) commitAll(sc *scratch, charges []limit.Charge, ms int64) {
 	var grown shardSet
 	for j := range sc.slots {
-		if sl := &sc.slots[j]; s.commit(sl, &charges[sl.last], ms) {
+		sl := &sc.slots[j]
+		if sl.isFair {
+			if s.commitFair(sl, &charges[sl.last], ms) {
+				grown.add(sl.shard)
+			}
+			continue
+		}
+		if s.commit(sl, &charges[sl.last], ms) {
 			grown.add(sl.shard)
 		}
 	}
@@ -282,6 +311,10 @@ func (s *Store) commitAll(sc *scratch, charges []limit.Charge, ms int64) {
 // load sets the working counter to the stored state (fresh when absent or
 // expired), in the slot's own buffers.
 func (sl *slot) load() {
+	if sl.isFair {
+		sl.loadFair()
+		return
+	}
 	b, l := sl.c.Buckets[:0], sl.c.Leases[:0]
 	if sl.live {
 		sl.c = sl.e.c
@@ -335,9 +368,10 @@ func sweep(sh *shard, now int64) {
 func (s *Store) release(sc *scratch) {
 	for j := range sc.slots {
 		sl := &sc.slots[j]
-		sl.key, sl.e, sl.live = "", nil, false
+		sl.key, sl.e, sl.live, sl.isFair = "", nil, false, false
 	}
 	sc.slots = sc.slots[:0]
+	sc.fair, sc.fits = sc.fair[:0], sc.fits[:0]
 	s.scratch.Put(sc)
 }
 

@@ -188,3 +188,35 @@ func BenchmarkApply(b *testing.B) {
 		}
 	})
 }
+
+func TestFairConformance(t *testing.T) {
+	t.Parallel()
+	storetest.RunFair(t, func(testing.TB) limit.Store { return memstore.New() })
+}
+
+// BenchmarkApplyFair is one sliding-window charge on a fair-shared limit
+// whose state holds n members with demand, each asking in turn.
+func BenchmarkApplyFair(b *testing.B) {
+	now := time.UnixMilli(1_700_000_000_000)
+	p := &limit.FairPolicy{Backlog: time.Minute, Quantum: 1, Credit: 10}
+	for _, n := range []int{4, 64} {
+		b.Run(strconv.Itoa(n)+"-members", func(b *testing.B) {
+			s := memstore.New()
+			members := make([]string, n)
+			for i := range members {
+				members[i] = limit.FairMember(strconv.Itoa(i))
+			}
+			ch := []limit.Charge{{Key: key(1), Algorithm: limit.SlidingWindow, Amount: 1 << 40, Window: time.Minute, Cost: 1}}
+			res := make([]limit.Result, 1)
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				ch[0].Fair = limit.FairCharge{Policy: p, Member: members[i%n], Weight: 1}
+				i++
+				if _, err := s.Apply(context.Background(), now.Add(time.Duration(i)*time.Microsecond), ch, res); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -15,3 +15,11 @@ func TestConformance(t *testing.T) {
 		return overlimit.New(memstore.New(), overlimit.Options{})
 	})
 }
+
+// TestFairConformance: fair-shared decisions pass through the cache.
+func TestFairConformance(t *testing.T) {
+	t.Parallel()
+	storetest.RunFair(t, func(testing.TB) limit.Store {
+		return overlimit.New(memstore.New(), overlimit.Options{})
+	})
+}

@@ -28,6 +28,9 @@
 // which only a caller whose clock is behind could notice, and the next
 // call that reaches the store moves them.
 //
+// A decision with a fair-shared charge (Charge.Fair.Policy set) is never
+// answered locally nor learnt from; see fairShared for why.
+//
 // The cache can only deny more than the store would, never admit more:
 // it admits nothing itself. A refund made through this Store (or any
 // decision it passes on that touches the key) drops the key's entry, but
@@ -153,8 +156,9 @@ func (s *Store) shardOf(key string) *shard {
 // limit locally, and passes everything else to the inner store.
 func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge, res []limit.Result) (bool, error) {
 	plain := isPlain(charges)
+	learnable := plain && !fairShared(charges)
 	nowMs := now.UnixMilli()
-	if plain && s.answer(nowMs, charges, res) {
+	if learnable && s.answer(nowMs, charges, res) {
 		s.denied.Add(1)
 		return false, nil
 	}
@@ -165,7 +169,7 @@ func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge
 		// A refund, a release or a failed call may have given room back.
 		s.gen.Add(1)
 		s.forget(charges)
-	case admitted:
+	case admitted || !learnable:
 		s.forget(charges)
 	default:
 		s.learn(gen, nowMs, charges, res)
@@ -190,6 +194,32 @@ func isPlain(charges []limit.Charge) bool {
 		}
 	}
 	return len(charges) > 0
+}
+
+// fairShared reports whether a charge of the decision is fair-shared.
+// Such a decision always asks the inner store and teaches the cache
+// nothing, a simpler rule than caching its denials for at most
+// min(RetryAfter, one bucket width) per member, and a correct one:
+//   - the fair gate's answer is the member's, but the cache keys an
+//     answer by the counter's key, which every member of the limit
+//     shares: a member gated for running ahead would deny the member it
+//     is holding room for. A key per member would fix that, not the rest;
+//   - the gate must see every decision: a denial it records keeps the
+//     member waiting (its asks and its latest denial), and so keeps the
+//     room it is owed; a denial answered here would hide that demand;
+//   - the counter's own denial says nothing of which member gets the
+//     room freed next, and a fair limit's denials last at most about a
+//     bucket, so there is little to save.
+//
+// The price is a store call for every denied decision on a fair-shared
+// limit, as for an uncached one.
+func fairShared(charges []limit.Charge) bool {
+	for i := range charges {
+		if charges[i].Fair.Policy != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // answer fills res and returns true when some charge of the decision is

@@ -260,3 +260,61 @@ func TestNeverAdmitsMore(t *testing.T) {
 		}
 	}
 }
+
+// TestFairNeverCached: denials on a fair-shared limit are not answered
+// here. Member a takes the whole limit, b is denied once (so b waits);
+// when the limit refills, a is gated at half while b waits. a's gated
+// denial must not answer b's request (the counter key is the same for
+// both), and every decision reaches the store so the gate sees it.
+func TestFairNeverCached(t *testing.T) {
+	t.Parallel()
+	inner := &counting{inner: memstore.New()}
+	s := overlimit.New(inner, overlimit.Options{})
+	p := &limit.FairPolicy{Backlog: 2 * time.Minute, Quantum: 1, Credit: 10}
+	shared := limit.Charge{Key: key("shared"), Algorithm: limit.SlidingWindow, Amount: 10, Window: time.Minute, Buckets: 6, Cost: 1}
+	member := func(m string) limit.Charge {
+		c := shared
+		c.Fair = limit.FairCharge{Policy: p, Member: limit.FairMember(m), Weight: 1}
+		return c
+	}
+	ask := func(at int64, c limit.Charge) bool {
+		t.Helper()
+		ok, err := s.Apply(context.Background(), t0.Add(time.Duration(at)*time.Millisecond), []limit.Charge{c}, make([]limit.Result, 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	steps := []struct {
+		name   string
+		at     int64
+		member string
+		n      int
+		want   int // admitted of n
+	}{
+		{name: "a fills the limit", at: 0, member: "a", n: 10, want: 10},
+		{name: "a denied by the counter, again and again", at: 1, member: "a", n: 5, want: 0},
+		{name: "b denied by the counter: b waits", at: 2, member: "b", n: 1, want: 0},
+		{name: "a gated at half once the limit refills", at: 73_000, member: "a", n: 6, want: 5},
+		{name: "b not answered by a's gated denial", at: 73_000, member: "b", n: 5, want: 5},
+	}
+	calls := int64(0)
+	for _, st := range steps {
+		got := 0
+		for range st.n {
+			if ask(st.at, member(st.member)) {
+				got++
+			}
+		}
+		calls += int64(st.n)
+		if got != st.want {
+			t.Errorf("%s: admitted %d of %d, want %d", st.name, got, st.n, st.want)
+		}
+		if c := inner.calls.Load(); c != calls {
+			t.Errorf("%s: %d store calls so far, want %d (every decision)", st.name, c, calls)
+		}
+	}
+	if n := s.LocalDenials(); n != 0 {
+		t.Errorf("%d local denials on a fair-shared limit", n)
+	}
+}
