@@ -1,6 +1,8 @@
 package config
 
 import (
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -195,5 +197,35 @@ f.yaml:8: descriptors[0].fair_share.default_weight: -1 is not more than 0`,
 				t.Errorf("Parse error:\n%s\nwant:\n%s", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestFairShareDocExample keeps the example in docs/fair-share.md
+// loadable and saying what its defaults are.
+func TestFairShareDocExample(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../../docs/fair-share.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	i := strings.Index(s, "## Config\n")
+	if i < 0 {
+		t.Fatal("docs/fair-share.md has no ## Config section")
+	}
+	body, ok := strings.CutPrefix(s[i+strings.Index(s[i:], "```yaml\n"):], "```yaml\n")
+	end := strings.Index(body, "```")
+	if !ok || end < 0 {
+		t.Fatal("## Config has no yaml block")
+	}
+	d, err := Parse("fair-share.md", []byte("domain: inference\n"+body[:end]))
+	if err != nil {
+		t.Fatalf("the example does not load:\n%v", err)
+	}
+	want := &limit.FairShare{Key: "tenant", Plan: true, DefaultWeight: 1, Rate: &limit.FairPolicy{
+		MinShare: 0.05, Backlog: time.Minute, Quantum: 1, Credit: 500, MaxKeys: 256,
+	}}
+	if diff := cmp.Diff(want, d.Descriptors[0].Fair); diff != "" {
+		t.Errorf("Fair (-want +got):\n%s", diff)
 	}
 }
