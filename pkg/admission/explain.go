@@ -85,6 +85,12 @@ func Explain(dom *limit.Domain, req *limit.Request, shedder Shedder) (*Explanati
 			}
 			ce.Base = overridden(base, req.Overrides)
 			ce.Planned = limit.Scaled(ce.Base, micro)
+			if r.Fair != nil {
+				ce.Planned = ce.Base // shared: the plan is the weight
+			}
+		}
+		if r := ce.Rule; r != nil && r.Fair != nil && c.Fair.Policy != nil {
+			ce.FairValue = firstValue(req, r.Fair.Key)
 		}
 		ex.Charges = append(ex.Charges, ce)
 		ex.Descriptors[p.desc].Charges = append(ex.Descriptors[p.desc].Charges, len(ex.Charges)-1)
@@ -158,6 +164,10 @@ type ChargeExplanation struct {
 	// own limit and for a concurrency lease.
 	Base, Planned *limit.Limit
 	Rule          *limit.Rule
+	// FairValue, on a fair-shared charge (Charge.Fair.Policy set), is the
+	// value of Rule.Fair.Key that Charge.Fair.Member hashes; "" when the
+	// request carries none and shares the overflow member.
+	FairValue string
 }
 
 // firstValue is the value of the first entry named key in req's

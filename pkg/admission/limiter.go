@@ -340,7 +340,9 @@ func newDecision(n int) *Decision {
 //
 // With tiers, every limit is scaled by the request's plan multiplier
 // (after the key's or tenant's override, before the descriptor's own
-// limit, which is not scaled), and tier entries are removed from each
+// limit, which is not scaled), except a fair-shared rule's, whose limits
+// are absolute and whose charges carry the plan as a weight (fair.go);
+// and tier entries are removed from each
 // descriptor before it is matched and keyed. A descriptor of tier entries
 // only is then empty and matches nothing.
 //
@@ -450,7 +452,11 @@ func (b *built) addDescriptor(dom *limit.Domain, req *limit.Request, i int, ents
 	if len(ents) == 0 {
 		return nil // tier entries only, its own limit included: see build
 	}
-	rate, tokens, rateCap, tokenCap, err := limitsOf(req, i, r, adj, micro)
+	scale := micro
+	if r != nil && r.Fair != nil {
+		scale = limit.MicroOne // a shared budget is absolute; the plan is a weight (fair.go)
+	}
+	rate, tokens, rateCap, tokenCap, err := limitsOf(req, i, r, adj, scale)
 	if err != nil {
 		return err
 	}
@@ -471,7 +477,7 @@ func (b *built) addDescriptor(dom *limit.Domain, req *limit.Request, i int, ents
 		b.charges = append(b.charges, limit.Charge{
 			Key:       limit.Key(limit.Requests, limit.Concurrency, r.Lease, req.Domain, ents),
 			Algorithm: limit.Concurrency,
-			Amount:    limit.Scale(limit.Scale(r.MaxConcurrent, micro), adj.micro),
+			Amount:    limit.Scale(limit.Scale(r.MaxConcurrent, scale), adj.micro),
 			Window:    r.Lease,
 			Cost:      1,
 			Member:    req.ID,
@@ -485,12 +491,21 @@ func (b *built) addDescriptor(dom *limit.Domain, req *limit.Request, i int, ents
 	}
 	rateCost, tokenCost := costs(req, d, tokens != nil)
 	shadow := r != nil && r.Shadow
+	fair := fairCharge(req, r, micro)
 	if m == admit && rate != nil && !(tokens != nil && d.HitsSet) {
-		b.charges = append(b.charges, charge(req.Domain, ents, rate, rateCost, shadow))
+		c := charge(req.Domain, ents, rate, rateCost, shadow)
+		if r != nil && r.Fair != nil && d.Override == nil {
+			// Envoy's own limit for the descriptor is not the shared one.
+			c.Fair, c.Fair.Policy = fair, r.Fair.Rate
+		}
+		b.charges = append(b.charges, c)
 		b.plans = append(b.plans, plan{desc: i, limit: rate, capacity: rateCap})
 	}
 	if tokens != nil {
 		c := charge(req.Domain, ents, tokens, tokenCost, shadow)
+		if r != nil && r.Fair != nil {
+			c.Fair, c.Fair.Policy = fair, r.Fair.Token
+		}
 		// A cost report is usage already spent: Envoy ignores the
 		// answer to it, so refusing it would lose the usage and let a
 		// tenant whose responses outgrow its remaining budget run on.

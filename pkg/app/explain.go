@@ -375,6 +375,8 @@ type limitExplain struct {
 	Cost      int64  `json:"cost"`
 	Key       string `json:"key"`
 	Shadow    bool   `json:"shadow,omitempty"`
+	// Fair is set on a fair-shared limit (explain_fair.go).
+	Fair *fairExplain `json:"fair_share,omitempty"`
 }
 
 type breakerExplain struct {
@@ -461,6 +463,7 @@ func limitOf(c admission.ChargeExplanation) limitExplain {
 	if c.Base != nil {
 		l.Base, l.Planned = c.Base.Amount, c.Planned.Amount
 	}
+	l.Fair = fairOf(c)
 	return l
 }
 
@@ -603,6 +606,7 @@ func (o *explainOutput) writeText(w io.Writer) {
 				fmt.Fprint(w, "; a cost of 0 checks that budget is left")
 			}
 			fmt.Fprintf(w, "\n    charges %+d to %s\n", l.Cost, l.Key)
+			l.Fair.writeText(w)
 		}
 	}
 	for _, b := range o.Breakers {

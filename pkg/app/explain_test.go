@@ -119,12 +119,12 @@ func TestExplainExampleRules(t *testing.T) {
 			wantCharges: []charge{{tenantModel, 1}, {tenantTokens, 700}},
 		},
 		{
-			name:        "global model bucket at pressure, standard",
+			name:        "global model bucket at pressure, standard: fair-shared, so pressure scales it and the plan does not",
 			give:        []string{"--descriptor", "model=gpt-4o", "--descriptor", "tier=standard", "--pressure", "0.97"},
 			wantRules:   []string{"model_gpt-4o", ""},
 			wantTier:    "standard",
 			wantMult:    2,
-			wantLimits:  []uint64{14_000},
+			wantLimits:  []uint64{7_000},
 			wantCharges: []charge{{global, 1}},
 			wantVerdict: "refused first if the breaker model=gpt-4o is open",
 		},
@@ -444,10 +444,12 @@ descriptor 1: tenant=acme,model=gpt-4o,tier=premium
 descriptor 2: model=gpt-4o
   model=gpt-4o -> model_gpt-4o (exact value)
   rule model_gpt-4o: matched: its last entry model=gpt-4o lands on it (exact value)
-  rate_limit gpt4o_global: 21000/minute token_bucket burst 350 (rule 10000, x3 plan = 30000, x0.7 pressure = 21000)
+  rate_limit gpt4o_global: 7000/minute token_bucket burst 117 (rule 10000, x0.7 pressure = 7000)
     charges +1 to ` + k3 + `
+    fair_share: one budget shared by tenant values, not multiplied by the plan; tenant=acme (member 0724d383f4f6de0f), weight 3 (plan)
+      min_share 0.05, backlog 1m0s, quantum 1, credit 500, max_keys 256
 breaker model=gpt-4o: consulted after shedding, before the limits
-verdict: admitted if the store has room: charges +1 to ` + k1 + ` (tenant_gpt4o_requests: 210/minute sliding_window), +0 to ` + k2 + ` (tenant_gpt4o_tokens: 1050000/hour sliding_window), +1 to ` + k3 + ` (gpt4o_global: 21000/minute token_bucket burst 350); all or nothing; refused first if the breaker model=gpt-4o is open
+verdict: admitted if the store has room: charges +1 to ` + k1 + ` (tenant_gpt4o_requests: 210/minute sliding_window), +0 to ` + k2 + ` (tenant_gpt4o_tokens: 1050000/hour sliding_window), +1 to ` + k3 + ` (gpt4o_global: 7000/minute token_bucket burst 117); all or nothing; refused first if the breaker model=gpt-4o is open
 `
 	if diff := cmp.Diff(want, out); diff != "" {
 		t.Errorf("text (-want +got):\n%s", diff)

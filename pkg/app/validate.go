@@ -32,7 +32,7 @@ func (a *App) validate(args []string) int {
 		fmt.Fprintln(a.Stderr, err)
 		return ExitError
 	}
-	for _, w := range queueWarnings(rs) {
+	for _, w := range append(queueWarnings(rs), fairWarnings(rs)...) {
 		fmt.Fprintln(a.Stderr, w)
 	}
 	fmt.Fprintf(a.Stdout, "ok: %d domains\n", len(rs.Domains()))

@@ -34,6 +34,7 @@ func FuzzParse(f *testing.F) {
 		"domain: d\n---\n",
 		"{domain: [d]}",
 		"domain: d\ndescriptors: [{key: k, rate_limit: {unit: year, unit_multiplier: 293, requests_per_unit: 9007199254740993}}]",
+		"domain: d\ntiers: {key: t, default: f, plans: {f: 1}}\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1}, fair_share: {key: u, weights: plan, credit: 1}}]",
 	} {
 		f.Add([]byte(s))
 	}

@@ -30,6 +30,7 @@
 //	    detailed_metric: false         # (Optional) let metrics carry the descriptor's values; default false
 //	    store_failure: deny            # (Optional) allow|deny|local when the store cannot answer; default the
 //	                                   #   nearest parent rule's, else the file's, else --store-failure
+//	    fair_share: {key: tenant}      # (Optional) the limits are one budget the key's values share by weight; see fairshare.go
 //	    descriptors: []                # (Optional) child rules, matched by the next descriptor entry
 //	store_failure: local               # (Optional) allow|deny|local for every rule that sets none; default --store-failure
 //	tiers:                             # (Optional) plan multipliers; default none (every limit as written)
@@ -120,7 +121,7 @@ var (
 	breakerKeys    = []string{"key", "failure_threshold", "failure_rate", "min_requests", "window", "open_for", "half_open_probes", "close_after", "probe_lease", "timeout", "cache"}
 	descriptorKeys = []string{
 		"key", "value", "rate_limit", "token_limit", "shadow_mode", "detailed_metric", "descriptors",
-		"quota_mode", "value_to_metric", "share_threshold", "max_concurrent", "store_failure",
+		"quota_mode", "value_to_metric", "share_threshold", "max_concurrent", "store_failure", "fair_share",
 	}
 	rateLimitKeys = []string{
 		"unit", "requests_per_unit", "unlimited", "name", "replaces",
@@ -293,6 +294,9 @@ func (w *walker) rule(n *yaml.Node, path string, depth int, seen map[string]int)
 		if r.Unlimited && r.MaxConcurrent > 0 {
 			w.addf(cn, path+".max_concurrent", "the rule is unlimited (rate_limit.unlimited: true), so a cap on requests in flight would be ignored")
 		}
+	}
+	if fn, has := f["fair_share"]; has {
+		r.Fair = w.fairShare(fn, path+".fair_share", r, f)
 	}
 	r.Shadow = w.flag(f, "shadow_mode", path)
 	r.DetailedMetric = w.flag(f, "detailed_metric", path)

@@ -1,0 +1,88 @@
+package app
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+)
+
+// fairWarnings are validate's warnings about limits that the plan
+// multiplier scales although every requester shares them
+// (docs/fair-share.md, "Config").
+//
+// A rule's counter is keyed by the entries of its path, so config knows
+// which counters are one for every request: those whose path, from the
+// top rule down to the rule, has only exact values and share_threshold
+// wildcards. Such a counter is shared by every tenant that sends the
+// descriptor. With tiers, each request checks it against the amount times
+// its own plan, so a premium request is admitted into a counter that free
+// requests have already filled, up to the largest multiplier times the
+// amount in all. The warning names each such rate_limit and token_limit
+// that is not fair-shared.
+//
+// A path with a per-value entry (a key alone, or a wildcard without
+// share_threshold) is not warned of, although a counter per model is
+// shared by the tenants too: config cannot tell which descriptor keys
+// name tenants, and a false warning on every per-tenant limit would teach
+// people to ignore the real one.
+func fairWarnings(rs *limit.RuleSet) []string {
+	var out []string
+	for _, d := range rs.Domains() {
+		if d.Tiers == nil {
+			continue
+		}
+		top := maxPlan(d.Tiers)
+		if top <= 1 {
+			continue // no plan admits more than the amount
+		}
+		var walk func(rules []*limit.Rule)
+		walk = func(rules []*limit.Rule) {
+			for _, r := range rules {
+				if !sharedByAll(r) {
+					continue // and so is every counter below it
+				}
+				if r.Fair == nil && !r.Unlimited {
+					var kinds []string
+					if r.RateLimit != nil {
+						kinds = append(kinds, "rate_limit")
+					}
+					if r.TokenLimit != nil {
+						kinds = append(kinds, "token_limit")
+					}
+					if len(kinds) > 0 {
+						out = append(out, fmt.Sprintf("%s: warning: domain %q: rule %s: its %s is one counter every request of the descriptor shares (no entry on its path has a value of its own), "+
+							"and the plan multiplier scales it per request, so up to x%v of it can be admitted in all; "+
+							"add fair_share to share it by plan instead (docs/fair-share.md)",
+							d.Source, d.Name, r.ID, strings.Join(kinds, " and "), top))
+					}
+				}
+				walk(r.Children)
+			}
+		}
+		walk(d.Descriptors)
+	}
+	return out
+}
+
+// sharedByAll says whether r's entry is the same for every request it
+// matches: an exact value, or a wildcard whose values share a counter.
+func sharedByAll(r *limit.Rule) bool {
+	switch {
+	case r.Value == "":
+		return false
+	case strings.HasSuffix(r.Value, "*"):
+		return r.ShareThreshold
+	default:
+		return true
+	}
+}
+
+// maxPlan is the largest plan multiplier of t.
+func maxPlan(t *limit.Tiers) float64 {
+	m := 0.0
+	for _, v := range t.Plans {
+		m = max(m, v)
+	}
+	return m
+}
