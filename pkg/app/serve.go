@@ -315,12 +315,16 @@ func newServeAPIs(f *serveFlags, st *serveStores, sh *pressureruntime.Runtime, m
 	if err != nil {
 		return nil, err
 	}
-	rlsSvc, err := rls.New(lim, log.Named("rls"), reg, f.metrics.rlsOptions()...)
+	rm, err := newRetryMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	rlsSvc, err := rls.New(rm.observe(lim, retryAdapterRLS), log.Named("rls"), reg, f.metrics.rlsOptions()...)
 	if err != nil {
 		return nil, err
 	}
 	rlsSvc.SetSealer(loop.Sealer())
-	az, err := newAuthz(f.authz, lim, loop, log, reg)
+	az, err := newAuthz(f.authz, rm.observe(lim, retryAdapterExtAuthz), loop, log, reg)
 	if err != nil {
 		return nil, err
 	}
