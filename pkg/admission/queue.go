@@ -282,7 +282,7 @@ func (q *Queue) leave(domain string, w *waiter, waited time.Duration) {
 // hold is the queue stage: it returns dec unless the request may wait
 // for it, and otherwise the decision its wait ends with.
 func (l *Limiter) hold(ctx context.Context, req *limit.Request, dec *Decision, dom *limit.Domain, settles bool) (*Decision, error) {
-	if l.queue == nil || dom == nil || dom.Queue == nil || settles || !mayWait(dec) {
+	if l.queue == nil || dom == nil || dom.Queue == nil || settles || !mayWait(dec) || !mayQueue(ctx) {
 		return dec, nil
 	}
 	qt, rank, ok := dom.Queue.For(dec.Tier)

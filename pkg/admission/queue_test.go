@@ -545,3 +545,37 @@ func avgKeys(q *Queue) int {
 	defer q.avgMu.Unlock()
 	return len(q.avgs)
 }
+
+// TestQueueWithoutQueue: a request asked under WithoutQueue is answered
+// at once, where the same request without it waits its tier's bound.
+func TestQueueWithoutQueue(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		give func(context.Context) context.Context
+		want time.Duration
+	}{
+		{name: "waits", give: func(ctx context.Context) context.Context { return ctx }, want: time.Second},
+		{name: "WithoutQueue", give: WithoutQueue, want: 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				l, _ := queueLimiter(t, 1, nil)
+				ctx := tt.give(context.Background())
+				if _, err := l.Decide(ctx, slotReq("free", "holder")); err != nil {
+					t.Fatal(err)
+				}
+				start := time.Now()
+				dec, err := l.Decide(ctx, slotReq("free", "refused"))
+				if err != nil || dec.Code != limit.CodeOverLimit {
+					t.Fatalf("Decide = %+v, %v; want OVER_LIMIT", dec, err)
+				}
+				if got := time.Since(start); got != tt.want {
+					t.Errorf("answered after %v, want %v", got, tt.want)
+				}
+			})
+		})
+	}
+}

@@ -50,6 +50,7 @@ type serveFlags struct {
 	failure   failureFlags
 	tickets   ticketFlags
 	metrics   metricFlags
+	queue     queueFlags
 }
 
 func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
@@ -73,6 +74,7 @@ func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
 	f.protect.register(fs)
 	f.tickets.register(fs)
 	f.metrics.register(fs)
+	f.queue.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: tollgate serve [flags]\n\nEvery flag can also be set with TOLLGATE_<FLAG> (--grpc-addr: TOLLGATE_GRPC_ADDR); the flag wins.\n\n")
 		fs.PrintDefaults()
@@ -319,12 +321,12 @@ func newServeAPIs(f *serveFlags, st *serveStores, sh *pressureruntime.Runtime, m
 	if err != nil {
 		return nil, err
 	}
-	rlsSvc, err := rls.New(rm.observe(lim, retryAdapterRLS), log.Named("rls"), reg, f.metrics.rlsOptions()...)
+	rlsSvc, err := rls.New(rm.observe(f.queue.apply(lim, retryAdapterRLS), retryAdapterRLS), log.Named("rls"), reg, f.metrics.rlsOptions()...)
 	if err != nil {
 		return nil, err
 	}
 	rlsSvc.SetSealer(loop.Sealer())
-	az, err := newAuthz(f.authz, rm.observe(lim, retryAdapterExtAuthz), loop, log, reg)
+	az, err := newAuthz(f.authz, rm.observe(f.queue.apply(lim, retryAdapterExtAuthz), retryAdapterExtAuthz), loop, log, reg)
 	if err != nil {
 		return nil, err
 	}
