@@ -8,6 +8,11 @@ import (
 
 	commonrl "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tollgate-dev/tollgate/pkg/admission"
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
 )
 
 // TestServeRetryBudgetMetric: over real gRPC, each retry budget an RLS
@@ -61,5 +66,39 @@ func TestServeRetryBudgetMetric(t *testing.T) {
 		if has := strings.Contains(got, tt.give); has != tt.want {
 			t.Errorf("%s: /metrics has %q = %v, want %v\n%s", tt.name, tt.give, has, tt.want, got)
 		}
+	}
+}
+
+// BenchmarkRetryObserved: what counting a decision's retry budget adds to
+// an admitted decision of a domain with one, on the in-process store.
+func BenchmarkRetryObserved(b *testing.B) {
+	rs, err := limit.NewRuleSet(&limit.Domain{
+		Name:        "d",
+		RetryBudget: new(limit.DefaultRetryBudget()),
+		Descriptors: []*limit.Rule{{Key: "tenant", RateLimit: &limit.Limit{Amount: 1 << 40, Unit: limit.Second, Algorithm: limit.FixedWindow}}},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	lim := admission.NewLimiter(memstore.New(), nil, rs)
+	m, err := newRetryMetrics(prometheus.NewRegistry())
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, bb := range []struct {
+		name string
+		d    decider
+	}{{"plain", lim}, {"observed", m.observe(lim, retryAdapterRLS)}} {
+		b.Run(bb.name, func(b *testing.B) {
+			req := &limit.Request{Domain: "d", Descriptors: []limit.Descriptor{{Entries: []limit.Entry{{Key: "tenant", Value: "a"}}}}}
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				dec, err := bb.d.Decide(ctx, req)
+				if err != nil || !dec.HasRetries {
+					b.Fatalf("Decide = %+v, %v", dec, err)
+				}
+			}
+		})
 	}
 }
