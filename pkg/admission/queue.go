@@ -92,16 +92,20 @@ type Queue struct {
 	// that Notify, called on every settle, release and refund, takes no
 	// lock while nothing waits, the usual state.
 	waiting atomic.Int64
-	// avgMu guards avg apart from mu: the retry budget reads the average
+	// avgMu guards avgs apart from mu: the retry budget reads an average
 	// on every admitted decision of its domains, and must not wait on
 	// the waiters' turns.
 	avgMu sync.Mutex
-	avg   waitAverage
+	// avgs are the recent waits of each domain that had a waiter. Only
+	// a waiter adds one, and only a domain of the rules with a queue
+	// has waiters, so a client's unknown domain never adds a key; a
+	// domain whose waits are forgotten is dropped when read.
+	avgs map[string]*waitAverage
 }
 
 // NewQueue returns an empty queue reporting to obs (nil: to nobody).
 func NewQueue(obs QueueObserver) *Queue {
-	return &Queue{obs: obs, doms: map[string]*domQueue{}}
+	return &Queue{obs: obs, doms: map[string]*domQueue{}, avgs: map[string]*waitAverage{}}
 }
 
 // WithQueue makes the Limiter hold refused requests in q where a
@@ -157,13 +161,34 @@ func (q *Queue) Len(domain string, rank int) int {
 	return 0
 }
 
-// AverageWait is the average wait of the requests whose wait ended in
-// the last 10 to 20 seconds on this replica (0 when none waited): the
-// retry budget's measure of how full the queue runs.
-func (q *Queue) AverageWait() time.Duration {
+// AverageWait is the average wait of domain's requests whose wait ended
+// in the last 10 to 20 seconds on this replica (0 when none waited): the
+// retry budget's measure of how full the queue of the domain's upstream
+// runs. It adds no key: any domain may be asked for.
+func (q *Queue) AverageWait(domain string) time.Duration {
 	q.avgMu.Lock()
 	defer q.avgMu.Unlock()
-	return q.avg.get(time.Now())
+	a := q.avgs[domain]
+	if a == nil {
+		return 0
+	}
+	d, n := a.get(time.Now())
+	if n == 0 {
+		delete(q.avgs, domain) // forgotten: a domain since removed leaves no key
+	}
+	return d
+}
+
+// recordWait adds a wait of domain's to its average.
+func (q *Queue) recordWait(domain string, waited time.Duration) {
+	q.avgMu.Lock()
+	defer q.avgMu.Unlock()
+	a := q.avgs[domain]
+	if a == nil {
+		a = &waitAverage{}
+		q.avgs[domain] = a
+	}
+	a.add(time.Now(), waited)
 }
 
 // grant gives the turn to the first due waiter, in rank then FIFO
@@ -231,9 +256,7 @@ func (q *Queue) done(domain string, w *waiter) {
 // leave removes w, passing its turn on if it held it, and records a
 // wait of waited.
 func (q *Queue) leave(domain string, w *waiter, waited time.Duration) {
-	q.avgMu.Lock()
-	q.avg.add(time.Now(), waited)
-	q.avgMu.Unlock()
+	q.recordWait(domain, waited)
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.waiting.Add(-1)
@@ -259,7 +282,7 @@ func (q *Queue) leave(domain string, w *waiter, waited time.Duration) {
 // hold is the queue stage: it returns dec unless the request may wait
 // for it, and otherwise the decision its wait ends with.
 func (l *Limiter) hold(ctx context.Context, req *limit.Request, dec *Decision, dom *limit.Domain, settles bool) (*Decision, error) {
-	if l.queue == nil || dom == nil || dom.Queue == nil || settles || !mayWait(dec) {
+	if l.queue == nil || dom == nil || dom.Queue == nil || settles || !mayWait(dec) || !mayQueue(ctx) {
 		return dec, nil
 	}
 	qt, rank, ok := dom.Queue.For(dec.Tier)
@@ -403,10 +426,11 @@ func (a *waitAverage) add(now time.Time, d time.Duration) {
 	a.n++
 }
 
-func (a *waitAverage) get(now time.Time) time.Duration {
+// get is the average and the number of waits it is over.
+func (a *waitAverage) get(now time.Time) (time.Duration, int64) {
 	a.roll(now)
 	if n := a.n + a.prevN; n > 0 {
-		return (a.sum + a.prev) / time.Duration(n)
+		return (a.sum + a.prev) / time.Duration(n), n
 	}
-	return 0
+	return 0, 0
 }

@@ -437,7 +437,7 @@ func TestAverageWait(t *testing.T) {
 			for _, d := range tt.give {
 				a.add(base, d)
 			}
-			if got := a.get(base.Add(tt.at)); got != tt.want {
+			if got, _ := a.get(base.Add(tt.at)); got != tt.want {
 				t.Errorf("average %v, want %v", got, tt.want)
 			}
 		})
@@ -489,6 +489,93 @@ func BenchmarkQueueOverhead(b *testing.B) {
 					b.Fatalf("Decide = %+v, %v", dec, err)
 				}
 			}
+		})
+	}
+}
+
+// TestAverageWaitPerDomain: a domain's average counts only its own
+// waits; neither asking for nor deciding a domain the rules lack adds a
+// key, and a forgotten domain's key goes.
+func TestAverageWaitPerDomain(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		l, q := queueLimiter(t, 1, nil)
+		ctx := context.Background()
+		if _, err := l.Decide(ctx, slotReq("free", "holder")); err != nil {
+			t.Fatal(err)
+		}
+		// free waits its whole bound, 1s, and is refused.
+		if dec, err := l.Decide(ctx, slotReq("free", "waiter")); err != nil || dec.Code != limit.CodeOverLimit {
+			t.Fatalf("waiter: %+v, %v", dec, err)
+		}
+		unknown := &limit.Request{Domain: "not-in-the-rules", ID: "x", Descriptors: []limit.Descriptor{{Entries: entries("model", "m")}}}
+		if _, err := l.Decide(ctx, unknown); err != nil {
+			t.Fatal(err)
+		}
+		tests := []struct {
+			name string
+			give string
+			want time.Duration
+		}{
+			{name: "the domain that waited", give: "q", want: time.Second},
+			{name: "another domain", give: "other", want: 0},
+			{name: "the unknown domain", give: "not-in-the-rules", want: 0},
+		}
+		for _, tt := range tests {
+			if got := q.AverageWait(tt.give); got != tt.want {
+				t.Errorf("%s: AverageWait(%q) = %v, want %v", tt.name, tt.give, got, tt.want)
+			}
+		}
+		if n := avgKeys(q); n != 1 {
+			t.Errorf("%d averages kept, want 1 (q's)", n)
+		}
+		time.Sleep(25 * time.Second) // synctest's clock: past both buckets
+		if got := q.AverageWait("q"); got != 0 {
+			t.Errorf("AverageWait(q) after 25s = %v, want 0", got)
+		}
+		if n := avgKeys(q); n != 0 {
+			t.Errorf("%d averages kept after all were forgotten, want 0", n)
+		}
+	})
+}
+
+// avgKeys is the number of domains q keeps an average for.
+func avgKeys(q *Queue) int {
+	q.avgMu.Lock()
+	defer q.avgMu.Unlock()
+	return len(q.avgs)
+}
+
+// TestQueueWithoutQueue: a request asked under WithoutQueue is answered
+// at once, where the same request without it waits its tier's bound.
+func TestQueueWithoutQueue(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		give func(context.Context) context.Context
+		want time.Duration
+	}{
+		{name: "waits", give: func(ctx context.Context) context.Context { return ctx }, want: time.Second},
+		{name: "WithoutQueue", give: WithoutQueue, want: 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				l, _ := queueLimiter(t, 1, nil)
+				ctx := tt.give(context.Background())
+				if _, err := l.Decide(ctx, slotReq("free", "holder")); err != nil {
+					t.Fatal(err)
+				}
+				start := time.Now()
+				dec, err := l.Decide(ctx, slotReq("free", "refused"))
+				if err != nil || dec.Code != limit.CodeOverLimit {
+					t.Fatalf("Decide = %+v, %v; want OVER_LIMIT", dec, err)
+				}
+				if got := time.Since(start); got != tt.want {
+					t.Errorf("answered after %v, want %v", got, tt.want)
+				}
+			})
 		})
 	}
 }

@@ -13,7 +13,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tollgate-dev/tollgate/pkg/accesslog"
-	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/config"
 	"github.com/tollgate-dev/tollgate/pkg/extauthz"
 	"github.com/tollgate-dev/tollgate/pkg/extproc"
@@ -70,7 +69,7 @@ type reloadState struct {
 
 // newAuthz loads the authz config, if one is given, and builds the
 // services. A config with problems stops the start, as bad rules do.
-func newAuthz(f authzFlags, lim *admission.Limiter, loop *outcome.Loop, log *zap.Logger, reg prometheus.Registerer) (*authz, error) {
+func newAuthz(f authzFlags, lim extauthz.Decider, loop *outcome.Loop, log *zap.Logger, reg prometheus.Registerer) (*authz, error) {
 	als, err := accesslog.New(loop, log.Named("accesslog"), reg, accesslog.Options{})
 	if err != nil {
 		return nil, err

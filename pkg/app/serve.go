@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -51,6 +50,7 @@ type serveFlags struct {
 	failure   failureFlags
 	tickets   ticketFlags
 	metrics   metricFlags
+	queue     queueFlags
 }
 
 func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
@@ -74,6 +74,7 @@ func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
 	f.protect.register(fs)
 	f.tickets.register(fs)
 	f.metrics.register(fs)
+	f.queue.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: tollgate serve [flags]\n\nEvery flag can also be set with TOLLGATE_<FLAG> (--grpc-addr: TOLLGATE_GRPC_ADDR); the flag wins.\n\n")
 		fs.PrintDefaults()
@@ -307,21 +308,25 @@ func newServeAPIs(f *serveFlags, st *serveStores, sh *pressureruntime.Runtime, m
 		return nil, err
 	}
 	queue := admission.NewQueue(qm)
-	// The retry budget counts the queue's wait: this replica's average
-	// over every domain (a wait is a sign of the replica's load, whichever
-	// domain shows it).
-	sh.SetQueueWait(func(string) time.Duration { return queue.AverageWait() })
+	// The retry budget counts the queue's wait of the request's own
+	// domain: a retry goes to that domain's upstream, and another
+	// domain's waits say nothing of it (docs/retry-budget.md).
+	sh.SetQueueWait(queue.AverageWait)
 	lim := admission.NewLimiter(st.store, limit.SystemClock{}, rules, append(sh.LimiterOptions(), f.failure.option(m.failures, f.redisURL != "", st.health.replicas.get), admission.WithQueue(queue))...)
 	loop, err := outcome.New(st.ticketKeys, lim, log.Named("outcome"), reg, outcome.Options{Completed: func(t *ticket.Ticket) { sh.Completed(t.Request()) }})
 	if err != nil {
 		return nil, err
 	}
-	rlsSvc, err := rls.New(lim, log.Named("rls"), reg, f.metrics.rlsOptions()...)
+	rm, err := newRetryMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	rlsSvc, err := rls.New(rm.observe(f.queue.apply(lim, retryAdapterRLS), retryAdapterRLS), log.Named("rls"), reg, f.metrics.rlsOptions()...)
 	if err != nil {
 		return nil, err
 	}
 	rlsSvc.SetSealer(loop.Sealer())
-	az, err := newAuthz(f.authz, lim, loop, log, reg)
+	az, err := newAuthz(f.authz, rm.observe(f.queue.apply(lim, retryAdapterExtAuthz), retryAdapterExtAuthz), loop, log, reg)
 	if err != nil {
 		return nil, err
 	}
