@@ -48,6 +48,12 @@ var ScrapedMetrics = []string{
 	"tollgate_control_shed_fraction",
 	"tollgate_control_inflight",
 	"tollgate_store_circuit_state",
+	// The admission queue and the retry budget's pressure input (issue
+	// 16): the queue's length per tier, its waits' count by outcome (a
+	// histogram, kept as its _count), and this replica's own pressure.
+	"tollgate_queue_length",
+	"tollgate_queue_wait_seconds",
+	"tollgate_pressure_local_score",
 }
 
 // PhaseMark is when a scenario phase began.
@@ -186,6 +192,10 @@ func ParseMetrics(in io.Reader, names []string) (map[string]float64, error) {
 				v = m.GetCounter().GetValue()
 			case m.GetUntyped() != nil:
 				v = m.GetUntyped().GetValue()
+			case m.GetHistogram() != nil:
+				// A histogram's observations so far: how many waits ended.
+				out[SeriesKey(name+"_count", m.GetLabel())] = float64(m.GetHistogram().GetSampleCount())
+				continue
 			default:
 				continue
 			}
