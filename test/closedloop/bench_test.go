@@ -107,9 +107,11 @@ tollgate_queue_wait_seconds_count{domain="inference",tier="free",outcome="admitt
 		t.Fatal(err)
 	}
 	want := map[string]float64{
-		"tollgate_pressure_score{domain=inference,scope=global}":                         0.75,
-		"tollgate_breaker_state{breaker=model,domain=inference,key=gpt-4o}":              2,
-		"tollgate_queue_wait_seconds_count{domain=inference,outcome=admitted,tier=free}": 4,
+		"tollgate_pressure_score{domain=inference,scope=global}":                                  0.75,
+		"tollgate_breaker_state{breaker=model,domain=inference,key=gpt-4o}":                       2,
+		"tollgate_queue_wait_seconds_count{domain=inference,outcome=admitted,tier=free}":          4,
+		"tollgate_queue_wait_seconds_bucket{domain=inference,le=0.1,outcome=admitted,tier=free}":  3,
+		"tollgate_queue_wait_seconds_bucket{domain=inference,le=+Inf,outcome=admitted,tier=free}": 4,
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("ParseMetrics = %v, want %v", got, want)

@@ -73,8 +73,9 @@ type Result struct {
 	MaxRetries int
 	// Check is how long the authorization call took, from its send to its
 	// answer or the filter's timeout (0 when none was made): a request the
-	// admission queue held waited at most this long.
-	Check time.Duration
+	// admission queue held waited at most this long. CheckAfter is from
+	// the client's send to the Check's.
+	Check, CheckAfter time.Duration
 	// Replica is the index, in GatewayConfig.Replicas, of the replica that
 	// answered the authorization call; -1 when none was made.
 	Replica int

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -193,8 +194,15 @@ func ParseMetrics(in io.Reader, names []string) (map[string]float64, error) {
 			case m.GetUntyped() != nil:
 				v = m.GetUntyped().GetValue()
 			case m.GetHistogram() != nil:
-				// A histogram's observations so far: how many waits ended.
-				out[SeriesKey(name+"_count", m.GetLabel())] = float64(m.GetHistogram().GetSampleCount())
+				// A histogram as its _count and cumulative _bucket series
+				// (le as Prometheus writes it: 0.05, +Inf).
+				h := m.GetHistogram()
+				out[SeriesKey(name+"_count", m.GetLabel())] = float64(h.GetSampleCount())
+				for _, b := range h.GetBucket() {
+					le, v := "le", strconv.FormatFloat(b.GetUpperBound(), 'g', -1, 64)
+					labels := append(slices.Clone(m.GetLabel()), &dto.LabelPair{Name: &le, Value: &v})
+					out[SeriesKey(name+"_bucket", labels)] = float64(b.GetCumulativeCount())
+				}
 				continue
 			default:
 				continue

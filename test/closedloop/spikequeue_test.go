@@ -9,55 +9,68 @@ import (
 )
 
 const (
-	qlen   = "tollgate_queue_length{domain=inference,tier=free}"
-	qwait  = "tollgate_queue_wait_seconds_count{domain=inference,outcome=admitted,tier=free}"
-	plocal = "tollgate_pressure_local_score{domain=inference,scope=global}"
+	qlen    = "tollgate_queue_length{domain=inference,tier=free}"
+	qcount  = "tollgate_queue_wait_seconds_count{domain=inference,outcome=admitted,tier=free}"
+	qbucket = "tollgate_queue_wait_seconds_bucket{domain=inference,le=0.1,outcome=admitted,tier=free}"
+	pcount  = "tollgate_queue_wait_seconds_count{domain=inference,outcome=admitted,tier=premium}"
+	pb05    = "tollgate_queue_wait_seconds_bucket{domain=inference,le=0.05,outcome=admitted,tier=premium}"
+	pb1     = "tollgate_queue_wait_seconds_bucket{domain=inference,le=0.1,outcome=admitted,tier=premium}"
+	pb25    = "tollgate_queue_wait_seconds_bucket{domain=inference,le=0.25,outcome=admitted,tier=premium}"
+	pb5     = "tollgate_queue_wait_seconds_bucket{domain=inference,le=0.5,outcome=admitted,tier=premium}"
 )
 
 // queueRun is a spike-queue run in which every law holds: steady [0,10),
-// spike [10,30), after [30,40); one replica scraped every second, its
-// pressure at 0.95 in [15,20); free refused for its limit in the spike,
-// premium's Checks quick, every admitted request with a budget that is 0
-// under pressure and 3 otherwise.
+// spike [10,30), after [30,40); one replica scraped every second; free
+// refused for its limit in the spike, its waits counted by the histogram;
+// 80 premium requests in the spike, one of which waited 30 ms; every
+// admitted request with a budget of 0 (the scenario's capacity of 1 puts
+// every decision at pressure 1).
 type queueRun struct {
-	premiumCheck, freeCheck time.Duration
-	maxRetries              func(sec float64) int // the header Tollgate set
-	attempts                int
-	queueLen                float64 // the scraped free queue length
-	queueOff                bool    // no queue series at all
-	pressure                float64 // in [15,20)
+	premiumWaits float64 // premium waits in the spike, each of premiumWait
+	premiumWait  string  // the bucket key they fall in
+	budget       int     // the header Tollgate set on every admitted request
+	attempts     int
+	queueLen     float64 // the scraped free queue length
+	overWaits    float64 // free waits the histogram puts past 0.1 s
+	queueOff     bool    // no queue series at all
+	noChecks     bool    // no request records its Check (Replica -1)
 }
 
 func healthyQueue() queueRun {
-	return queueRun{
-		premiumCheck: 5 * time.Millisecond, freeCheck: 60 * time.Millisecond, attempts: 1, queueLen: 20, pressure: 0.95,
-		maxRetries: func(sec float64) int {
-			if sec >= 15 && sec < 20 {
-				return 0
-			}
-			return 3
-		},
-	}
+	return queueRun{premiumWaits: 1, premiumWait: pb05, attempts: 1, queueLen: 20}
 }
 
 func (q queueRun) build() *Run {
 	b := newRun(40, PhaseSteady, 0.0, PhaseSpike, 10.0, PhaseAfter, 30.0)
 	for s := 0.0; s <= 40; s++ {
-		v := map[string]float64{plocal: 0.3}
-		if s >= 15 && s < 20 {
-			v[plocal] = q.pressure
-		}
+		v := map[string]float64{}
 		if !q.queueOff {
-			v[qlen], v[qwait] = q.queueLen, s
+			v[qlen], v[qcount], v[qbucket] = q.queueLen, 10*s, 10*s-q.overWaits
+			v[pcount], v[pb05], v[pb1], v[pb25], v[pb5] = 0, 0, 0, 0, 0
+			if s >= 20 {
+				v[pcount] = q.premiumWaits
+				// Cumulative: the wait's bucket and every wider one.
+				in := false
+				for _, k := range []string{pb05, pb1, pb25, pb5} {
+					in = in || k == q.premiumWait
+					if in {
+						v[k] = q.premiumWaits
+					}
+				}
+			}
 		}
 		b.scrape(0, s, v)
 	}
+	rep := 0
+	if q.noChecks {
+		rep = -1
+	}
 	for s := 0.25; s < 40; s += 0.5 {
 		b.rec(Record{Sent: at(s), Tier: "premium", Tenant: "premium-0", Result: Result{Status: 200, Source: SourceUpstream,
-			Attempts: q.attempts, MaxRetries: q.maxRetries(s), Check: q.premiumCheck, Replica: 0}})
+			Attempts: q.attempts, MaxRetries: q.budget, Check: 5 * time.Millisecond, Replica: rep}})
 		if s >= 10 && s < 30 {
 			b.rec(Record{Sent: at(s), Tier: "free", Tenant: "free-0", Result: Result{Status: 429, Source: SourceTollgate,
-				Reason: "limit", Check: q.freeCheck, Replica: 0, MaxRetries: -1}})
+				Reason: "limit", Check: 60 * time.Millisecond, Replica: rep, MaxRetries: -1}})
 		}
 	}
 	return b.run
@@ -73,16 +86,20 @@ func TestSpikeQueueLaws(t *testing.T) {
 	}{
 		{name: "healthy", give: func(*queueRun) {}},
 		{
-			// A wait cut by Envoy's 250 ms timeout instead of the tier's
-			// 50 ms bound, as with max_wait 1s.
+			// 2 of 80 waited 100-250 ms: within 190 ms + 60 ms.
+			name: "premium's p99 in the 0.25 s bucket",
+			give: func(q *queueRun) { q.premiumWaits, q.premiumWait = 2, pb25 },
+		},
+		{
+			// Free waits past 0.1 s against a 40 ms bound + 60 ms.
 			name: "a wait past its tier's bound",
-			give: func(q *queueRun) { q.freeCheck = 250 * time.Millisecond },
-			want: []string{"no wait over"},
+			give: func(q *queueRun) { q.overWaits = 3 },
+			want: []string{"no queue wait over"},
 		},
 		{
 			name: "the queue off",
-			give: func(q *queueRun) { q.queueOff, q.freeCheck = true, 2*time.Millisecond },
-			want: []string{"queue length", "the queue admits"},
+			give: func(q *queueRun) { q.queueOff = true },
+			want: []string{"no queue wait over", "queue length", "the queue admits", "premium p99 wait"},
 		},
 		{
 			name: "a queue past its length",
@@ -90,26 +107,33 @@ func TestSpikeQueueLaws(t *testing.T) {
 			want: []string{"queue length"},
 		},
 		{
+			// 2 of 80 premium requests waited 250-500 ms: the p99 is in
+			// the 0.5 s bucket, over the 190 ms bound + 60 ms.
 			name: "premium held while free is shed",
-			// Within premium's 150 ms + tolerance, over its 150 ms bound.
-			give: func(q *queueRun) { q.premiumCheck = 180 * time.Millisecond },
-			want: []string{"premium p99 wait"},
+			give: func(q *queueRun) { q.premiumWaits, q.premiumWait = 2, pb5 },
+			want: []string{"no queue wait over", "premium p99 wait"},
+		},
+		{
+			// 1 of 80 waited 250-500 ms: the p99 (rank 80) is that one.
+			name: "premium's p99 is its slowest of 80",
+			give: func(q *queueRun) { q.premiumWait = pb5 },
+			want: []string{"no queue wait over", "premium p99 wait"},
 		},
 		{
 			name: "the retry budget off: no header",
-			give: func(q *queueRun) { q.maxRetries = func(float64) int { return -1 } },
+			give: func(q *queueRun) { q.budget = -1 },
 			want: []string{"every admitted request carries", "max-retries 0"},
 		},
 		{
 			name: "the retry budget a constant 3",
-			give: func(q *queueRun) { q.maxRetries = func(float64) int { return 3 } },
+			give: func(q *queueRun) { q.budget = 3 },
 			want: []string{"max-retries 0"},
 		},
 		{
-			// Never under pressure: the law has nothing to judge.
-			name: "no pressure at all",
-			give: func(q *queueRun) { q.pressure = 0.5 },
-			want: []string{"max-retries 0"},
+			// No Check recorded: nothing to judge the budget or waits by.
+			name: "no Checks",
+			give: func(q *queueRun) { q.noChecks = true },
+			want: []string{"max-retries 0", "premium p99 wait"},
 		},
 		{
 			name: "retries beyond the header",
@@ -157,8 +181,8 @@ func TestSpikeQueueRules(t *testing.T) {
 		{
 			name:    "queue and budget on a contended limit",
 			give:    shipped,
-			want:    []string{"requests_per_unit: 6000\n      algorithm: token_bucket\n      burst: 100", "\nqueue:\n", "{tier: free, max_wait: 50ms, max_length: 50}", "\nretry_budget: {}\n"},
-			wantNot: []string{"requests_per_unit: 10000", "fair_share"},
+			want:    []string{"requests_per_unit: 6000\n      algorithm: token_bucket\n      burst: 100", "\nqueue:\n", "{tier: free, max_wait: 40ms, max_length: 50}", "\nretry_budget: {}\n"},
+			wantNot: []string{"requests_per_unit: 10000", "fair_share", "\nshedding:", "  steps:"},
 		},
 		{
 			name:     "fair share is one line on the model rule",

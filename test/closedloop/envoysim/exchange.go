@@ -78,6 +78,7 @@ type exchange struct {
 	attempts     int
 	maxRetries   int           // x-envoy-max-retries after ext_authz; -1 without one
 	checkTook    time.Duration // the Check's send to its answer or timeout
+	checkAfter   time.Duration // the exchange's start to the Check's send
 	replica      int           // the Check's replica index; -1 without one
 	upstreamAddr *corev3.Address
 	upstreamLoc  *corev3.Address
@@ -180,6 +181,7 @@ func (x *exchange) authorize(ctx context.Context) bool {
 	cctx, cancel := context.WithTimeout(ctx, a.timeout)
 	x.replica = int(i % uint64(len(x.in.conns)))
 	sent := time.Now()
+	x.checkAfter = sent.Sub(x.start)
 	resp, err := authv3.NewAuthorizationClient(x.in.conns[x.replica]).Check(cctx, req)
 	x.checkTook = time.Since(sent)
 	cancel()
@@ -344,7 +346,7 @@ func (x *exchange) at() since { return since{time.Since(x.start), true} }
 // result is what the client saw.
 func (x *exchange) result() closedloop.Result {
 	res := closedloop.Result{Status: x.status, Source: x.source, Attempts: x.attempts, Latency: x.lastDownTx.d,
-		MaxRetries: x.maxRetries, Check: x.checkTook, Replica: x.replica}
+		MaxRetries: x.maxRetries, Check: x.checkTook, CheckAfter: x.checkAfter, Replica: x.replica}
 	if x.gaveUp {
 		res.Latency = x.doneAt
 		res.Source = closedloop.SourceClient

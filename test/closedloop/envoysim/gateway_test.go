@@ -168,7 +168,7 @@ func TestAdmitted(t *testing.T) {
 func sameResult(got, want closedloop.Result) bool {
 	// Timings vary; MaxRetries and Replica have their own checks
 	// (TestMaxRetries), and default to none here.
-	got.Latency, got.Check = 0, 0
+	got.Latency, got.Check, got.CheckAfter = 0, 0, 0
 	if want.MaxRetries == 0 {
 		want.MaxRetries = got.MaxRetries
 	}
