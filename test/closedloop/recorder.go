@@ -49,12 +49,10 @@ var ScrapedMetrics = []string{
 	"tollgate_control_shed_fraction",
 	"tollgate_control_inflight",
 	"tollgate_store_circuit_state",
-	// The admission queue and the retry budget's pressure input (issue
-	// 16): the queue's length per tier, its waits' count by outcome (a
-	// histogram, kept as its _count), and this replica's own pressure.
+	// The admission queue (issue 16): its length per tier and its waits
+	// by tier and outcome (a histogram: its _count and _bucket series).
 	"tollgate_queue_length",
 	"tollgate_queue_wait_seconds",
-	"tollgate_pressure_local_score",
 }
 
 // PhaseMark is when a scenario phase began.

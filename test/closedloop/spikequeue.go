@@ -119,20 +119,6 @@ func effectiveRetries(r Record) int {
 	return r.MaxRetries
 }
 
-// repValue is the largest value of a series of family name (a prefix of
-// its key) in one scrape; NaN when the scrape has none.
-func repValue(values map[string]float64, name string) float64 {
-	v := math.NaN()
-	for k, x := range values {
-		if k == name || strings.HasPrefix(k, name+"{") {
-			if math.IsNaN(v) || x > v {
-				v = x
-			}
-		}
-	}
-	return v
-}
-
 // heldAt says whether replica rep's scrapes on both sides of t (its last
 // good one at or before t and its first good one after) satisfy ok: the
 // state held, as far as the scrapes can tell, when t's decision was made.
