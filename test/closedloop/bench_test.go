@@ -96,14 +96,22 @@ tollgate_pressure_score{scope="global",domain="inference"} 0.75
 tollgate_breaker_state{domain="inference",key="gpt-4o",breaker="model"} 2
 # TYPE tollgate_other gauge
 tollgate_other 1
+# TYPE tollgate_queue_wait_seconds histogram
+tollgate_queue_wait_seconds_bucket{domain="inference",tier="free",outcome="admitted",le="0.1"} 3
+tollgate_queue_wait_seconds_bucket{domain="inference",tier="free",outcome="admitted",le="+Inf"} 4
+tollgate_queue_wait_seconds_sum{domain="inference",tier="free",outcome="admitted"} 0.3
+tollgate_queue_wait_seconds_count{domain="inference",tier="free",outcome="admitted"} 4
 `
 	got, err := ParseMetrics(strings.NewReader(text), ScrapedMetrics)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]float64{
-		"tollgate_pressure_score{domain=inference,scope=global}":            0.75,
-		"tollgate_breaker_state{breaker=model,domain=inference,key=gpt-4o}": 2,
+		"tollgate_pressure_score{domain=inference,scope=global}":                                  0.75,
+		"tollgate_breaker_state{breaker=model,domain=inference,key=gpt-4o}":                       2,
+		"tollgate_queue_wait_seconds_count{domain=inference,outcome=admitted,tier=free}":          4,
+		"tollgate_queue_wait_seconds_bucket{domain=inference,le=0.1,outcome=admitted,tier=free}":  3,
+		"tollgate_queue_wait_seconds_bucket{domain=inference,le=+Inf,outcome=admitted,tier=free}": 4,
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("ParseMetrics = %v, want %v", got, want)

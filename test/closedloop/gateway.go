@@ -67,6 +67,18 @@ type Result struct {
 	// PromptTokens and CompletionTokens are the usage the upstream
 	// reported in the response the client got (0 when none).
 	PromptTokens, CompletionTokens int64
+	// MaxRetries is the x-envoy-max-retries the router saw after the
+	// authorization filter (Tollgate's retry budget); -1 when the request
+	// had none (or never got that far), since 0 is a budget.
+	MaxRetries int
+	// Check is how long the authorization call took, from its send to its
+	// answer or the filter's timeout (0 when none was made): a request the
+	// admission queue held waited at most this long. CheckAfter is from
+	// the client's send to the Check's.
+	Check, CheckAfter time.Duration
+	// Replica is the index, in GatewayConfig.Replicas, of the replica that
+	// answered the authorization call; -1 when none was made.
+	Replica int
 }
 
 // Gateway sends a request the way a client's request goes through a

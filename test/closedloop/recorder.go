@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -48,6 +49,10 @@ var ScrapedMetrics = []string{
 	"tollgate_control_shed_fraction",
 	"tollgate_control_inflight",
 	"tollgate_store_circuit_state",
+	// The admission queue (issue 16): its length per tier and its waits
+	// by tier and outcome (a histogram: its _count and _bucket series).
+	"tollgate_queue_length",
+	"tollgate_queue_wait_seconds",
 }
 
 // PhaseMark is when a scenario phase began.
@@ -186,6 +191,17 @@ func ParseMetrics(in io.Reader, names []string) (map[string]float64, error) {
 				v = m.GetCounter().GetValue()
 			case m.GetUntyped() != nil:
 				v = m.GetUntyped().GetValue()
+			case m.GetHistogram() != nil:
+				// A histogram as its _count and cumulative _bucket series
+				// (le as Prometheus writes it: 0.05, +Inf).
+				h := m.GetHistogram()
+				out[SeriesKey(name+"_count", m.GetLabel())] = float64(h.GetSampleCount())
+				for _, b := range h.GetBucket() {
+					le, v := "le", strconv.FormatFloat(b.GetUpperBound(), 'g', -1, 64)
+					labels := append(slices.Clone(m.GetLabel()), &dto.LabelPair{Name: &le, Value: &v})
+					out[SeriesKey(name+"_bucket", labels)] = float64(b.GetCumulativeCount())
+				}
+				continue
 			default:
 				continue
 			}

@@ -73,6 +73,11 @@ type Scenario struct {
 	RateScale float64
 	// Warmup is left out of the steady phase's figures; 0 means 5s.
 	Warmup time.Duration
+	// Rules, when set, makes the scenario's rules from the shipped ones
+	// (after NoShedding's cut).
+	Rules func(shipped string) (string, error)
+	// Flags are given to every replica after TollgateFlags.
+	Flags []string
 }
 
 // Bench is what scenarios run on: the two parts other packages provide,
@@ -130,6 +135,12 @@ func Scaled(scale float64) []Scenario {
 		}},
 		{Name: "spike-no-shedding", NoShedding: true, Comparison: true, StreamFraction: 0.3, Phases: spike,
 			ScrapeEvery: 500 * time.Millisecond, Laws: SpikeLaws},
+		// Issue 16: the free spike against a contended shared model
+		// limit, with the admission queue and the retry budget on
+		// (spikequeue.go; fair share behind SpikeQueueFairShare).
+		{Name: "spike-queue", StreamFraction: 0.3, Phases: spikeQueuePhases(d), ScrapeEvery: 250 * time.Millisecond,
+			Laws: SpikeQueueLaws, Flags: SpikeQueueFlags,
+			Rules: func(shipped string) (string, error) { return SpikeQueueRules(shipped, SpikeQueueFairShare) }},
 	}
 }
 
@@ -170,18 +181,27 @@ func Traffic(sc *Scenario) ([]Class, map[string][]Tenant) {
 func RunScenario(t testing.TB, b Bench, sc Scenario) ([]Law, *Run) {
 	t.Helper()
 	rulesPath := ShippedRules()
-	if sc.NoShedding {
+	if sc.NoShedding || sc.Rules != nil {
 		data, err := os.ReadFile(rulesPath)
 		if err != nil {
 			t.Fatal(err)
 		}
-		rulesPath = filepath.Join(t.TempDir(), "inference-no-shedding.yaml")
-		if err := os.WriteFile(rulesPath, []byte(RulesWithout(string(data), "shedding", "control")), 0o600); err != nil {
+		rules := string(data)
+		if sc.NoShedding {
+			rules = RulesWithout(rules, "shedding", "control")
+		}
+		if sc.Rules != nil {
+			if rules, err = sc.Rules(rules); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rulesPath = filepath.Join(t.TempDir(), "inference-"+sc.Name+".yaml")
+		if err := os.WriteFile(rulesPath, []byte(rules), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
 	classes, tenants := Traffic(&sc)
-	cluster := StartCluster(t, b.Bin, max(b.Replicas, 1), rulesPath, tenants)
+	cluster := StartCluster(t, b.Bin, max(b.Replicas, 1), rulesPath, tenants, sc.Flags...)
 	up := b.NewUpstream(IssueUpstream)
 	base, err := up.Start()
 	if err != nil {

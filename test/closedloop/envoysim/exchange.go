@@ -76,6 +76,10 @@ type exchange struct {
 	bytesSent    uint64
 	usage        []byte // the response body kept for its usage, up to maxUsageBody
 	attempts     int
+	maxRetries   int           // x-envoy-max-retries after ext_authz; -1 without one
+	checkTook    time.Duration // the Check's send to its answer or timeout
+	checkAfter   time.Duration // the exchange's start to the Check's send
+	replica      int           // the Check's replica index; -1 without one
 	upstreamAddr *corev3.Address
 	upstreamLoc  *corev3.Address
 	routeName    string
@@ -85,7 +89,7 @@ type exchange struct {
 }
 
 func newExchange(g *Gateway, in *instance, r *closedloop.Request) *exchange {
-	x := &exchange{g: g, in: in, r: r, start: time.Now(), streamID: rand.Uint64()}
+	x := &exchange{g: g, in: in, r: r, start: time.Now(), streamID: rand.Uint64(), maxRetries: -1, replica: -1}
 	x.requestID = uuid4()
 	// A made-up client port per request: each simulated client
 	// connection is its own.
@@ -175,7 +179,11 @@ func (x *exchange) authorize(ctx context.Context) bool {
 	x.g.stats.checks.Add(1)
 	i := x.in.checkRR.Add(1) - 1
 	cctx, cancel := context.WithTimeout(ctx, a.timeout)
-	resp, err := authv3.NewAuthorizationClient(x.in.conns[i%uint64(len(x.in.conns))]).Check(cctx, req)
+	x.replica = int(i % uint64(len(x.in.conns)))
+	sent := time.Now()
+	x.checkAfter = sent.Sub(x.start)
+	resp, err := authv3.NewAuthorizationClient(x.in.conns[x.replica]).Check(cctx, req)
+	x.checkTook = time.Since(sent)
 	cancel()
 	if ctx.Err() != nil {
 		return false // the client went away; the filter's onDestroy cancels the call
@@ -232,6 +240,13 @@ func (x *exchange) authorize(ctx context.Context) bool {
 		x.req.del(k)
 	}
 	x.addResponse = ok.GetResponseHeadersToAdd()
+	if v, ok := x.req.get("x-envoy-max-retries"); ok {
+		// What the router will read: a value it cannot parse counts as
+		// none, as the router then uses the route's num_retries.
+		if n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32); err == nil {
+			x.maxRetries = int(n)
+		}
+	}
 	return true
 }
 
@@ -330,7 +345,8 @@ func (x *exchange) at() since { return since{time.Since(x.start), true} }
 
 // result is what the client saw.
 func (x *exchange) result() closedloop.Result {
-	res := closedloop.Result{Status: x.status, Source: x.source, Attempts: x.attempts, Latency: x.lastDownTx.d}
+	res := closedloop.Result{Status: x.status, Source: x.source, Attempts: x.attempts, Latency: x.lastDownTx.d,
+		MaxRetries: x.maxRetries, Check: x.checkTook, CheckAfter: x.checkAfter, Replica: x.replica}
 	if x.gaveUp {
 		res.Latency = x.doneAt
 		res.Source = closedloop.SourceClient

@@ -3,6 +3,7 @@ package envoysim
 import (
 	"context"
 	"net/http"
+	"strconv"
 	"testing"
 	"time"
 
@@ -187,6 +188,11 @@ func TestMaxRetries(t *testing.T) {
 			res := g.Do(context.Background(), chatRequest(`{}`))
 			if res.Status != 503 || res.Source != 0 || res.Attempts != tt.wantAttempts {
 				t.Errorf("result = %+v, want the upstream's 503 after %d attempts", res, tt.wantAttempts)
+			}
+			// The header Check set is what the result records, and the
+			// one replica answered the Check.
+			if want, _ := strconv.Atoi(tt.giveHeaders["x-envoy-max-retries"]); res.MaxRetries != want || res.Replica != 0 || res.Check <= 0 {
+				t.Errorf("result = %+v, want MaxRetries %d, Replica 0 and a Check time", res, want)
 			}
 			e := lastEntry(t, f, g, 1)
 			if d := cmp.Diff(tt.wantFlags, e.GetCommonProperties().GetResponseFlags(), protocmp.Transform()); d != "" {
