@@ -353,6 +353,13 @@ func (q *Queue) wait(ctx context.Context, domain, tier string, qt limit.QueueTie
 			q.ready(domain, w)
 			t.Reset(end.Sub(now))
 		case <-w.turn:
+			if !time.Now().Before(end) {
+				// The turn came after the bound (the waiters ahead held
+				// it): a retry now would overrun the bound by a store call.
+				q.done(domain, w)
+				out = QueueTimeout
+				return dec, nil
+			}
 			next, err := retry()
 			q.done(domain, w)
 			if err != nil {
