@@ -231,3 +231,20 @@ func TestFairDifferential(t *testing.T) {
 	}
 	t.Logf("gate denials: %d", gated)
 }
+
+// TestFairDifferentialCluster runs the differential on a cluster, with
+// the charge that denies elsewhere on another slot: the fair slot is
+// tried, records the admission, and its take-back must leave the state a
+// denial elsewhere records, to the bit. With the two on one slot the
+// decision is one call, as on a single node.
+func TestFairDifferentialCluster(t *testing.T) {
+	t.Parallel()
+	s := newCluster(t)
+	for _, otherSlot := range []bool{true, false} {
+		for _, alg := range []limit.Algorithm{limit.SlidingWindow, limit.FixedWindow, limit.TokenBucket} {
+			for seed := range uint64(2) {
+				runFairDiff(t, s, alg, 100+seed, otherSlot)
+			}
+		}
+	}
+}
