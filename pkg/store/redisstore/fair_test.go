@@ -248,3 +248,167 @@ func TestFairDifferentialCluster(t *testing.T) {
 		}
 	}
 }
+
+// TestFairGate sets up a member far ahead of a waiting one and checks
+// the gate's denial on each algorithm: Fits false with the counter's
+// room untouched, RetryAfter one bucket width (a token's time for a
+// token bucket), the denial recorded, the state's TTL Backlog + Window.
+func TestFairGate(t *testing.T) {
+	t.Parallel()
+	s, rc := newSingle(t)
+	ms := time.Millisecond
+	p := &limit.FairPolicy{Backlog: 10 * time.Second, Quantum: 1, Credit: 100}
+	a, b := limit.FairMember("a"), limit.FairMember("b")
+	tests := []struct {
+		name      string
+		give      limit.Charge
+		wantRetry time.Duration
+	}{
+		{name: "sliding", give: limit.Charge{Algorithm: limit.SlidingWindow, Buckets: 4}, wantRetry: 250 * ms},
+		{name: "fixed", give: limit.Charge{Algorithm: limit.FixedWindow}, wantRetry: 1000 * ms},
+		{name: "token", give: limit.Charge{Algorithm: limit.TokenBucket}, wantRetry: 100 * ms},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ch := tt.give
+			ch.Key, ch.Amount, ch.Window = "{fairgate-"+tt.name+"}:shared", 10, time.Second
+			at := func(member string, cost int64) limit.Charge {
+				c := ch
+				c.Cost, c.Fair = cost, limit.FairCharge{Policy: p, Member: member, Weight: 1}
+				return c
+			}
+			t0 := time.UnixMilli(1_700_000_000_000)
+			steps := []struct {
+				at     time.Duration
+				give   limit.Charge
+				wantOK bool
+			}{
+				{at: 0, give: at(b, 1), wantOK: true},
+				{at: 0, give: at(a, 9), wantOK: true},
+				// The counter is full: b is denied and waits, owed 9.
+				{at: 0, give: at(b, 1), wantOK: false},
+			}
+			for i, st := range steps {
+				if ok, _ := apply(t, s, t0.Add(st.at), st.give); ok != st.wantOK {
+					t.Fatalf("step %d: admitted = %v, want %v", i, ok, st.wantOK)
+				}
+			}
+			// The counter has room for a again, but not for a and the 9 b
+			// is owed.
+			now := t0.Add(2 * time.Second)
+			ok, res := apply(t, s, now, at(a, 9))
+			want := limit.Result{Fits: false, Remaining: 10, RetryAfter: tt.wantRetry}
+			// ResetAfter is the counter's own (a fixed window's end).
+			res[0].ResetAfter = 0
+			if ok || res[0] != want {
+				t.Errorf("a far ahead: admitted %v, %+v; want false, %+v", ok, res[0], want)
+			}
+			key := limit.FairStateKey(ch.Key)
+			got := readFair(t, rc, key)
+			if i, ok := slices.BinarySearchFunc(got.Keys, a, func(k limit.FairKey, m string) int { return strings.Compare(k.Key, m) }); !ok || got.Keys[i].Denied != now.UnixMilli() {
+				t.Errorf("a's denial is not recorded: %+v", got.Keys)
+			}
+			ttl, err := rc.PTTL(context.Background(), key).Result()
+			if err != nil || ttl <= 0 || ttl > 11*time.Second {
+				t.Errorf("PTTL = %v, %v; want in (0, 11s]", ttl, err)
+			}
+			// b asks its share and gets it.
+			if ok, res := apply(t, s, now, at(b, 1)); !ok || !res[0].Fits {
+				t.Errorf("b: admitted %v, %+v; want admitted", ok, res[0])
+			}
+		})
+	}
+}
+
+// TestFairVoid checks that a decision a Once charge voids writes no fair
+// state, and that a denial elsewhere does.
+func TestFairVoid(t *testing.T) {
+	t.Parallel()
+	s, rc := newSingle(t)
+	p := &limit.FairPolicy{Backlog: time.Second}
+	fair := limit.Charge{Key: "{fairvoid}:shared", Algorithm: limit.SlidingWindow, Amount: 10, Window: time.Second, Cost: 1,
+		Fair: limit.FairCharge{Policy: p, Member: limit.FairMember("t"), Weight: 1}}
+	once := limit.Charge{Key: "{fairvoid}:once", Algorithm: limit.Once, Window: time.Minute, Cost: 1}
+	deny := limit.Charge{Key: "{fairvoid}:deny", Algorithm: limit.FixedWindow, Amount: 1, Window: time.Second, Cost: 2}
+	now := time.UnixMilli(1_700_000_000_000)
+	if ok, _ := apply(t, s, now, once); !ok {
+		t.Fatal("the first Once mark does not fit")
+	}
+	if ok, _ := apply(t, s, now, fair, once); ok {
+		t.Fatal("a decision with a Once charge already marked is admitted")
+	}
+	key := limit.FairStateKey(fair.Key)
+	if n, err := rc.Exists(context.Background(), key).Result(); err != nil || n != 0 {
+		t.Fatalf("after a void decision EXISTS %s = %d, %v; want 0", key, n, err)
+	}
+	if ok, _ := apply(t, s, now, fair, deny); ok {
+		t.Fatal("a decision with a charge over its limit is admitted")
+	}
+	got := readFair(t, rc, key)
+	if len(got.Keys) != 1 || got.Keys[0].Asked != now.UnixMilli() || got.Keys[0].Denied != 0 || got.Keys[0].Asks != 0 {
+		t.Errorf("after a denial elsewhere the state is %+v; want the key asked, not denied, no asks", got)
+	}
+}
+
+// TestFairBadInput checks that what the script could not repeat to the
+// bit, or a state key that holds something else, is an error and not a
+// crash or a guess.
+func TestFairBadInput(t *testing.T) {
+	t.Parallel()
+	s, rc := newSingle(t)
+	p := &limit.FairPolicy{Backlog: time.Second}
+	base := limit.Charge{Key: "{fairbad}:shared", Algorithm: limit.SlidingWindow, Amount: 10, Window: time.Second, Cost: 1,
+		Fair: limit.FairCharge{Policy: p, Member: limit.FairMember("t"), Weight: 1}}
+	if err := rc.Set(context.Background(), limit.FairStateKey("{fairbad}:wrongtype"), "x", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		give func(*limit.Charge)
+		want string
+	}{
+		{name: "member not hex", give: func(c *limit.Charge) { c.Fair.Member = "Tenant A" }, want: "not a limit.FairMember"},
+		{name: "member upper case", give: func(c *limit.Charge) { c.Fair.Member = "ABCDEF0123456789" }, want: "not a limit.FairMember"},
+		{name: "min share NaN", give: func(c *limit.Charge) { c.Fair.Policy = &limit.FairPolicy{MinShare: math.NaN()} }, want: "out of range"},
+		{name: "min share 1", give: func(c *limit.Charge) { c.Fair.Policy = &limit.FairPolicy{MinShare: 1} }, want: "out of range"},
+		{name: "quantum inf", give: func(c *limit.Charge) { c.Fair.Policy = &limit.FairPolicy{Quantum: math.Inf(1)} }, want: "out of range"},
+		{name: "credit NaN", give: func(c *limit.Charge) { c.Fair.Policy = &limit.FairPolicy{Credit: math.NaN()} }, want: "out of range"},
+		{name: "concurrency", give: func(c *limit.Charge) { c.Algorithm, c.Member = limit.Concurrency, "r" }, want: "fair share on a"},
+		{name: "state of another type", give: func(c *limit.Charge) { c.Key = "{fairbad}:wrongtype" }, want: "does not hold a fair-share state"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ch := base
+			tt.give(&ch)
+			_, err := s.Apply(context.Background(), time.UnixMilli(1_700_000_000_000), []limit.Charge{ch}, make([]limit.Result, 1))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Apply: %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestFairSlots(t *testing.T) {
+	t.Parallel()
+	p := &limit.FairPolicy{}
+	tests := []struct {
+		name    string
+		give    []limit.Charge
+		wantErr bool
+	}{
+		{name: "tagged", give: []limit.Charge{{Key: "{t}:k", Fair: limit.FairCharge{Policy: p}}}},
+		{name: "untagged, not fair", give: []limit.Charge{{Key: "k"}}},
+		{name: "untagged fair", give: []limit.Charge{{Key: "{t}:k"}, {Key: "k", Fair: limit.FairCharge{Policy: p}}}, wantErr: true},
+		{name: "empty tag", give: []limit.Charge{{Key: "{}k", Fair: limit.FairCharge{Policy: p}}}, wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if err := fairSlots(tt.give); (err != nil) != tt.wantErr {
+				t.Errorf("fairSlots = %v, want error %v", err, tt.wantErr)
+			}
+		})
+	}
+}
