@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -71,39 +72,36 @@ func readFair(tb testing.TB, c redis.UniversalClient, key string) limit.FairStat
 	var st limit.FairState
 	for field, v := range h {
 		if field == "clock" {
-			st.Clock = parseFloat(tb, v)
+			if len(v) != 8 {
+				tb.Fatalf("clock = %q: want one double", v)
+			}
+			st.Clock = math.Float64frombits(binary.LittleEndian.Uint64([]byte(v)))
 			continue
 		}
-		x := strings.Split(v, " ")
-		if len(x) != 8 {
-			tb.Fatalf("field %q = %q: want 8 values", field, v)
+		if len(v) != 64 {
+			tb.Fatalf("field %q = %q: want 8 doubles", field, v)
+		}
+		var x [8]float64
+		for i := range x {
+			x[i] = math.Float64frombits(binary.LittleEndian.Uint64([]byte(v[8*i:])))
 		}
 		st.Keys = append(st.Keys, limit.FairKey{
-			Key: field, Weight: parseFloat(tb, x[0]), Finish: parseFloat(tb, x[1]),
-			Asked: parseInt(tb, x[2]), Denied: parseInt(tb, x[3]), Admitted: parseInt(tb, x[4]),
-			Asks: parseFloat(tb, x[5]), Admits: parseFloat(tb, x[6]), Aged: parseInt(tb, x[7]),
+			Key: field, Weight: x[0], Finish: x[1], Asked: exactInt(tb, x[2]), Denied: exactInt(tb, x[3]),
+			Admitted: exactInt(tb, x[4]), Asks: x[5], Admits: x[6], Aged: exactInt(tb, x[7]),
 		})
 	}
 	slices.SortFunc(st.Keys, func(a, b limit.FairKey) int { return strings.Compare(a.Key, b.Key) })
 	return st
 }
 
-func parseFloat(tb testing.TB, s string) float64 {
+// exactInt is a time the script keeps as a double, which must be a whole
+// number of ms.
+func exactInt(tb testing.TB, x float64) int64 {
 	tb.Helper()
-	f, err := strconv.ParseFloat(s, 64)
-	if err != nil {
-		tb.Fatalf("parse %q: %v", s, err)
+	if x != math.Trunc(x) || math.Abs(x) > 1<<53 {
+		tb.Fatalf("%v is not an exact integer", x)
 	}
-	return f
-}
-
-func parseInt(tb testing.TB, s string) int64 {
-	tb.Helper()
-	i, err := strconv.ParseInt(s, 10, 64)
-	if err != nil {
-		tb.Fatalf("parse %q: %v", s, err)
-	}
-	return i
+	return int64(x)
 }
 
 // fairDiff is the first difference between two states, bit for bit ("":
@@ -408,6 +406,65 @@ func TestFairSlots(t *testing.T) {
 			t.Parallel()
 			if err := fairSlots(tt.give); (err != nil) != tt.wantErr {
 				t.Errorf("fairSlots = %v, want error %v", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+// BenchmarkFairApply measures what fair share adds to a decision: one
+// sliding-window charge without it, and with it on a state of 4 and 64
+// members (every one asked, half of them waiting), the decisions taking
+// the members in turn.
+func BenchmarkFairApply(b *testing.B) {
+	for _, bc := range []struct {
+		name    string
+		members int // 0: not fair-shared
+	}{
+		{"plain", 0},
+		{"fair4", 4},
+		{"fair64", 64},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			s, admin := newSingle(b)
+			ctx := context.Background()
+			p := &limit.FairPolicy{Backlog: 10 * time.Minute, Quantum: 1, Credit: 1 << 20}
+			ch := limit.Charge{Key: "{fairbench}:shared", Algorithm: limit.SlidingWindow, Amount: 1 << 40, Window: time.Minute, Cost: 1}
+			members := make([]string, bc.members)
+			now := t0
+			res := make([]limit.Result, 1)
+			for i := range members {
+				members[i] = limit.FairMember(strconv.Itoa(i))
+				ch.Fair = limit.FairCharge{Policy: p, Member: members[i], Weight: float64(1 + i%3)}
+				ch.Cost = 1
+				apply(b, s, now, ch)
+				if i%2 == 0 {
+					// Denied by the counter: the member waits.
+					ch.Cost = 1 << 41
+					apply(b, s, now, ch)
+				}
+			}
+			ch.Cost = 1
+			if bc.members == 0 {
+				apply(b, s, now, ch) // loads the function
+			}
+			calls, usec := scriptStats(b, admin)
+			b.ReportAllocs()
+			b.ResetTimer()
+			i := 0
+			for b.Loop() {
+				now = now.Add(time.Millisecond)
+				if bc.members > 0 {
+					ch.Fair.Member, ch.Fair.Weight = members[i%len(members)], float64(1+i%3)
+				}
+				i++
+				if _, err := s.Apply(ctx, now, []limit.Charge{ch}, res); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			calls2, usec2 := scriptStats(b, admin)
+			if calls2 > calls {
+				b.ReportMetric(float64(usec2-usec)/float64(calls2-calls), "redis-µs/op")
 			}
 		})
 	}
