@@ -716,13 +716,15 @@ local function fairRoom(ch)
   return 0
 end
 
--- fairRetry is a gate denial's retry after: one bucket width (a token
--- bucket's: one token's time), when room frees next.
+-- fairRetry is a gate denial's retry after, as memstore's: when room
+-- next frees, the end of the window's current bucket (a fixed window's
+-- bucket is the window), or one emission interval T of a token bucket.
 local function fairRetry(ch)
   if ch.k.type == 'token' then
-    return math.max(1, math.min(math.ceil(ch.p1 / ch.amount), maxDebt))
+    local T = bucketParams(ch)
+    return math.max(1, math.min(math.ceil(T), maxDebt))
   end
-  return ch.p1
+  return (math.floor(now / ch.p1) + 1) * ch.p1 - now
 end
 
 -- fairOutcome is what ch's decision did on its shared limit.
@@ -1017,7 +1019,7 @@ local function apply(keys, argv)
       member = argv[b + 8], weight = tonumber(argv[b + 9]), cost = tonumber(argv[b + 10]),
     }
     local p, ttl = fc.p, tonumber(argv[b + 11])
-    if ch == nil or ch.fair ~= nil or (ch.kind ~= 's' and ch.kind ~= 'f' and ch.kind ~= 't') or
+    if ch == nil or ch.fair ~= nil or (ch.kind ~= 's' and ch.kind ~= 'f' and ch.kind ~= 't') or ch.cost < 0 or ch.force or
         fki == nil or keys[fki] == nil or counters[fki] ~= nil or p.minShare == nil or p.backlog == nil or
         p.quantum == nil or p.credit == nil or p.maxKeys == nil or fc.weight == nil or fc.cost == nil or
         ttl == nil or ttl < 1 or not fairMember(fc.member) then
@@ -1071,7 +1073,7 @@ local function apply(keys, argv)
     void = mode == 'void'
     for j, ch in ipairs(charges) do
       local fits, retry
-      if ch.fair ~= nil and ch.cost >= 0 and not ch.force and not fairGate(ch.fair.st, ch.fair, fairRoom(ch)) then
+      if ch.fair ~= nil and not fairGate(ch.fair.st, ch.fair, fairRoom(ch)) then
         -- The gate's denial: the counter is not stepped (fairRoom has
         -- touched a window, as the step would have).
         fits, retry = false, fairRetry(ch)

@@ -44,7 +44,7 @@ func newCall(mode string, now int64, charges []limit.Charge) (*call, error) {
 		if err != nil {
 			return nil, fmt.Errorf("charges[%d]: %w", i, err)
 		}
-		if ch.Fair.Policy != nil {
+		if fairGated(ch) {
 			if err := checkFair(ch); err != nil {
 				return nil, fmt.Errorf("charges[%d]: %w", i, err)
 			}
@@ -54,7 +54,7 @@ func newCall(mode string, now int64, charges []limit.Charge) (*call, error) {
 	}
 	c.args = append(c.args, fair)
 	for i := range charges {
-		if ch := &charges[i]; ch.Fair.Policy != nil {
+		if ch := &charges[i]; fairGated(ch) {
 			c.args = fairArgs(c.args, i+1, c.key(limit.FairStateKey(ch.Key)), ch)
 		}
 	}
@@ -72,17 +72,20 @@ func (c *call) key(key string) int {
 	return len(c.keys)
 }
 
+// fairGated reports whether ch goes through its fair gate and is
+// recorded, as memstore decides: a charge or a check on a window or token
+// bucket with a policy. A refund or a Force charge records cost already
+// spent and asks nobody; Concurrency and Once have no room to share.
+func fairGated(ch *limit.Charge) bool {
+	return ch.Fair.Policy != nil && ch.Cost >= 0 && !ch.Force &&
+		(ch.Algorithm == limit.SlidingWindow || ch.Algorithm == limit.FixedWindow || ch.Algorithm == limit.TokenBucket)
+}
+
 // checkFair refuses what the script's fair gate cannot repeat to the bit:
 // a member that is not limit.FairMember's (the script sorts members with
-// strcoll, which orders hex digits as bytes in every locale), a policy
-// value that is NaN or infinite (Go's max and Lua's differ on NaN), and
-// the algorithms without a room to share.
+// strcoll, which orders them as bytes only in that form), and a policy
+// value that is NaN or infinite (Go's max and Lua's differ on NaN).
 func checkFair(ch *limit.Charge) error {
-	switch ch.Algorithm {
-	case limit.SlidingWindow, limit.FixedWindow, limit.TokenBucket:
-	default:
-		return fmt.Errorf("fair share on a %v charge", ch.Algorithm)
-	}
 	if !fairMember(ch.Fair.Member) {
 		return fmt.Errorf("fair member %q is not a limit.FairMember", ch.Fair.Member)
 	}

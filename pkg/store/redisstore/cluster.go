@@ -61,7 +61,7 @@ func slotGroups(charges []limit.Charge) []group {
 func fairSlots(charges []limit.Charge) error {
 	for i := range charges {
 		ch := &charges[i]
-		if ch.Fair.Policy != nil && slot(limit.FairStateKey(ch.Key)) != slot(ch.Key) {
+		if fairGated(ch) && slot(limit.FairStateKey(ch.Key)) != slot(ch.Key) {
 			return fmt.Errorf("charges[%d]: fair-shared counter %q has no hash tag to keep its state on its slot", i, ch.Key)
 		}
 	}

@@ -28,9 +28,10 @@ type fairRef struct {
 
 // apply runs one decision on the reference: the fair charge ch, and, when
 // elsewhere is set, a second charge that never fits. It returns whether
-// ch fits, whether the gate alone denied it, and whether the decision is
-// admitted.
-func (r *fairRef) apply(ch *limit.Charge, now int64, elsewhere bool) (fits, gated, admitted bool) {
+// ch fits and its RetryAfter (ms), whether the gate alone denied it, and
+// whether the decision is admitted. A refund neither asks the gate nor is
+// recorded.
+func (r *fairRef) apply(ch *limit.Charge, now int64, elsewhere bool) (fits bool, retry int64, gated, admitted bool) {
 	p, f := ch.Fair.Policy, &ch.Fair
 	work := r.counter
 	work.Buckets = slices.Clone(r.counter.Buckets)
@@ -41,9 +42,14 @@ func (r *fairRef) apply(ch *limit.Charge, now int64, elsewhere bool) (fits, gate
 		gated = !fits
 	}
 	if fits {
-		fits, _ = work.Step(ch, now)
+		fits, retry = work.Step(ch, now)
 	} else {
 		work.Touch(ch, now)
+		// When room frees next: the end of the bucket, or one token.
+		retry = limit.BucketEnd(ch, now) - now
+		if ch.Algorithm == limit.TokenBucket {
+			retry = max(int64(math.Ceil(float64(limit.WindowMillis(ch))/float64(ch.Amount))), 1)
+		}
 	}
 	admitted = fits && !elsewhere
 	if admitted || ch.Cost < 0 {
@@ -58,8 +64,10 @@ func (r *fairRef) apply(ch *limit.Charge, now int64, elsewhere bool) (fits, gate
 	case admitted:
 		out = limit.FairAdmitted
 	}
-	r.state.Record(p, now, f.Member, f.Weight, ch.Cost, out)
-	return fits, gated, admitted
+	if ch.Cost >= 0 {
+		r.state.Record(p, now, f.Member, f.Weight, ch.Cost, out)
+	}
+	return fits, retry, gated, admitted
 }
 
 // readFair decodes the hash apply.lua keeps at key.
@@ -195,12 +203,13 @@ func runFairDiff(t *testing.T, s *Store, alg limit.Algorithm, seed uint64, other
 		if err != nil {
 			t.Fatalf("step %d: Apply: %v", step, err)
 		}
-		fits, g, wantAdmitted := ref.apply(&ch, now, elsewhere)
+		fits, retry, g, wantAdmitted := ref.apply(&ch, now, elsewhere)
 		if g {
 			gated++
 		}
-		if res[0].Fits != fits || admitted != wantAdmitted {
-			t.Fatalf("step %d (%+v, elsewhere %v): fits %v admitted %v, want %v %v", step, ch.Fair, elsewhere, res[0].Fits, admitted, fits, wantAdmitted)
+		if res[0].Fits != fits || admitted != wantAdmitted || res[0].RetryAfter != limit.Millis(retry) {
+			t.Fatalf("step %d (%+v, cost %d, elsewhere %v, gated %v): fits %v admitted %v retry %v, want %v %v %v",
+				step, ch.Fair, ch.Cost, elsewhere, g, res[0].Fits, admitted, res[0].RetryAfter, fits, wantAdmitted, limit.Millis(retry))
 		}
 		if rem, _ := ref.counter.Report(&ch, now); res[0].Remaining != rem {
 			t.Fatalf("step %d: Remaining = %d, want %d", step, res[0].Remaining, rem)
@@ -372,7 +381,6 @@ func TestFairBadInput(t *testing.T) {
 		{name: "min share 1", give: func(c *limit.Charge) { c.Fair.Policy = &limit.FairPolicy{MinShare: 1} }, want: "out of range"},
 		{name: "quantum inf", give: func(c *limit.Charge) { c.Fair.Policy = &limit.FairPolicy{Quantum: math.Inf(1)} }, want: "out of range"},
 		{name: "credit NaN", give: func(c *limit.Charge) { c.Fair.Policy = &limit.FairPolicy{Credit: math.NaN()} }, want: "out of range"},
-		{name: "concurrency", give: func(c *limit.Charge) { c.Algorithm, c.Member = limit.Concurrency, "r" }, want: "fair share on a"},
 		{name: "state of another type", give: func(c *limit.Charge) { c.Key = "{fairbad}:wrongtype" }, want: "does not hold a fair-share state"},
 	}
 	for _, tt := range tests {
