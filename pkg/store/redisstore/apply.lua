@@ -14,7 +14,9 @@
 -- KEYS: the decision's distinct counter keys (all in one cluster slot).
 -- ARGV[1]: mode: "apply", "try", "undo" or "void" (below).
 -- ARGV[2]: now, integer Unix milliseconds.
--- ARGV[3]: n, the number of charges; then 8 values per charge:
+-- ARGV[3]: n, the number of charges; then 8 values per charge, then the
+-- number of fair entries and 11 values each (see "Fair share" below and
+-- apply), then, for undo, one value per key:
 --   key index into KEYS, kind, amount, p1, p2, p3, cost, flags
 --   kind "s", sliding window: p1 = bucket width w, p2 = M, p3 = At (0: unset)
 --   kind "f", fixed window:   p1 = window W,       p2 = 0, p3 = 0
@@ -49,6 +51,15 @@
 -- A Once charge with cost >= 0 that does not fit voids the call: nothing
 -- is written and every counter reports as stored. "void" evaluates the
 -- charges as a voided "apply" does, whatever they find.
+--
+-- A fair-shared charge (a fair entry names it) is gated before its step:
+-- with fairGate's denial it does not fit, its counter is not stepped and
+-- its retry after is fairRetry's. Once the verdict is known every fair
+-- charge is recorded in its state (KEYS holds the state's key too), even
+-- when the decision is denied; not when it is void. A try that admits
+-- records the admission and gives undo the state a denial elsewhere
+-- would have recorded, which undo puts back if no decision has changed
+-- the state since.
 --
 -- A Redis Cluster decision whose keys span slots runs "try" on each slot:
 -- "apply", plus, when the slot admits, 1 value per key that "undo" needs
@@ -373,6 +384,356 @@ local function markStep(c, ch)
   return true, 0
 end
 
+-- Fair share ------------------------------------------------------------
+
+-- The fair-share state of a shared counter (limit.FairState) is a hash at
+-- limit.FairStateKey: the field "clock", and one field per fairness key
+-- (a limit.FairMember: 16 lowercase hex digits, or "" for the overflow)
+-- holding Weight Finish Asked Denied Admitted Asks Admits Aged, eight
+-- little-endian doubles (struct's "d"; the clock is one). They read back
+-- as the same doubles, as tostring's %.14g would not, and cost half the
+-- Redis time of %.17g text and tonumber (BenchmarkFairApply, 64 members:
+-- ~240 µs a decision, ~480 as text). The times are integer ms, exact in
+-- a double. Every decision reads and parses the whole hash, so its cost
+-- grows with the members kept (FairPolicy.MaxKeys). fairGate and fairRecord are limit.FairState's Gate and
+-- Record operation for operation, over keys in the same order and with
+-- every sum in the same order, so that the state here and in memstore
+-- agree to the bit. Lua rounds every product on its own (the interpreter
+-- has no fused multiply-add), as fairshare.go makes Go do.
+--
+-- Keys are in Go's strings.Compare order, sorted with Lua's < on
+-- strings. That calls strcoll, in the LC_COLLATE Redis takes from its
+-- environment: it orders "" and 16 lowercase hex digits of one length as
+-- bytes in the C and the usual UTF-8 locales, and the script takes no
+-- other member (fairMember; call.go refuses them first). The names are
+-- sorted with no Lua comparator, so the sort stays in C.
+
+-- fairKeep is 1 - limit's fairUnmet: a waiting key was admitted less than
+-- this part of what it asked.
+local fairKeep = 0.75
+-- maxWeight is limit.MaxMultiplier, FairWeight's upper clamp.
+local maxWeight = 1000
+
+-- fmax and fmin are Go's max and min of two floats: NaN if either is,
+-- and -0 below +0 (math.max and math.min say neither).
+local function fmax(a, b)
+  if a ~= a then return a end
+  if b ~= b then return b end
+  if a > b then return a end
+  if b > a then return b end
+  if a == 0 and 1 / a < 0 then return b end
+  return a
+end
+
+local function fmin(a, b)
+  if a ~= a then return a end
+  if b ~= b then return b end
+  if a < b then return a end
+  if b < a then return b end
+  if a == 0 and 1 / a > 0 then return b end
+  return a
+end
+
+-- fairWeight is limit.FairWeight.
+local function fairWeight(w)
+  if w ~= w then return 1 end
+  return fmin(fmax(w, 1e-6), maxWeight)
+end
+
+-- fairDecay is limit's fairDecay, e^-x with + - * / only: halve x to at
+-- most 1/2, the 14-term Taylor series in Horner form, square back.
+local function fairDecay(x)
+  if not (x > 0) then return 1 end
+  if x > 64 then return 0 end
+  local k = 0
+  while x > 0.5 do
+    x = x / 2
+    k = k + 1
+  end
+  local r = 1
+  for i = 14, 1, -1 do
+    r = 1 - (x / i) * r
+  end
+  for _ = 1, k do
+    r = r * r
+  end
+  return r
+end
+
+-- fairField is k's value in the hash; k.enc keeps the value k was read
+-- from until a record changes k, so a decision encodes one key, not all.
+local function fairField(k)
+  if k.enc == nil then
+    k.enc = struct.pack('<dddddddd', k.weight, k.finish, k.asked, k.denied, k.admitted, k.asks, k.admits, k.aged)
+  end
+  return k.enc
+end
+
+-- fairMember reports whether m is a limit.FairMember.
+local function fairMember(m)
+  return m == '' or (#m == 16 and string.find(m, '[^0-9a-f]') == nil)
+end
+
+-- fairParse reads a state from the flat field, value list HGETALL
+-- returns; nil when it is not one.
+local function fairParse(flat)
+  local st = {clock = 0, keys = {}}
+  local names, vals = {}, {}
+  for i = 1, #flat, 2 do
+    local f, v = flat[i], flat[i + 1]
+    if type(f) ~= 'string' or type(v) ~= 'string' then return nil end
+    if f == 'clock' then
+      if #v ~= 8 then return nil end
+      st.clock = struct.unpack('<d', v)
+    else
+      if #v ~= 64 then return nil end
+      names[#names + 1] = f
+      vals[f] = v
+    end
+  end
+  table.sort(names)
+  for i, f in ipairs(names) do
+    local v = vals[f]
+    local w, fin, asked, denied, admitted, asks, admits, aged = struct.unpack('<dddddddd', v)
+    st.keys[i] = {key = f, weight = w, finish = fin, asked = asked, denied = denied,
+      admitted = admitted, asks = asks, admits = admits, aged = aged, enc = v}
+  end
+  return st
+end
+
+-- fairFlat is st as the flat field, value list it is saved as, the clock
+-- first and the keys in order.
+local function fairFlat(st)
+  local flat = {'clock', struct.pack('<d', st.clock)}
+  for _, k in ipairs(st.keys) do
+    flat[#flat + 1] = k.key
+    flat[#flat + 1] = fairField(k)
+  end
+  return flat
+end
+
+local function loadFair(key)
+  local flat = redis.pcall('HGETALL', key)
+  if type(flat) ~= 'table' or flat.err ~= nil then fail(key, 'does not hold a fair-share state') end
+  local st = fairParse(flat)
+  if st == nil then fail(key, 'does not hold a fair-share state') end
+  st.name, st.raw, st.ttl = key, {}, 1
+  for i = 1, #flat, 2 do st.raw[flat[i]] = flat[i + 1] end
+  return st
+end
+
+local function copyFair(st)
+  local c = {name = st.name, raw = st.raw, ttl = st.ttl, clock = st.clock, keys = {}}
+  for i, k in ipairs(st.keys) do
+    c.keys[i] = {key = k.key, weight = k.weight, finish = k.finish, asked = k.asked, denied = k.denied,
+      admitted = k.admitted, asks = k.asks, admits = k.admits, aged = k.aged, enc = k.enc}
+  end
+  return c
+end
+
+-- saveFair writes the fields that changed and renews the TTL: every
+-- record renews it, as every decision on the limit records.
+local function saveFair(st)
+  local set, seen, del = {}, {}, {}
+  local flat = fairFlat(st)
+  for i = 1, #flat, 2 do
+    seen[flat[i]] = true
+    if st.raw[flat[i]] ~= flat[i + 1] then
+      set[#set + 1] = flat[i]
+      set[#set + 1] = flat[i + 1]
+    end
+  end
+  for f in pairs(st.raw) do
+    if not seen[f] then del[#del + 1] = f end
+  end
+  if #del > 0 then redis.call('HDEL', st.name, unpack(del)) end
+  if #set > 0 then redis.call('HSET', st.name, unpack(set)) end
+  redis.call('PEXPIRE', st.name, fmtint(st.ttl))
+end
+
+-- fairFind returns key's index in st.keys, or where it goes and false.
+local function fairFind(st, key)
+  local ks = st.keys
+  for i = 1, #ks do
+    local k = ks[i].key
+    if k == key then return i, true end
+    if key < k then return i, false end
+  end
+  return #ks + 1, false
+end
+
+local function fairSlot(st, p, key)
+  local _, ok = fairFind(st, key)
+  if ok or #st.keys < p.maxKeys then return key end
+  return ''
+end
+
+local function fairDemand(k, p)
+  return k.asked > 0 and now - k.asked < p.backlog
+end
+
+local function fairWaiting(k, p)
+  return k.denied > 0 and now - k.denied < p.backlog and k.admits < fairKeep * k.asks
+end
+
+local function fairLift(st, p, f, w)
+  return fmax(f, st.clock - p.credit / w)
+end
+
+-- fairFloor is limit's fairFloor: water-filling up to share of the total.
+local function fairFloor(share, ws)
+  if share <= 0 then return end
+  local sorted, total = {}, 0
+  for i = 1, #ws do
+    local w = ws[i]
+    if w > 0 then
+      sorted[#sorted + 1] = w
+      total = total + w
+    end
+  end
+  table.sort(sorted)
+  local raised, rest = math.huge, total
+  for r = 0, #sorted - 1 do
+    local w = sorted[r + 1]
+    local left = 1 - r * share
+    if left <= 0 then break end
+    local x = share * rest / left
+    if w >= x then
+      raised = x
+      break
+    end
+    rest = rest - w
+  end
+  for i = 1, #ws do
+    local w = ws[i]
+    if w == 0 then
+      -- No demand.
+    elseif raised == math.huge then
+      ws[i] = total / #sorted
+    else
+      ws[i] = fmax(w, raised)
+    end
+  end
+end
+
+local function fairWeights(st, p, key, w)
+  local ws = {}
+  for i, k in ipairs(st.keys) do
+    if k.key == key then
+      ws[i] = w
+    elseif fairWaiting(k, p) then
+      ws[i] = k.weight
+    else
+      ws[i] = 0
+    end
+  end
+  fairFloor(p.minShare, ws)
+  return ws
+end
+
+-- fairGate is FairState.Gate: whether fc's key may ask a counter with
+-- room left.
+local function fairGate(st, fc, room)
+  local p = fc.p
+  local key = fairSlot(st, p, fc.member)
+  local weight = fairWeight(fc.weight)
+  local i, known = fairFind(st, key)
+  local ws = fairWeights(st, p, key, weight)
+  local w = weight
+  local f = fairLift(st, p, st.clock, w)
+  if known then
+    w = ws[i]
+    f = fairLift(st, p, st.keys[i].finish, w)
+  end
+  if w <= 0 then w = weight end
+  local reserve, ahead = 0, false
+  for j, k in ipairs(st.keys) do
+    if k.key ~= key and fairWaiting(k, p) then
+      local kw = ws[j]
+      local g = fairLift(st, p, k.finish, kw)
+      if f >= g + p.quantum / w then ahead = true end
+      reserve = reserve + kw * fmax(f - g, 0)
+    end
+  end
+  return not ahead or room - fc.cost >= reserve
+end
+
+-- fairRecord is FairState.Record; out is "a" (FairAdmitted), "d"
+-- (FairDenied) or "e" (FairElsewhere).
+local function fairRecord(st, fc, out)
+  local p, cost = fc.p, fc.cost
+  local key = fairSlot(st, p, fc.member)
+  local weight = fairWeight(fc.weight)
+  local i, ok = fairFind(st, key)
+  if not ok then
+    table.insert(st.keys, i, {key = key, weight = 0, finish = st.clock, asked = 0, denied = 0,
+      admitted = 0, asks = 0, admits = 0, aged = 0})
+  end
+  local ws = fairWeights(st, p, key, weight)
+  local k = st.keys[i]
+  k.weight, k.asked, k.enc = weight, now, nil
+  if now > k.aged then
+    local f = fairDecay((now - k.aged) / fmax(p.backlog, 1))
+    k.asks = k.asks * f
+    k.admits = k.admits * f
+    k.aged = now
+  end
+  if out ~= 'e' then k.asks = k.asks + cost end
+  if out == 'a' then k.admits = k.admits + cost end
+  k.finish = fairLift(st, p, k.finish, ws[i])
+  if out == 'a' then
+    k.finish = k.finish + cost / ws[i]
+    k.admitted = now
+    local total = 0
+    for _, w in ipairs(ws) do total = total + w end
+    st.clock = st.clock + cost / total
+  elseif out == 'd' then
+    k.denied = now
+  end
+  -- forget: keys with no demand that owe nothing go.
+  local kept = {}
+  for _, x in ipairs(st.keys) do
+    if fairDemand(x, p) or not (x.finish <= st.clock) then kept[#kept + 1] = x end
+  end
+  st.keys = kept
+end
+
+-- fairRoom is the counter's Remaining before ch: Gate's room.
+local function fairRoom(ch)
+  local c = ch.k.work
+  if ch.k.type == 'token' then
+    if ch.amount == 0 then return 0 end
+    local T, _, lim = bucketParams(ch)
+    local r = math.floor((lim - debt(c)) / T)
+    if r >= ch.p2 then return ch.p2 end
+    if r > 0 then return r end
+    return 0
+  end
+  touch(c, ch.p1, ch.p2)
+  local _, top = view(c, ch.p1, ch.p2)
+  local u = usage(c, top)
+  if u < ch.amount then return ch.amount - u end
+  return 0
+end
+
+-- fairRetry is a gate denial's retry after, as memstore's: when room
+-- next frees, the end of the window's current bucket (a fixed window's
+-- bucket is the window), or one emission interval T of a token bucket.
+local function fairRetry(ch)
+  if ch.k.type == 'token' then
+    local T = bucketParams(ch)
+    return math.max(1, math.min(math.ceil(T), maxDebt))
+  end
+  return (math.floor(now / ch.p1) + 1) * ch.p1 - now
+end
+
+-- fairOutcome is what ch's decision did on its shared limit.
+local function fairOutcome(ch, admitted)
+  if not ch.fits then return 'd' end
+  if admitted then return 'a' end
+  return 'e'
+end
+
 -- Charges ---------------------------------------------------------------
 
 local types = {s = 'window', f = 'window', t = 'token', c = 'lease', o = 'mark'}
@@ -586,9 +947,16 @@ local function apply(keys, argv)
   if now == nil or n == nil or (mode ~= 'apply' and mode ~= 'try' and mode ~= 'undo' and mode ~= 'void') then
     return redis.error_reply('ERR tollgate apply: bad arguments')
   end
+  local fbase = 3 + 8 * n + 1
+  local nf = tonumber(argv[fbase])
+  if nf == nil or nf < 0 or nf > n then
+    return redis.error_reply('ERR tollgate apply: bad argument count')
+  end
+  -- Undo's values follow the fair entries.
+  local tail = fbase + 11 * nf
   local extra = 0
   if mode == 'undo' then extra = #keys end
-  if #argv ~= 3 + 8 * n + extra then
+  if #argv ~= tail + extra then
     return redis.error_reply('ERR tollgate apply: bad argument count')
   end
 
@@ -636,16 +1004,65 @@ local function apply(keys, argv)
     return redis.error_reply('ERR tollgate apply: a try with Once charges and others')
   end
 
+  -- Fair entries, 11 values each: the charge's index, its state's key
+  -- index, MinShare, Backlog (ms), Quantum, Credit, MaxKeys, member,
+  -- weight, cost (max(Cost, 0) as a double, as Go converts it) and the
+  -- state's TTL (ms).
+  local fairs, fairList = {}, {}
+  for e = 1, nf do
+    local b = fbase + 11 * (e - 1)
+    local j, fki = tonumber(argv[b + 1]), tonumber(argv[b + 2])
+    local ch = j and charges[j]
+    local fc = {
+      p = {minShare = tonumber(argv[b + 3]), backlog = tonumber(argv[b + 4]), quantum = tonumber(argv[b + 5]),
+        credit = tonumber(argv[b + 6]), maxKeys = tonumber(argv[b + 7])},
+      member = argv[b + 8], weight = tonumber(argv[b + 9]), cost = tonumber(argv[b + 10]),
+    }
+    local p, ttl = fc.p, tonumber(argv[b + 11])
+    if ch == nil or ch.fair ~= nil or (ch.kind ~= 's' and ch.kind ~= 'f' and ch.kind ~= 't') or ch.cost < 0 or ch.force or
+        fki == nil or keys[fki] == nil or counters[fki] ~= nil or p.minShare == nil or p.backlog == nil or
+        p.quantum == nil or p.credit == nil or p.maxKeys == nil or fc.weight == nil or fc.cost == nil or
+        ttl == nil or ttl < 1 or not fairMember(fc.member) then
+      return redis.error_reply('ERR tollgate apply: bad fair arguments')
+    end
+    -- FairPolicy's quantum, credit and maxKeys.
+    p.quantum = fmax(p.quantum, 1)
+    p.credit = fmax(p.credit, p.quantum)
+    if p.maxKeys <= 0 or p.maxKeys > 1024 then p.maxKeys = 1024 end
+    local st = fairs[fki]
+    if st == nil then
+      st = loadFair(keys[fki])
+      fairs[fki] = st
+      fairList[#fairList + 1] = st
+    end
+    if ttl > st.ttl then st.ttl = ttl end
+    fc.st, fc.ki = st, fki
+    ch.fair = fc
+  end
+
   local out = {1}
   local void = false
   reset(order)
   if mode == 'undo' then
     for ki, k in pairs(counters) do
-      local a = argv[3 + 8 * n + ki]
+      local a = argv[tail + ki]
       if a ~= '' then
         local ok, u = pcall(cmsgpack.unpack, a)
         if not ok or type(u) ~= 'table' then return redis.error_reply('ERR tollgate apply: bad undo arguments') end
         undo(k, u)
+      end
+    end
+    -- A fair state goes back to what the denial would have recorded, if
+    -- no other decision has changed it since the try.
+    for ki, st in pairs(fairs) do
+      local a = argv[tail + ki]
+      if a ~= '' then
+        local ok, u = pcall(cmsgpack.unpack, a)
+        local alt = ok and type(u) == 'table' and type(u[1]) == 'string' and type(u[2]) == 'table' and fairParse(u[2])
+        if not alt then return redis.error_reply('ERR tollgate apply: bad undo arguments') end
+        if table.concat(fairFlat(st), '\n') == u[1] then
+          st.clock, st.keys = alt.clock, alt.keys
+        end
       end
     end
     for j = 1, n do
@@ -655,7 +1072,15 @@ local function apply(keys, argv)
     local admitted = true
     void = mode == 'void'
     for j, ch in ipairs(charges) do
-      local fits, retry = step(ch)
+      local fits, retry
+      if ch.fair ~= nil and not fairGate(ch.fair.st, ch.fair, fairRoom(ch)) then
+        -- The gate's denial: the counter is not stepped (fairRoom has
+        -- touched a window, as the step would have).
+        fits, retry = false, fairRetry(ch)
+      else
+        fits, retry = step(ch)
+      end
+      ch.fits = fits
       local o = 4 * j - 2
       if fits then out[o] = 1 else out[o] = 0 end
       out[o + 1] = retry
@@ -677,15 +1102,43 @@ local function apply(keys, argv)
       local kept = {}
       for ki, k in pairs(counters) do kept[ki] = k.work end
       denial(charges, order)
+      -- What the fair states would record if another slot denied.
+      local alts = {}
+      for ki, st in pairs(fairs) do alts[ki] = copyFair(st) end
+      for _, ch in ipairs(charges) do
+        if ch.fair ~= nil then fairRecord(alts[ch.fair.ki], ch.fair, fairOutcome(ch, false)) end
+      end
+      for _, ch in ipairs(charges) do
+        if ch.fair ~= nil then fairRecord(ch.fair.st, ch.fair, fairOutcome(ch, true)) end
+      end
       for ki = 1, #keys do
-        local k = counters[ki]
-        out[1 + 4 * n + ki] = k and undoData(k, kept[ki], k.work) or ''
-        if k then k.work = kept[ki] end
+        local k, st = counters[ki], fairs[ki]
+        if k then
+          out[1 + 4 * n + ki] = undoData(k, kept[ki], k.work)
+          k.work = kept[ki]
+        elseif st then
+          -- Undo's value for a fair state: the state this call keeps,
+          -- and the one to put back in its place.
+          local keep, alt = table.concat(fairFlat(st), '\n'), fairFlat(alts[ki])
+          if keep == table.concat(alt, '\n') then
+            out[1 + 4 * n + ki] = ''
+          else
+            out[1 + 4 * n + ki] = cmsgpack.pack({keep, alt})
+          end
+        else
+          out[1 + 4 * n + ki] = ''
+        end
+      end
+    end
+    if not void and not (mode == 'try' and admitted) then
+      for _, ch in ipairs(charges) do
+        if ch.fair ~= nil then fairRecord(ch.fair.st, ch.fair, fairOutcome(ch, admitted)) end
       end
     end
   end
   if not void then
     for _, k in ipairs(order) do save(k) end
+    for _, st in ipairs(fairList) do saveFair(st) end
   end
 
   -- Every result describes its counter after the whole Apply.

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
@@ -23,6 +24,7 @@ type call struct {
 const (
 	argsHead      = 3
 	argsPerCharge = 8
+	argsPerFair   = 11
 	repPerCharge  = 4
 )
 
@@ -35,26 +37,99 @@ func newCall(mode string, now int64, charges []limit.Charge) (*call, error) {
 		args:    make([]any, argsHead, argsHead+argsPerCharge*len(charges)),
 	}
 	c.args[0], c.args[1], c.args[2] = mode, now, len(charges)
+	fair := 0
 	for i := range charges {
 		ch := &charges[i]
 		kind, p1, p2, p3, err := params(ch)
 		if err != nil {
 			return nil, fmt.Errorf("charges[%d]: %w", i, err)
 		}
-		ki := -1
-		for j, k := range c.keys {
-			if k == ch.Key {
-				ki = j
-				break
+		if fairGated(ch) {
+			if err := checkFair(ch); err != nil {
+				return nil, fmt.Errorf("charges[%d]: %w", i, err)
 			}
+			fair++
 		}
-		if ki < 0 {
-			ki = len(c.keys)
-			c.keys = append(c.keys, ch.Key)
+		c.args = append(c.args, c.key(ch.Key), kind, ch.Amount, p1, p2, p3, ch.Cost, flags(ch))
+	}
+	c.args = append(c.args, fair)
+	for i := range charges {
+		if ch := &charges[i]; fairGated(ch) {
+			c.args = fairArgs(c.args, i+1, c.key(limit.FairStateKey(ch.Key)), ch)
 		}
-		c.args = append(c.args, ki+1, kind, ch.Amount, p1, p2, p3, ch.Cost, flags(ch))
 	}
 	return c, nil
+}
+
+// key returns the KEYS index (from 1) of key, adding it if new.
+func (c *call) key(key string) int {
+	for j, k := range c.keys {
+		if k == key {
+			return j + 1
+		}
+	}
+	c.keys = append(c.keys, key)
+	return len(c.keys)
+}
+
+// fairGated reports whether ch goes through its fair gate and is
+// recorded, as memstore decides: a charge or a check on a window or token
+// bucket with a policy. A refund or a Force charge records cost already
+// spent and asks nobody; Concurrency and Once have no room to share.
+func fairGated(ch *limit.Charge) bool {
+	return ch.Fair.Policy != nil && ch.Cost >= 0 && !ch.Force &&
+		(ch.Algorithm == limit.SlidingWindow || ch.Algorithm == limit.FixedWindow || ch.Algorithm == limit.TokenBucket)
+}
+
+// checkFair refuses what the script's fair gate cannot repeat to the bit:
+// a member that is not limit.FairMember's (the script sorts members with
+// strcoll, which orders them as bytes only in that form), and a policy
+// value that is NaN or infinite (Go's max and Lua's differ on NaN).
+func checkFair(ch *limit.Charge) error {
+	if !fairMember(ch.Fair.Member) {
+		return fmt.Errorf("fair member %q is not a limit.FairMember", ch.Fair.Member)
+	}
+	p := ch.Fair.Policy
+	if !(p.MinShare >= 0 && p.MinShare < 1) || !finite(p.Quantum) || !finite(p.Credit) {
+		return fmt.Errorf("fair policy %+v out of range", *p)
+	}
+	return nil
+}
+
+func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
+
+// fairMember reports whether m is "" or 16 lowercase hex digits.
+func fairMember(m string) bool {
+	if m == limit.FairOverflowKey {
+		return true
+	}
+	if len(m) != 16 {
+		return false
+	}
+	for i := range len(m) {
+		if c := m[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// fairArgs appends the script's fair entry for charges[j-1], ch, whose
+// state is KEYS[ki] (see apply.lua). Floats go as go-redis writes them,
+// the shortest decimal that reads back as the same double. The weight is
+// clamped here and again in the script; the cost is max(Cost, 0) as the
+// float64 limit.FairState sees, not the script's saturated count.
+func fairArgs(args []any, j, ki int, ch *limit.Charge) []any {
+	p := ch.Fair.Policy
+	backlog := p.Backlog.Milliseconds()
+	maxKeys := p.MaxKeys
+	if maxKeys <= 0 || maxKeys > limit.FairMaxKeys {
+		maxKeys = limit.FairMaxKeys
+	}
+	// The state lives a window past the last asking key's backlog.
+	ttl := max(backlog, 0) + limit.WindowMillis(ch)
+	return append(args, j, ki, p.MinShare, backlog, p.Quantum, p.Credit, maxKeys,
+		ch.Fair.Member, limit.FairWeight(ch.Fair.Weight), float64(max(ch.Cost, 0)), ttl)
 }
 
 // flags are the script's spelling of Shadow and Force.

@@ -53,6 +53,21 @@ func slotGroups(charges []limit.Charge) []group {
 	return groups
 }
 
+// fairSlots checks that every fair charge's state is on its counter's
+// slot. bySlot groups charges by their counter key, and newCall puts a
+// fair charge's state key (limit.FairStateKey: the counter key plus a
+// suffix) in the same call, so the two must share a slot: they do
+// whenever the counter key has a hash tag, as limit.Key's always have.
+func fairSlots(charges []limit.Charge) error {
+	for i := range charges {
+		ch := &charges[i]
+		if fairGated(ch) && slot(limit.FairStateKey(ch.Key)) != slot(ch.Key) {
+			return fmt.Errorf("charges[%d]: fair-shared counter %q has no hash tag to keep its state on its slot", i, ch.Key)
+		}
+	}
+	return nil
+}
+
 // attempt is a decision's charges run slot by slot: what each slot said,
 // and what a take-back needs.
 type attempt struct {

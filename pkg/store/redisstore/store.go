@@ -131,6 +131,9 @@ func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge
 	}
 	ms := now.UnixMilli()
 	if s.cluster != nil {
+		if err := fairSlots(charges); err != nil {
+			return false, err
+		}
 		if groups := bySlot(charges); len(groups) > 1 {
 			return s.applySlots(ctx, ms, charges, groups, res)
 		}
