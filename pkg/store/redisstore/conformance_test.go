@@ -14,6 +14,7 @@ func TestConformance(t *testing.T) {
 	t.Parallel()
 	s, _ := newSingle(t)
 	storetest.Run(t, func(testing.TB) limit.Store { return s })
+	storetest.RunFair(t, func(testing.TB) limit.Store { return s })
 }
 
 func TestConformanceUnixSocket(t *testing.T) {
@@ -26,6 +27,7 @@ func TestConformanceCluster(t *testing.T) {
 	t.Parallel()
 	s := newCluster(t)
 	storetest.Run(t, func(testing.TB) limit.Store { return s })
+	storetest.RunFair(t, func(testing.TB) limit.Store { return s })
 }
 
 // newCluster starts a 3-master cluster and returns a Store on it, made
