@@ -3,6 +3,7 @@ package closedloop
 import (
 	"fmt"
 	"math"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,7 +15,7 @@ import (
 // fair-share laws (FairShareLaws). It is off until the fair-share config
 // (issue 16, item 1's wiring) is merged: a rules file with fair_share does
 // not parse before it, and the replicas would not start.
-const SpikeQueueFairShare = false
+const SpikeQueueFairShare = true
 
 // The contended shared limit of spike-queue: the shipped gpt4o_global
 // token bucket lowered from 10,000/min (burst 500), which the traffic never
@@ -30,6 +31,10 @@ const (
 	// at the rule's level beside rate_limit.
 	fairShareLine = "    fair_share: {key: tenant, weights: plan}\n"
 )
+
+// shippedFairShare is the gpt-4o rule's fair_share block in the shipped
+// rules: the key and its indented lines.
+var shippedFairShare = regexp.MustCompile(`\n    fair_share:\n(?:      [^\n]*\n)+`)
 
 // QueueTier is one tier's queue bound in spike-queue's rules.
 type QueueTier struct {
@@ -89,6 +94,9 @@ func SpikeQueueRules(shipped string, fair bool) (string, error) {
 		return "", fmt.Errorf("spike-queue rules: no shedding section")
 	}
 	out = RulesWithout(out, "shedding")
+	// The shipped rules share gpt-4o fairly already; the scenario writes
+	// its own line (or none, for the comparison without fair share).
+	out = shippedFairShare.ReplaceAllString(out, "\n")
 	if fair {
 		const at = "  - key: model\n    value: gpt-4o\n"
 		if !strings.Contains(out, at) {
