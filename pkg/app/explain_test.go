@@ -447,7 +447,7 @@ descriptor 2: model=gpt-4o
   rate_limit gpt4o_global: 7000/minute token_bucket burst 117 (rule 10000, x0.7 pressure = 7000)
     charges +1 to ` + k3 + `
     fair_share: one budget shared by tenant values, not multiplied by the plan; tenant=acme (member 0724d383f4f6de0f), weight 3 (plan)
-      min_share 0, backlog 1m0s, quantum 1, credit 500, max_keys 256
+      min_share 0, backlog 1s, quantum 1, credit 8, max_keys 256
 breaker model=gpt-4o: consulted after shedding, before the limits
 verdict: admitted if the store has room: charges +1 to ` + k1 + ` (tenant_gpt4o_requests: 210/minute sliding_window), +0 to ` + k2 + ` (tenant_gpt4o_tokens: 1050000/hour sliding_window), +1 to ` + k3 + ` (gpt4o_global: 7000/minute token_bucket burst 117); all or nothing; refused first if the breaker model=gpt-4o is open
 `

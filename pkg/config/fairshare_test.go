@@ -28,7 +28,7 @@ func TestParseFairShare(t *testing.T) {
     rate_limit: {unit: minute, requests_per_unit: 2400}
     fair_share: {key: tenant}`,
 			want: &limit.FairShare{Key: "tenant", DefaultWeight: 1, Rate: &limit.FairPolicy{
-				Backlog: time.Minute, Quantum: 1, Credit: 120, MaxKeys: 256,
+				Backlog: time.Second, Quantum: 1, Credit: 2, MaxKeys: 256,
 			}},
 		},
 		{
@@ -51,8 +51,8 @@ func TestParseFairShare(t *testing.T) {
     fair_share: {key: tenant, weights: {acme: 3, beta: 0.5}, default_weight: 2}`,
 			want: &limit.FairShare{
 				Key: "tenant", Weights: map[string]float64{"acme": 3, "beta": 0.5}, DefaultWeight: 2,
-				Rate:  &limit.FairPolicy{Backlog: time.Second, Quantum: 1, Credit: 100, MaxKeys: 256},
-				Token: &limit.FairPolicy{Backlog: time.Minute, Quantum: 1, Credit: 2000, MaxKeys: 256},
+				Rate:  &limit.FairPolicy{Backlog: time.Second, Quantum: 1, Credit: 5, MaxKeys: 256},
+				Token: &limit.FairPolicy{Backlog: time.Second, Quantum: 1, Credit: 33, MaxKeys: 256},
 			},
 		},
 		{
@@ -223,7 +223,7 @@ func TestFairShareDocExample(t *testing.T) {
 		t.Fatalf("the example does not load:\n%v", err)
 	}
 	want := &limit.FairShare{Key: "tenant", Plan: true, DefaultWeight: 1, Rate: &limit.FairPolicy{
-		MinShare: 0.05, Backlog: time.Minute, Quantum: 1, Credit: 500, MaxKeys: 256,
+		MinShare: 0.05, Backlog: time.Second, Quantum: 1, Credit: 8, MaxKeys: 256,
 	}}
 	if diff := cmp.Diff(want, d.Descriptors[0].Fair); diff != "" {
 		t.Errorf("Fair (-want +got):\n%s", diff)
