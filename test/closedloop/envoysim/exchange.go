@@ -354,6 +354,12 @@ func (x *exchange) result() closedloop.Result {
 	}
 	if x.source == closedloop.SourceTollgate {
 		res.Reason, _ = x.resp.get("x-tollgate-reason")
+		if res.Reason == "" && x.status == 429 {
+			// A refusal by a limit carries no x-tollgate-reason
+			// (docs/operator-guide.md): the laws and the CSV count it as
+			// "limit", which they otherwise never saw.
+			res.Reason = "limit"
+		}
 	}
 	if v, ok := x.resp.get("retry-after"); ok {
 		if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && n > 0 {

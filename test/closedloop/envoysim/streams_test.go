@@ -238,7 +238,8 @@ func TestRateLimitMode(t *testing.T) {
 	if res := g.Do(context.Background(), req("acme")); res.Status != 200 || res.Attempts != 1 {
 		t.Errorf("admitted result = %+v", res)
 	}
-	if res := g.Do(context.Background(), req("over")); res.Status != 429 || res.Source != closedloop.SourceTollgate || res.Attempts != 0 {
+	// A limit's 429 carries no x-tollgate-reason; the result names it.
+	if res := g.Do(context.Background(), req("over")); res.Status != 429 || res.Source != closedloop.SourceTollgate || res.Attempts != 0 || res.Reason != "limit" {
 		t.Errorf("limited result = %+v", res)
 	}
 	noTenant := chatRequest(`{}`)
