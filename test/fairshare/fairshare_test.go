@@ -1,0 +1,374 @@
+// Package fairshare holds the multi-replica test of issue 16's fair share:
+// three replicas, each with its own Redis client, store stack and limiter,
+// share one fair-shared model limit on one redis-server, and the laws of
+// docs/fair-share.md must hold for the cluster as a whole.
+package fairshare
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tollgate-dev/tollgate/pkg/admission"
+	"github.com/tollgate-dev/tollgate/pkg/config"
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/store/lease"
+	"github.com/tollgate-dev/tollgate/pkg/store/overlimit"
+	"github.com/tollgate-dev/tollgate/pkg/store/redisstore"
+	"github.com/tollgate-dev/tollgate/pkg/store/storeguard"
+	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
+	"github.com/tollgate-dev/tollgate/test/redistest"
+)
+
+// The shared limit: limitAmount requests per window, a sliding window of
+// buckets buckets. The issue measured 600 per 15 s; this is the same
+// shape at a tenth of the amount and window, so a run of 13 windows is a
+// few thousand decisions.
+const (
+	limitAmount = 60
+	window      = 2 * time.Second
+	buckets     = 50
+	minShare    = 0.1
+
+	replicas = 3
+	// tick is the fake clock's step; every tenant's asks of one tick are
+	// decided at the same instant, spread over the replicas.
+	tick = 10 * time.Millisecond
+	// warmup windows are left out of the laws: the first fills the limit
+	// before anyone is denied, and the next ones echo that lump as its
+	// buckets age out (docs/fair-share.md, "Measured").
+	warmup   = 3
+	measured = 10
+)
+
+// The laws' bounds (issue 16, "Laws the tests must prove", three replicas
+// on one Redis).
+const (
+	spreadBound       = 0.02
+	conservationBound = 0.95
+)
+
+// tenant is one backlogged tenant: its plan (the weight, x4/x2/x1) and how
+// many requests it asks every askEvery ticks. Free asks 6x as fast as
+// premium; each asks well past its share.
+type tenant struct {
+	name, plan string
+	weight     float64
+	asks       int
+}
+
+// askEvery ticks each tenant asks its asks: premium 100 a window against
+// a share of 34, standard 100 against 17, free 600 against 9. Premium at
+// 50 a window (1.5x its share) was admitted ~68% of its asks and
+// spread 0.058: it was often not judged waiting (fairUnmet), so a tenant
+// must ask well past its share to be backlogged in the law's sense.
+const askEvery = 4
+
+var tenants = []tenant{
+	{"acme", "premium", 4, 2},
+	{"beta", "standard", 2, 2},
+	{"zeta", "free", 1, 12},
+}
+
+// rulesFor returns the rules file: plans x4/x2/x1, the model's shared
+// limit, fair-shared by tenant with the plan as weight unless fair is
+// false (then the issue's shape: a limit the requests' tier multiplies),
+// and a probe rule no fair charge touches, so a run with leases shows
+// the lease decorator at work.
+func rulesFor(fair bool) string {
+	fs := ""
+	if fair {
+		fs = fmt.Sprintf(`
+    fair_share:
+      key: tenant
+      weights: plan
+      min_share: %g`, minShare)
+	}
+	return fmt.Sprintf(`domain: fairshare
+tiers:
+  key: tier
+  default: free
+  plans: {premium: 4, standard: 2, free: 1}
+descriptors:
+  - key: model
+    value: gpt-4o
+    rate_limit:
+      algorithm: sliding_window
+      unit: second
+      unit_multiplier: %d
+      requests_per_unit: %d
+      buckets: %d%s
+  - key: probe
+    rate_limit: {unit: second, requests_per_unit: 100000}
+`, window/time.Second, limitAmount, buckets, fs)
+}
+
+// replica is one in-process Tollgate: its own Redis client and the store
+// stack pkg/app builds for Redis (leases, over-limit cache, guard), its own
+// limiter and fake clock.
+type replica struct {
+	lim    *admission.Limiter
+	clock  *storetest.FakeClock
+	leases *lease.Store
+}
+
+func newReplica(t testing.TB, url, rulesPath string, t0 time.Time, leases bool) *replica {
+	t.Helper()
+	rs, err := config.Load(rulesPath)
+	if err != nil {
+		t.Fatalf("load rules: %v", err)
+	}
+	c, err := redisstore.NewClient(url)
+	if err != nil {
+		t.Fatalf("redis client: %v", err)
+	}
+	raw := redisstore.New(c)
+	t.Cleanup(func() { _ = raw.Close() })
+	r := &replica{clock: storetest.NewFakeClock(t0)}
+	var st limit.Store = overlimit.New(storeguard.New(raw, storeguard.Options{}), overlimit.Options{})
+	if leases {
+		// As serve wires it with --lease-min-limit=1: every window limit
+		// is leasable by size, the shared one included.
+		r.leases = lease.New(st, lease.Options{MinAmount: 1, Clock: r.clock})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			r.leases.Run(ctx)
+		}()
+		t.Cleanup(func() { cancel(); <-done })
+		st = r.leases
+	}
+	r.lim = admission.NewLimiter(st, r.clock, rs)
+	return r
+}
+
+// admitted is one admitted request: when (ms from the run's start) and
+// whose (index in tenants).
+type admitted struct {
+	at     int64
+	tenant int
+}
+
+// run drives the replicas for warmup+measured windows plus one: each
+// tick, every tenant due asks, the asks are shuffled and dealt round
+// robin to the replicas, and the replicas decide their share at once.
+func run(t testing.TB, reps []*replica, t0 time.Time, seed uint64) []admitted {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, 16))
+	reqs := make([]*limit.Request, len(tenants))
+	for i, tn := range tenants {
+		reqs[i] = &limit.Request{Domain: "fairshare", Descriptors: []limit.Descriptor{
+			{Entries: []limit.Entry{{Key: "tier", Value: tn.plan}, {Key: "model", Value: "gpt-4o"}}},
+			{Entries: []limit.Entry{{Key: "tenant", Value: tn.name}}},
+		}}
+	}
+	probe := &limit.Request{Domain: "fairshare", Descriptors: []limit.Descriptor{{Entries: []limit.Entry{{Key: "probe", Value: "p"}}}}}
+	var out []admitted
+	var mu sync.Mutex
+	ticks := int((warmup + measured + 1) * window / tick)
+	var asks []int
+	for k := range ticks {
+		now := t0.Add(time.Duration(k) * tick)
+		asks = asks[:0]
+		if k%askEvery == 0 {
+			for i, tn := range tenants {
+				for range tn.asks {
+					asks = append(asks, i)
+				}
+			}
+		}
+		rng.Shuffle(len(asks), func(i, j int) { asks[i], asks[j] = asks[j], asks[i] })
+		var wg sync.WaitGroup
+		errs := make([]error, len(reps))
+		for r, rep := range reps {
+			rep.clock.Set(now)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := rep.lim.Decide(context.Background(), probe); err != nil {
+					errs[r] = fmt.Errorf("replica %d probe: %w", r, err)
+					return
+				}
+				for j := r; j < len(asks); j += len(reps) {
+					d, err := rep.lim.Decide(context.Background(), reqs[asks[j]])
+					if err != nil {
+						errs[r] = fmt.Errorf("replica %d at tick %d: %w", r, k, err)
+						return
+					}
+					if d.Code == limit.CodeOK {
+						mu.Lock()
+						out = append(out, admitted{at: now.Sub(t0).Milliseconds(), tenant: asks[j]})
+						mu.Unlock()
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		for _, err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	slices.SortStableFunc(out, func(a, b admitted) int { return int(a.at - b.at) })
+	return out
+}
+
+// report is what laws measured, and the laws a run broke.
+type report struct {
+	spread       float64
+	perWeight    []float64
+	total        int
+	conservation float64
+	worstWindow  int   // most admissions in any window-long interval
+	worstAt      int64 // where it starts, ms
+	minPerWindow []int // each tenant's fewest admissions in a measured window
+	broken       []string
+}
+
+// laws measures a run's admissions, sorted by time, against the four laws
+// over the measured windows (the hard cap over the whole run).
+func laws(adm []admitted) report {
+	W := window.Milliseconds()
+	from, to := int64(warmup)*W, int64(warmup+measured)*W
+	rep := report{perWeight: make([]float64, len(tenants)), minPerWindow: make([]int, len(tenants))}
+	got := make([]int, len(tenants))
+	perWindow := make([][]int, measured)
+	for i := range perWindow {
+		perWindow[i] = make([]int, len(tenants))
+	}
+	for _, a := range adm {
+		if a.at >= from && a.at < to {
+			got[a.tenant]++
+			rep.total++
+			perWindow[(a.at-from)/W][a.tenant]++
+		}
+	}
+	// Proportional share: (max-min)/mean of admitted/weight.
+	lo, hi, sum := math.Inf(1), math.Inf(-1), 0.0
+	for i, tn := range tenants {
+		x := float64(got[i]) / tn.weight
+		rep.perWeight[i] = x
+		lo, hi, sum = min(lo, x), max(hi, x), sum+x
+	}
+	rep.spread = (hi - lo) / (sum / float64(len(tenants)))
+	if !(rep.spread <= spreadBound) {
+		rep.broken = append(rep.broken, fmt.Sprintf("proportional share: admitted/weight %.2f spread by %.4f, want <= %g", rep.perWeight, rep.spread, spreadBound))
+	}
+	// Hard cap: every interval [a, a+W) starting at an admission (the
+	// interval holding the most admissions can be moved to start at one).
+	j := 0
+	for i := range adm {
+		for j < len(adm) && adm[j].at-adm[i].at < W {
+			j++
+		}
+		if n := j - i; n > rep.worstWindow {
+			rep.worstWindow, rep.worstAt = n, adm[i].at
+		}
+	}
+	if rep.worstWindow > limitAmount {
+		rep.broken = append(rep.broken, fmt.Sprintf("hard cap: %d admitted in [%d ms, +%v), limit %d", rep.worstWindow, rep.worstAt, window, limitAmount))
+	}
+	// Work conservation: every tenant is backlogged all run.
+	rep.conservation = float64(rep.total) / float64(measured*limitAmount)
+	if rep.conservation < conservationBound {
+		rep.broken = append(rep.broken, fmt.Sprintf("work conservation: %d admitted in %d windows = %.3f of the limit, want >= %g", rep.total, measured, rep.conservation, conservationBound))
+	}
+	// No starvation: min_share of the limit to every tenant in every
+	// measured window.
+	floor := int(math.Floor(minShare * limitAmount))
+	for i := range tenants {
+		rep.minPerWindow[i] = math.MaxInt
+		for w := range perWindow {
+			rep.minPerWindow[i] = min(rep.minPerWindow[i], perWindow[w][i])
+			if n := perWindow[w][i]; n < floor {
+				rep.broken = append(rep.broken, fmt.Sprintf("no starvation: %s (%s) admitted %d in window %d, want >= %d (min_share %g)",
+					tenants[i].name, tenants[i].plan, n, w, floor, minShare))
+			}
+		}
+	}
+	return rep
+}
+
+// TestFairShareAcrossReplicas runs three replicas on one redis-server
+// against a fair-shared model limit, tenants of three plans all
+// backlogged, free asking six times as fast as premium, and checks the
+// laws over 10 windows: proportional share within 0.02, the hard cap in
+// every window-long interval, at least 95% of the limit used, and every
+// tenant its min_share in every window. With leases on, the laws still
+// hold: a decision with a fair charge bypasses the lease decorator. With
+// fair_share off (the issue's shape: requests carry their tier, so the
+// plan multiplies the shared limit), the same run must break the laws,
+// which shows the test can fail.
+func TestFairShareAcrossReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts redis-server and makes ~10,000 Redis decisions; skipped with -short")
+	}
+	t.Parallel()
+	rdb := redistest.Start(t)
+	tests := []struct {
+		name   string
+		fair   bool
+		leases bool
+		// wantBroken are the laws the run must break; none for a fair run.
+		wantBroken []string
+	}{
+		{name: "Fair", fair: true},
+		{name: "FairLeases", fair: true, leases: true},
+		{name: "Unfair", wantBroken: []string{"hard cap", "proportional share", "no starvation: zeta"}},
+		{name: "UnfairLeases", leases: true, wantBroken: []string{"hard cap", "proportional share", "no starvation: zeta"}},
+	}
+	for i, tt := range tests {
+		// One after the other: they share the redis-server and the two cores.
+		t.Run(tt.name, func(t *testing.T) {
+			began := time.Now()
+			path := filepath.Join(t.TempDir(), "rules.yaml")
+			if err := os.WriteFile(path, []byte(rulesFor(tt.fair)), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			// A start far from the others' so no run sees another's
+			// counters or fair state (the keys do not carry the run).
+			t0 := time.Now().Truncate(time.Hour).Add(time.Duration(i+1) * 24 * time.Hour)
+			reps := make([]*replica, replicas)
+			for r := range reps {
+				reps[r] = newReplica(t, rdb.URL(), path, t0, tt.leases)
+			}
+			adm := run(t, reps, t0, uint64(i))
+			rep := laws(adm)
+			var local, granted uint64
+			for _, r := range reps {
+				if r.leases != nil {
+					st := r.leases.Stats()
+					local, granted = local+st.Local, granted+st.Granted
+				}
+			}
+			t.Logf("%d windows of %d per %v over %d replicas (%v): admitted/weight %.2f spread %.4f; used %.3f of the limit; "+
+				"most in a window %d at +%d ms; fewest per window %v; leases: %d local decisions, %d grants",
+				measured, limitAmount, window, replicas, time.Since(began).Round(time.Millisecond), rep.perWeight, rep.spread,
+				rep.conservation, rep.worstWindow, rep.worstAt, rep.minPerWindow, local, granted)
+			if tt.leases && local == 0 {
+				t.Errorf("the lease decorator admitted nothing locally, not even the probe rule: it is not on")
+			}
+			if len(tt.wantBroken) == 0 {
+				for _, b := range rep.broken {
+					t.Errorf("LAW BROKEN: %s", b)
+				}
+				return
+			}
+			for _, want := range tt.wantBroken {
+				if !slices.ContainsFunc(rep.broken, func(b string) bool { return strings.HasPrefix(b, want) }) {
+					t.Errorf("without fair_share the run kept %q; broken: %q", want, rep.broken)
+				}
+			}
+		})
+	}
+}
