@@ -161,7 +161,7 @@ type admitted struct {
 // run drives the replicas for warmup+measured windows plus one: each
 // tick, every tenant due asks, the asks are shuffled and dealt round
 // robin to the replicas, and the replicas decide their share at once.
-func run(t testing.TB, reps []*replica, t0 time.Time, seed uint64) []admitted {
+func run(t testing.TB, reps []*replica, t0 time.Time, seed uint64) (adm []admitted, decisions int) {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(seed, 16))
 	reqs := make([]*limit.Request, len(tenants))
@@ -187,6 +187,7 @@ func run(t testing.TB, reps []*replica, t0 time.Time, seed uint64) []admitted {
 			}
 		}
 		rng.Shuffle(len(asks), func(i, j int) { asks[i], asks[j] = asks[j], asks[i] })
+		decisions += len(asks) + len(reps)
 		var wg sync.WaitGroup
 		errs := make([]error, len(reps))
 		for r, rep := range reps {
@@ -220,7 +221,7 @@ func run(t testing.TB, reps []*replica, t0 time.Time, seed uint64) []admitted {
 		}
 	}
 	slices.SortStableFunc(out, func(a, b admitted) int { return int(a.at - b.at) })
-	return out
+	return out, decisions
 }
 
 // report is what laws measured, and the laws a run broke.
@@ -342,7 +343,9 @@ func TestFairShareAcrossReplicas(t *testing.T) {
 			for r := range reps {
 				reps[r] = newReplica(t, rdb.URL(), path, t0, tt.leases)
 			}
-			adm := run(t, reps, t0, uint64(i))
+			calls, usec := scriptStats(t, rdb.Client(t))
+			adm, decisions := run(t, reps, t0, uint64(i))
+			calls2, usec2 := scriptStats(t, rdb.Client(t))
 			rep := laws(adm)
 			var local, granted uint64
 			for _, r := range reps {
@@ -352,9 +355,11 @@ func TestFairShareAcrossReplicas(t *testing.T) {
 				}
 			}
 			t.Logf("%d windows of %d per %v over %d replicas (%v): admitted/weight %.2f spread %.4f; used %.3f of the limit; "+
-				"most in a window %d at +%d ms; fewest per window %v; leases: %d local decisions, %d grants",
+				"most in a window %d at +%d ms; fewest per window %v; leases: %d local decisions, %d grants; "+
+				"Redis: %d decisions (probes included), %.3f script calls and %.1f µs of script time a decision",
 				measured, limitAmount, window, replicas, time.Since(began).Round(time.Millisecond), rep.perWeight, rep.spread,
-				rep.conservation, rep.worstWindow, rep.worstAt, rep.minPerWindow, local, granted)
+				rep.conservation, rep.worstWindow, rep.worstAt, rep.minPerWindow, local, granted,
+				decisions, float64(calls2-calls)/float64(decisions), float64(usec2-usec)/float64(decisions))
 			if tt.leases && local == 0 {
 				t.Errorf("the lease decorator admitted nothing locally, not even the probe rule: it is not on")
 			}
