@@ -30,13 +30,15 @@ import (
 )
 
 // The shared limit: limitAmount requests per window, a sliding window of
-// buckets buckets. The issue measured 600 per 15 s; this is the same
-// shape at a tenth of the amount and window, so a run of 13 windows is a
-// few thousand decisions.
+// buckets buckets or a token bucket of burst (the shipped
+// config/inference.yaml's shape). The issue measured 600 per 15 s; this
+// is the same shape at a tenth of the amount and window, so a run of 14
+// windows is about 11,000 decisions.
 const (
 	limitAmount = 60
 	window      = 2 * time.Second
 	buckets     = 50
+	burst       = 10
 	minShare    = 0.1
 
 	replicas = 3
@@ -84,7 +86,11 @@ var tenants = []tenant{
 // false (then the issue's shape: a limit the requests' tier multiplies),
 // and a probe rule no fair charge touches: a run with leases asks it too,
 // to show the lease decorator at work.
-func rulesFor(fair bool) string {
+func rulesFor(alg string, fair bool) string {
+	shape := fmt.Sprintf("buckets: %d", buckets)
+	if alg == "token_bucket" {
+		shape = fmt.Sprintf("burst: %d", burst)
+	}
 	fs := ""
 	if fair {
 		fs = fmt.Sprintf(`
@@ -102,14 +108,14 @@ descriptors:
   - key: model
     value: gpt-4o
     rate_limit:
-      algorithm: sliding_window
+      algorithm: %s
       unit: second
       unit_multiplier: %d
       requests_per_unit: %d
-      buckets: %d%s
+      %s%s
   - key: probe
     rate_limit: {unit: second, requests_per_unit: 100000}
-`, window/time.Second, limitAmount, buckets, fs)
+`, alg, window/time.Second, limitAmount, shape, fs)
 }
 
 // replica is one in-process Tollgate: its own Redis client and the store
@@ -243,7 +249,7 @@ type report struct {
 
 // laws measures a run's admissions, sorted by time, against the four laws
 // over the measured windows (the hard cap over the whole run).
-func laws(adm []admitted) report {
+func laws(alg string, adm []admitted) report {
 	W := window.Milliseconds()
 	from, to := int64(warmup)*W, int64(warmup+measured)*W
 	rep := report{perWeight: make([]float64, len(tenants)), minPerWindow: make([]int, len(tenants))}
@@ -270,19 +276,11 @@ func laws(adm []admitted) report {
 	if !(rep.spread <= spreadBound) {
 		rep.broken = append(rep.broken, fmt.Sprintf("proportional share: admitted/weight %.2f spread by %.4f, want <= %g", rep.perWeight, rep.spread, spreadBound))
 	}
-	// Hard cap: every interval [a, a+W) starting at an admission (the
-	// interval holding the most admissions can be moved to start at one).
-	j := 0
-	for i := range adm {
-		for j < len(adm) && adm[j].at-adm[i].at < W {
-			j++
-		}
-		if n := j - i; n > rep.worstWindow {
-			rep.worstWindow, rep.worstAt = n, adm[i].at
-		}
-	}
-	if rep.worstWindow > limitAmount {
-		rep.broken = append(rep.broken, fmt.Sprintf("hard cap: %d admitted in [%d ms, +%v), limit %d", rep.worstWindow, rep.worstAt, window, limitAmount))
+	// Hard cap: the limit's own promise; the most admitted in one
+	// window-long interval is logged for both.
+	capSliding(&rep, adm, alg != "token_bucket")
+	if alg == "token_bucket" {
+		capTokenBucket(&rep, adm)
 	}
 	// Work conservation: every tenant is backlogged all run.
 	rep.conservation = float64(rep.total) / float64(measured*limitAmount)
@@ -308,9 +306,11 @@ func laws(adm []admitted) report {
 // TestFairShareAcrossReplicas runs three replicas on one redis-server
 // against a fair-shared model limit, tenants of three plans all
 // backlogged, free asking six times as fast as premium, and checks the
-// laws over 10 windows: proportional share within 0.02, the hard cap in
-// every window-long interval, at least 95% of the limit used, and every
-// tenant its min_share in every window. With leases on, the laws still
+// laws over 10 windows: proportional share within 0.02, the hard cap (the
+// limit's own promise: a sliding window's in every window-long interval,
+// a token bucket's between any two instants), at least 95% of the limit
+// used, and every tenant its min_share in every window, on a sliding
+// window and on a token bucket. With leases on, the laws still
 // hold: a decision with a fair charge bypasses the lease decorator. With
 // fair_share off (the issue's shape: requests carry their tier, so the
 // plan multiplies the shared limit), the same run must break the laws,
@@ -323,22 +323,27 @@ func TestFairShareAcrossReplicas(t *testing.T) {
 	rdb := redistest.Start(t)
 	tests := []struct {
 		name   string
+		alg    string
 		fair   bool
 		leases bool
 		// wantBroken are the laws the run must break; none for a fair run.
 		wantBroken []string
 	}{
-		{name: "Fair", fair: true},
-		{name: "FairLeases", fair: true, leases: true},
-		{name: "Unfair", wantBroken: []string{"hard cap", "proportional share", "no starvation: zeta"}},
-		{name: "UnfairLeases", leases: true, wantBroken: []string{"hard cap", "proportional share", "no starvation: zeta"}},
+		{name: "Fair", alg: "sliding_window", fair: true},
+		{name: "FairLeases", alg: "sliding_window", fair: true, leases: true},
+		{name: "FairTokenBucket", alg: "token_bucket", fair: true},
+		{name: "Unfair", alg: "sliding_window", wantBroken: []string{"hard cap", "proportional share", "no starvation: zeta"}},
+		{name: "UnfairLeases", alg: "sliding_window", leases: true, wantBroken: []string{"hard cap", "proportional share", "no starvation: zeta"}},
+		// A token bucket refills a little at a time and whoever asks most
+		// often takes it: free is not starved here, it takes the most.
+		{name: "UnfairTokenBucket", alg: "token_bucket", wantBroken: []string{"hard cap", "proportional share"}},
 	}
 	for i, tt := range tests {
 		// One after the other: they share the redis-server and the two cores.
 		t.Run(tt.name, func(t *testing.T) {
 			began := time.Now()
 			path := filepath.Join(t.TempDir(), "rules.yaml")
-			if err := os.WriteFile(path, []byte(rulesFor(tt.fair)), 0o600); err != nil {
+			if err := os.WriteFile(path, []byte(rulesFor(tt.alg, tt.fair)), 0o600); err != nil {
 				t.Fatal(err)
 			}
 			// A start far from the others' so no run sees another's
@@ -351,7 +356,7 @@ func TestFairShareAcrossReplicas(t *testing.T) {
 			calls, usec := scriptStats(t, rdb.Client(t))
 			adm, decisions := run(t, reps, t0, uint64(i))
 			calls2, usec2 := scriptStats(t, rdb.Client(t))
-			rep := laws(adm)
+			rep := laws(tt.alg, adm)
 			var local, granted uint64
 			for _, r := range reps {
 				if r.leases != nil {
@@ -380,5 +385,42 @@ func TestFairShareAcrossReplicas(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// capSliding checks the sliding window's promise: at most limitAmount in
+// every interval [a, a+W). The interval holding the most admissions can be
+// moved to start at one, so only those are tried.
+func capSliding(rep *report, adm []admitted, check bool) {
+	W := window.Milliseconds()
+	j := 0
+	for i := range adm {
+		for j < len(adm) && adm[j].at-adm[i].at < W {
+			j++
+		}
+		if n := j - i; n > rep.worstWindow {
+			rep.worstWindow, rep.worstAt = n, adm[i].at
+		}
+	}
+	if check && rep.worstWindow > limitAmount {
+		rep.broken = append(rep.broken, fmt.Sprintf("hard cap: %d admitted in [%d ms, +%v), limit %d", rep.worstWindow, rep.worstAt, window, limitAmount))
+	}
+}
+
+// capTokenBucket checks the token bucket's promise: between any two
+// admissions at a <= b, at most burst + (b-a)*limitAmount/W, both ends
+// included.
+func capTokenBucket(rep *report, adm []admitted) {
+	W := float64(window.Milliseconds())
+	for i := range adm {
+		for j := i; j < len(adm); j++ {
+			n := j - i + 1
+			allowed := burst + float64(adm[j].at-adm[i].at)*limitAmount/W
+			if float64(n) > allowed+1e-9 {
+				rep.broken = append(rep.broken, fmt.Sprintf("hard cap: %d admitted in [%d ms, %d ms], token bucket allows %.1f",
+					n, adm[i].at, adm[j].at, allowed))
+				return
+			}
+		}
 	}
 }
