@@ -39,7 +39,9 @@ const (
 	window      = 2 * time.Second
 	buckets     = 50
 	burst       = 10
-	minShare    = 0.1
+	// minShare is the fair_share's min_share unless a scenario sets its
+	// own: free's weight gives it 1/7 (0.143), so 0.1 does not bind.
+	minShare = 0.1
 
 	replicas = 3
 	// tick is the fake clock's step; every tenant's asks of one tick are
@@ -86,7 +88,8 @@ var tenants = []tenant{
 // false (then the issue's shape: a limit the requests' tier multiplies),
 // and a probe rule no fair charge touches: a run with leases asks it too,
 // to show the lease decorator at work.
-func rulesFor(alg string, fair bool) string {
+func rulesFor(sc scenario, fair bool) string {
+	alg := sc.alg
 	shape := fmt.Sprintf("buckets: %d", buckets)
 	if alg == "token_bucket" {
 		shape = fmt.Sprintf("burst: %d", burst)
@@ -97,7 +100,7 @@ func rulesFor(alg string, fair bool) string {
     fair_share:
       key: tenant
       weights: plan
-      min_share: %g`, minShare)
+      min_share: %g`, sc.floor())
 	}
 	return fmt.Sprintf(`domain: fairshare
 tiers:
@@ -164,6 +167,27 @@ type scenario struct {
 	alg    string
 	idle   int // index in tenants; -1: nobody goes idle
 	idleAt time.Duration
+	// minShare replaces the package's minShare when set.
+	minShare float64
+}
+
+// floor is the scenario's min_share.
+func (sc scenario) floor() float64 {
+	if sc.minShare > 0 {
+		return sc.minShare
+	}
+	return minShare
+}
+
+// raised reports whether tenant i's weight alone gives it less than the
+// floor, so water-filling raises it to the floor and it leaves the
+// proportions (the others keep theirs in the rest).
+func (sc scenario) raised(i int) bool {
+	total := 0.0
+	for _, tn := range tenants {
+		total += tn.weight
+	}
+	return tenants[i].weight/total < sc.floor()
 }
 
 // asking reports whether tenant i asks at d into the measured windows
@@ -301,7 +325,7 @@ func laws(sc scenario, adm []admitted) report {
 	}
 	rep.perWindow = perWindow
 	// Proportional share: (max-min)/mean of admitted/weight over the
-	// tenants backlogged throughout.
+	// tenants backlogged throughout whose share the floor does not raise.
 	lo, hi, sum, n := math.Inf(1), math.Inf(-1), 0.0, 0
 	for i, tn := range tenants {
 		got := 0
@@ -310,7 +334,7 @@ func laws(sc scenario, adm []admitted) report {
 		}
 		x := float64(got) / tn.weight
 		rep.perWeight[i] = x
-		if i == sc.idle {
+		if i == sc.idle || sc.raised(i) {
 			continue
 		}
 		lo, hi, sum, n = min(lo, x), max(hi, x), sum+x, n+1
@@ -347,8 +371,10 @@ func laws(sc scenario, adm []admitted) report {
 		}
 	}
 	// No starvation: min_share of the limit to every tenant in every
-	// measured window it asks throughout.
-	floor := int(math.Floor(minShare * limitAmount))
+	// measured window it asks throughout, less the quantum (1): a tenant
+	// at its floor may be the one a request behind when a window closes
+	// (pkg/limit's TestFairMinShare allows the same).
+	floor := int(math.Floor(sc.floor()*limitAmount)) - 1
 	for i := range tenants {
 		rep.minPerWindow[i] = -1 // no window checked
 		for w := range perWindow {
@@ -360,7 +386,7 @@ func laws(sc scenario, adm []admitted) report {
 			}
 			if n := perWindow[w][i]; n < floor {
 				rep.broken = append(rep.broken, fmt.Sprintf("no starvation: %s (%s) admitted %d in window %d, want >= %d (min_share %g)",
-					tenants[i].name, tenants[i].plan, n, w, floor, minShare))
+					tenants[i].name, tenants[i].plan, n, w, floor, sc.floor()))
 			}
 		}
 	}
@@ -405,6 +431,9 @@ func TestFairShareAcrossReplicas(t *testing.T) {
 		// (mid-window is easier: its share was taken early in the window,
 		// and the next window is full at once).
 		{name: "FairPremiumGoesIdle", sc: scenario{alg: "sliding_window", idle: 0, idleAt: 5 * window}, fair: true},
+		// min_share 0.2 binds for free (1/7 by weight): it gets 12 a
+		// window, and premium and standard keep 2:1 in the rest (32, 16).
+		{name: "FairFloorBinds", sc: scenario{alg: "sliding_window", idle: -1, minShare: 0.2}, fair: true},
 		{name: "Unfair", sc: sliding, wantBroken: []string{"hard cap", "proportional share", "no starvation: zeta"}},
 		{name: "UnfairLeases", sc: sliding, leases: true, wantBroken: []string{"hard cap", "proportional share", "no starvation: zeta"}},
 		// A token bucket refills a little at a time and whoever asks most
@@ -416,7 +445,7 @@ func TestFairShareAcrossReplicas(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			began := time.Now()
 			path := filepath.Join(t.TempDir(), "rules.yaml")
-			if err := os.WriteFile(path, []byte(rulesFor(tt.sc.alg, tt.fair)), 0o600); err != nil {
+			if err := os.WriteFile(path, []byte(rulesFor(tt.sc, tt.fair)), 0o600); err != nil {
 				t.Fatal(err)
 			}
 			// A start far from the others' so no run sees another's
