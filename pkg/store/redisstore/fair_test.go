@@ -420,8 +420,8 @@ func TestFairSlots(t *testing.T) {
 }
 
 // BenchmarkFairApply measures what fair share adds to a decision: one
-// sliding-window charge without it, and with it on a state of 4 and 64
-// members (every one asked, half of them waiting), the decisions taking
+// sliding-window charge without it, and with it on a state of 4, 64 and
+// 256 members (every one asked, half of them waiting), the decisions taking
 // the members in turn.
 func BenchmarkFairApply(b *testing.B) {
 	for _, bc := range []struct {
@@ -431,6 +431,7 @@ func BenchmarkFairApply(b *testing.B) {
 		{"plain", 0},
 		{"fair4", 4},
 		{"fair64", 64},
+		{"fair256", 256}, // config's default max_keys
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			s, admin := newSingle(b)
