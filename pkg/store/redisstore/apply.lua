@@ -460,112 +460,116 @@ local function fairDecay(x)
   return r
 end
 
--- fairField is k's value in the hash; k.enc keeps the value k was read
--- from until a record changes k, so a decision encodes one key, not all.
-local function fairField(k)
-  if k.enc == nil then
-    k.enc = struct.pack('<dddddddd', k.weight, k.finish, k.asked, k.denied, k.admitted, k.asks, k.admits, k.aged)
-  end
-  return k.enc
-end
+-- fairRecLen is the length of one key's record in the state string: the
+-- member (16 bytes, fairNone for "") and its eight doubles.
+local fairRecLen = 80
+local fairNone = string.rep('\0', 16)
 
 -- fairMember reports whether m is a limit.FairMember.
 local function fairMember(m)
   return m == '' or (#m == 16 and string.find(m, '[^0-9a-f]') == nil)
 end
 
--- fairParse reads a state from the flat field, value list HGETALL
--- returns; nil when it is not one.
-local function fairParse(flat)
-  local st = {clock = 0, keys = {}}
-  local names, vals = {}, {}
-  for i = 1, #flat, 2 do
-    local f, v = flat[i], flat[i + 1]
-    if type(f) ~= 'string' or type(v) ~= 'string' then return nil end
-    if f == 'clock' then
-      if #v ~= 8 then return nil end
-      st.clock = struct.unpack('<d', v)
-    else
-      if #v ~= 64 then return nil end
-      names[#names + 1] = f
-      vals[f] = v
-    end
-  end
-  table.sort(names)
-  for i, f in ipairs(names) do
-    local v = vals[f]
-    local w, fin, asked, denied, admitted, asks, admits, aged = struct.unpack('<dddddddd', v)
-    st.keys[i] = {key = f, weight = w, finish = fin, asked = asked, denied = denied,
-      admitted = admitted, asks = asks, admits = admits, aged = aged, enc = v}
+-- fairDecode reads a state string; nil when it is not one. Each key
+-- keeps pos, where its record starts in src, until a record changes it,
+-- so that fairEncode copies the unchanged runs of records as substrings
+-- and packs only the keys the decision changed.
+local function fairDecode(src)
+  local n = (#src - 8) / fairRecLen
+  if n < 0 or n ~= math.floor(n) then return nil end
+  local st = {clock = struct.unpack('<d', src), keys = {}, src = src}
+  local keys, prev, pos = st.keys, nil, 9
+  for i = 1, n do
+    local m, w, fin, asked, denied, admitted, asks, admits, aged, nxt =
+      struct.unpack('<c16dddddddd', src, pos)
+    if m == fairNone then m = '' end
+    -- Keys in order and each once, or fairFind would be wrong.
+    if prev ~= nil and not (prev < m) then return nil end
+    keys[i] = {key = m, weight = w, finish = fin, asked = asked, denied = denied,
+      admitted = admitted, asks = asks, admits = admits, aged = aged, pos = pos}
+    prev, pos = m, nxt
   end
   return st
 end
 
--- fairFlat is st as the flat field, value list it is saved as, the clock
--- first and the keys in order.
-local function fairFlat(st)
-  local flat = {'clock', struct.pack('<d', st.clock)}
+-- fairEncode is st as the string it is saved as: the clock, then each
+-- key's record in key order.
+local function fairEncode(st)
+  local parts = {struct.pack('<d', st.clock)}
+  local src, from, to = st.src, nil, nil
   for _, k in ipairs(st.keys) do
-    flat[#flat + 1] = k.key
-    flat[#flat + 1] = fairField(k)
+    if k.pos ~= nil and k.pos == to then
+      to = to + fairRecLen
+    else
+      if from ~= nil then parts[#parts + 1] = string.sub(src, from, to - 1) end
+      from, to = nil, nil
+      if k.pos ~= nil then
+        from, to = k.pos, k.pos + fairRecLen
+      else
+        local m = k.key
+        if m == '' then m = fairNone end
+        parts[#parts + 1] = m .. struct.pack('<dddddddd', k.weight, k.finish, k.asked, k.denied, k.admitted,
+          k.asks, k.admits, k.aged)
+      end
+    end
   end
-  return flat
+  if from ~= nil then parts[#parts + 1] = string.sub(src, from, to - 1) end
+  return table.concat(parts)
 end
 
 local function loadFair(key)
-  local flat = redis.pcall('HGETALL', key)
-  if type(flat) ~= 'table' or flat.err ~= nil then fail(key, 'does not hold a fair-share state') end
-  local st = fairParse(flat)
+  local raw = redis.pcall('GET', key)
+  local st
+  if raw == false then
+    st = {clock = 0, keys = {}, src = ''}
+  elseif type(raw) == 'string' then
+    st = fairDecode(raw)
+  end
   if st == nil then fail(key, 'does not hold a fair-share state') end
-  st.name, st.raw, st.ttl = key, {}, 1
-  for i = 1, #flat, 2 do st.raw[flat[i]] = flat[i + 1] end
+  st.name, st.stored, st.ttl, st.ver = key, raw, 1, 0
   return st
 end
 
 local function copyFair(st)
-  local c = {name = st.name, raw = st.raw, ttl = st.ttl, clock = st.clock, keys = {}}
+  local c = {name = st.name, stored = st.stored, src = st.src, ttl = st.ttl, ver = st.ver, clock = st.clock, keys = {}}
   for i, k in ipairs(st.keys) do
     c.keys[i] = {key = k.key, weight = k.weight, finish = k.finish, asked = k.asked, denied = k.denied,
-      admitted = k.admitted, asks = k.asks, admits = k.admits, aged = k.aged, enc = k.enc}
+      admitted = k.admitted, asks = k.asks, admits = k.admits, aged = k.aged, pos = k.pos}
   end
   return c
 end
 
--- saveFair writes the fields that changed and renews the TTL: every
--- record renews it, as every decision on the limit records.
+-- saveFair writes the state if it changed and renews the TTL, plus
+-- ttlMargin as every other key: every record renews it, as every
+-- decision on the limit records.
 local function saveFair(st)
-  local set, seen, del = {}, {}, {}
-  local flat = fairFlat(st)
-  for i = 1, #flat, 2 do
-    seen[flat[i]] = true
-    if st.raw[flat[i]] ~= flat[i + 1] then
-      set[#set + 1] = flat[i]
-      set[#set + 1] = flat[i + 1]
-    end
+  local s = fairEncode(st)
+  local ttl = fmtint(st.ttl + ttlMargin)
+  if s == st.stored then
+    redis.call('PEXPIRE', st.name, ttl)
+  else
+    redis.call('SET', st.name, s, 'PX', ttl)
   end
-  for f in pairs(st.raw) do
-    if not seen[f] then del[#del + 1] = f end
-  end
-  if #del > 0 then redis.call('HDEL', st.name, unpack(del)) end
-  if #set > 0 then redis.call('HSET', st.name, unpack(set)) end
-  redis.call('PEXPIRE', st.name, fmtint(st.ttl))
 end
 
 -- fairFind returns key's index in st.keys, or where it goes and false.
 local function fairFind(st, key)
   local ks = st.keys
-  for i = 1, #ks do
-    local k = ks[i].key
-    if k == key then return i, true end
-    if key < k then return i, false end
+  local lo, hi = 1, #ks + 1
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    local k = ks[mid].key
+    if k == key then return mid, true end
+    if k < key then lo = mid + 1 else hi = mid end
   end
-  return #ks + 1, false
+  return lo, false
 end
 
+-- fairSlot is FairState.slot, with the slot's fairFind.
 local function fairSlot(st, p, key)
-  local _, ok = fairFind(st, key)
-  if ok or #st.keys < p.maxKeys then return key end
-  return ''
+  local i, ok = fairFind(st, key)
+  if ok or #st.keys < p.maxKeys then return key, i, ok end
+  return '', fairFind(st, '')
 end
 
 local function fairDemand(k, p)
@@ -616,29 +620,34 @@ local function fairFloor(share, ws)
   end
 end
 
+-- fairWeights is FairState.weights; it also returns which keys wait
+-- (other than key), which Gate reads again.
 local function fairWeights(st, p, key, w)
-  local ws = {}
-  for i, k in ipairs(st.keys) do
+  local ws, wt = {}, {}
+  local backlog, keys = p.backlog, st.keys
+  for i = 1, #keys do
+    local k = keys[i]
     if k.key == key then
-      ws[i] = w
-    elseif fairWaiting(k, p) then
-      ws[i] = k.weight
+      ws[i], wt[i] = w, false
+    elseif k.denied > 0 and now - k.denied < backlog and k.admits < fairKeep * k.asks then
+      ws[i], wt[i] = k.weight, true
     else
-      ws[i] = 0
+      ws[i], wt[i] = 0, false
     end
   end
   fairFloor(p.minShare, ws)
-  return ws
+  return ws, wt
 end
 
 -- fairGate is FairState.Gate: whether fc's key may ask a counter with
--- room left.
+-- room left. It leaves in fc.gate what Record can reuse while the state
+-- is unchanged (st.ver).
 local function fairGate(st, fc, room)
   local p = fc.p
-  local key = fairSlot(st, p, fc.member)
   local weight = fairWeight(fc.weight)
-  local i, known = fairFind(st, key)
-  local ws = fairWeights(st, p, key, weight)
+  local key, i, known = fairSlot(st, p, fc.member)
+  local ws, wt = fairWeights(st, p, key, weight)
+  fc.gate = {ver = st.ver, ws = ws}
   local w = weight
   local f = fairLift(st, p, st.clock, w)
   if known then
@@ -647,11 +656,12 @@ local function fairGate(st, fc, room)
   end
   if w <= 0 then w = weight end
   local reserve, ahead = 0, false
-  for j, k in ipairs(st.keys) do
-    if k.key ~= key and fairWaiting(k, p) then
+  local keys, q = st.keys, p.quantum / w
+  for j = 1, #keys do
+    if wt[j] then
       local kw = ws[j]
-      local g = fairLift(st, p, k.finish, kw)
-      if f >= g + p.quantum / w then ahead = true end
+      local g = fairLift(st, p, keys[j].finish, kw)
+      if f >= g + q then ahead = true end
       reserve = reserve + kw * fmax(f - g, 0)
     end
   end
@@ -662,16 +672,22 @@ end
 -- (FairDenied) or "e" (FairElsewhere).
 local function fairRecord(st, fc, out)
   local p, cost = fc.p, fc.cost
-  local key = fairSlot(st, p, fc.member)
   local weight = fairWeight(fc.weight)
-  local i, ok = fairFind(st, key)
-  if not ok then
-    table.insert(st.keys, i, {key = key, weight = 0, finish = st.clock, asked = 0, denied = 0,
-      admitted = 0, asks = 0, admits = 0, aged = 0})
+  local key, i, ok = fairSlot(st, p, fc.member)
+  local ws
+  if ok and fc.gate ~= nil and fc.gate.ver == st.ver then
+    -- The state Gate saw, and the key in it: the same weights.
+    ws = fc.gate.ws
+  else
+    if not ok then
+      table.insert(st.keys, i, {key = key, weight = 0, finish = st.clock, asked = 0, denied = 0,
+        admitted = 0, asks = 0, admits = 0, aged = 0})
+    end
+    ws = fairWeights(st, p, key, weight)
   end
-  local ws = fairWeights(st, p, key, weight)
+  st.ver = st.ver + 1
   local k = st.keys[i]
-  k.weight, k.asked, k.enc = weight, now, nil
+  k.weight, k.asked, k.pos = weight, now, nil
   if now > k.aged then
     local f = fairDecay((now - k.aged) / fmax(p.backlog, 1))
     k.asks = k.asks * f
@@ -1058,10 +1074,10 @@ local function apply(keys, argv)
       local a = argv[tail + ki]
       if a ~= '' then
         local ok, u = pcall(cmsgpack.unpack, a)
-        local alt = ok and type(u) == 'table' and type(u[1]) == 'string' and type(u[2]) == 'table' and fairParse(u[2])
+        local alt = ok and type(u) == 'table' and type(u[1]) == 'string' and type(u[2]) == 'string' and fairDecode(u[2])
         if not alt then return redis.error_reply('ERR tollgate apply: bad undo arguments') end
-        if table.concat(fairFlat(st), '\n') == u[1] then
-          st.clock, st.keys = alt.clock, alt.keys
+        if fairEncode(st) == u[1] then
+          st.clock, st.keys, st.src, st.ver = alt.clock, alt.keys, alt.src, st.ver + 1
         end
       end
     end
@@ -1119,8 +1135,8 @@ local function apply(keys, argv)
         elseif st then
           -- Undo's value for a fair state: the state this call keeps,
           -- and the one to put back in its place.
-          local keep, alt = table.concat(fairFlat(st), '\n'), fairFlat(alts[ki])
-          if keep == table.concat(alt, '\n') then
+          local keep, alt = fairEncode(st), fairEncode(alts[ki])
+          if keep == alt then
             out[1 + 4 * n + ki] = ''
           else
             out[1 + 4 * n + ki] = cmsgpack.pack({keep, alt})
