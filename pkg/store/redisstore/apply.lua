@@ -460,56 +460,74 @@ local function fairDecay(x)
   return r
 end
 
--- fairRecLen is the length of one key's record in the state string: the
--- member (16 bytes, fairNone for "") and its eight doubles.
+-- The state string: the clock, then one record per key in key order, ten
+-- little-endian doubles: the member as two numbers, hi and lo (its first
+-- and last 8 hex digits; -1 and 0 for ""), then Weight Finish Asked Denied
+-- Admitted Asks Admits Aged. Numbers order members as Go's
+-- strings.Compare orders their hex ("" first), with no strcoll and no Lua
+-- string per member: making those strings was most of the decode.
 local fairRecLen = 80
-local fairNone = string.rep('\0', 16)
+local fairRec = '<dddddddddd'
+
+-- A decoded state keeps its keys in parallel arrays (a table per key
+-- cost twice the time), one per column: H L member, W weight, F finish,
+-- AS asked, D denied, AD admitted, SK asks, SM admits, AG aged, and P the
+-- record's offset in st.src, false once a record changed the key, so
+-- that fairEncode copies the unchanged runs of records as substrings.
+local fairCols = {'H', 'L', 'W', 'F', 'AS', 'D', 'AD', 'SK', 'SM', 'AG', 'P'}
 
 -- fairMember reports whether m is a limit.FairMember.
 local function fairMember(m)
   return m == '' or (#m == 16 and string.find(m, '[^0-9a-f]') == nil)
 end
 
--- fairDecode reads a state string; nil when it is not one. Each key
--- keeps pos, where its record starts in src, until a record changes it,
--- so that fairEncode copies the unchanged runs of records as substrings
--- and packs only the keys the decision changed.
+-- fairHL is member m's hi and lo.
+local function fairHL(m)
+  if m == '' then return -1, 0 end
+  return tonumber(string.sub(m, 1, 8), 16), tonumber(string.sub(m, 9, 16), 16)
+end
+
+local function fairEmpty(src)
+  local st = {clock = 0, n = 0, src = src}
+  for _, c in ipairs(fairCols) do st[c] = {} end
+  return st
+end
+
+-- fairDecode reads a state string; nil when it is not one.
 local function fairDecode(src)
   local n = (#src - 8) / fairRecLen
   if n < 0 or n ~= math.floor(n) then return nil end
-  local st = {clock = struct.unpack('<d', src), keys = {}, src = src}
-  local keys, prev, pos = st.keys, nil, 9
+  local st = fairEmpty(src)
+  st.clock, st.n = struct.unpack('<d', src), n
+  local H, L, W, F, AS, D, AD, SK, SM, AG, P = st.H, st.L, st.W, st.F, st.AS, st.D, st.AD, st.SK, st.SM, st.AG, st.P
+  local ph, pl, pos = nil, nil, 9
   for i = 1, n do
-    local m, w, fin, asked, denied, admitted, asks, admits, aged, nxt =
-      struct.unpack('<c16dddddddd', src, pos)
-    if m == fairNone then m = '' end
+    local h, l, nxt
+    h, l, W[i], F[i], AS[i], D[i], AD[i], SK[i], SM[i], AG[i], nxt = struct.unpack(fairRec, src, pos)
     -- Keys in order and each once, or fairFind would be wrong.
-    if prev ~= nil and not (prev < m) then return nil end
-    keys[i] = {key = m, weight = w, finish = fin, asked = asked, denied = denied,
-      admitted = admitted, asks = asks, admits = admits, aged = aged, pos = pos}
-    prev, pos = m, nxt
+    if ph ~= nil and not (ph < h or (ph == h and pl < l)) then return nil end
+    H[i], L[i], P[i] = h, l, pos
+    ph, pl, pos = h, l, nxt
   end
   return st
 end
 
--- fairEncode is st as the string it is saved as: the clock, then each
--- key's record in key order.
+-- fairEncode is st as the string it is saved as.
 local function fairEncode(st)
   local parts = {struct.pack('<d', st.clock)}
-  local src, from, to = st.src, nil, nil
-  for _, k in ipairs(st.keys) do
-    if k.pos ~= nil and k.pos == to then
+  local src, P, from, to = st.src, st.P, nil, nil
+  for i = 1, st.n do
+    local pos = P[i]
+    if pos and pos == to then
       to = to + fairRecLen
     else
       if from ~= nil then parts[#parts + 1] = string.sub(src, from, to - 1) end
       from, to = nil, nil
-      if k.pos ~= nil then
-        from, to = k.pos, k.pos + fairRecLen
+      if pos then
+        from, to = pos, pos + fairRecLen
       else
-        local m = k.key
-        if m == '' then m = fairNone end
-        parts[#parts + 1] = m .. struct.pack('<dddddddd', k.weight, k.finish, k.asked, k.denied, k.admitted,
-          k.asks, k.admits, k.aged)
+        parts[#parts + 1] = struct.pack(fairRec, st.H[i], st.L[i], st.W[i], st.F[i], st.AS[i], st.D[i], st.AD[i],
+          st.SK[i], st.SM[i], st.AG[i])
       end
     end
   end
@@ -521,7 +539,7 @@ local function loadFair(key)
   local raw = redis.pcall('GET', key)
   local st
   if raw == false then
-    st = {clock = 0, keys = {}, src = ''}
+    st = fairEmpty('')
   elseif type(raw) == 'string' then
     st = fairDecode(raw)
   end
@@ -530,12 +548,19 @@ local function loadFair(key)
   return st
 end
 
-local function copyFair(st)
-  local c = {name = st.name, stored = st.stored, src = st.src, ttl = st.ttl, ver = st.ver, clock = st.clock, keys = {}}
-  for i, k in ipairs(st.keys) do
-    c.keys[i] = {key = k.key, weight = k.weight, finish = k.finish, asked = k.asked, denied = k.denied,
-      admitted = k.admitted, asks = k.asks, admits = k.admits, aged = k.aged, pos = k.pos}
+-- fairSet makes st's keys and clock those of from.
+local function fairSet(st, from)
+  st.clock, st.n, st.src = from.clock, from.n, from.src
+  for _, c in ipairs(fairCols) do
+    local a, b = {}, from[c]
+    for i = 1, from.n do a[i] = b[i] end
+    st[c] = a
   end
+end
+
+local function copyFair(st)
+  local c = {name = st.name, stored = st.stored, ttl = st.ttl, ver = st.ver}
+  fairSet(c, st)
   return c
 end
 
@@ -552,32 +577,25 @@ local function saveFair(st)
   end
 end
 
--- fairFind returns key's index in st.keys, or where it goes and false.
-local function fairFind(st, key)
-  local ks = st.keys
-  local lo, hi = 1, #ks + 1
+-- fairFind returns the index of member h, l, or where it goes and false.
+local function fairFind(st, h, l)
+  local H, L = st.H, st.L
+  local lo, hi = 1, st.n + 1
   while lo < hi do
     local mid = math.floor((lo + hi) / 2)
-    local k = ks[mid].key
-    if k == key then return mid, true end
-    if k < key then lo = mid + 1 else hi = mid end
+    local mh, ml = H[mid], L[mid]
+    if mh == h and ml == l then return mid, true end
+    if mh < h or (mh == h and ml < l) then lo = mid + 1 else hi = mid end
   end
   return lo, false
 end
 
--- fairSlot is FairState.slot, with the slot's fairFind.
-local function fairSlot(st, p, key)
-  local i, ok = fairFind(st, key)
-  if ok or #st.keys < p.maxKeys then return key, i, ok end
-  return '', fairFind(st, '')
-end
-
-local function fairDemand(k, p)
-  return k.asked > 0 and now - k.asked < p.backlog
-end
-
-local function fairWaiting(k, p)
-  return k.denied > 0 and now - k.denied < p.backlog and k.admits < fairKeep * k.asks
+-- fairSlot is FairState.slot: the member fc counts under, its index, and
+-- whether the state knows it.
+local function fairSlot(st, fc)
+  local i, ok = fairFind(st, fc.h, fc.l)
+  if ok or st.n < fc.p.maxKeys then return fc.h, fc.l, i, ok end
+  return -1, 0, fairFind(st, -1, 0)
 end
 
 local function fairLift(st, p, f, w)
@@ -620,17 +638,17 @@ local function fairFloor(share, ws)
   end
 end
 
--- fairWeights is FairState.weights; it also returns which keys wait
--- (other than key), which Gate reads again.
-local function fairWeights(st, p, key, w)
+-- fairWeights is FairState.weights, with key at index ki (0: not in the
+-- state); it also returns which other keys wait, which Gate reads again.
+local function fairWeights(st, p, ki, w)
   local ws, wt = {}, {}
-  local backlog, keys = p.backlog, st.keys
-  for i = 1, #keys do
-    local k = keys[i]
-    if k.key == key then
+  local backlog, W, D, SK, SM = p.backlog, st.W, st.D, st.SK, st.SM
+  for i = 1, st.n do
+    local d = D[i]
+    if i == ki then
       ws[i], wt[i] = w, false
-    elseif k.denied > 0 and now - k.denied < backlog and k.admits < fairKeep * k.asks then
-      ws[i], wt[i] = k.weight, true
+    elseif d > 0 and now - d < backlog and SM[i] < fairKeep * SK[i] then
+      ws[i], wt[i] = W[i], true
     else
       ws[i], wt[i] = 0, false
     end
@@ -640,27 +658,29 @@ local function fairWeights(st, p, key, w)
 end
 
 -- fairGate is FairState.Gate: whether fc's key may ask a counter with
--- room left. It leaves in fc.gate what Record can reuse while the state
--- is unchanged (st.ver).
+-- room left. It leaves in fc.gate the weights Record can reuse while the
+-- state is unchanged (st.ver).
 local function fairGate(st, fc, room)
   local p = fc.p
   local weight = fairWeight(fc.weight)
-  local key, i, known = fairSlot(st, p, fc.member)
-  local ws, wt = fairWeights(st, p, key, weight)
+  local _, _, i, known = fairSlot(st, fc)
+  local ki = 0
+  if known then ki = i end
+  local ws, wt = fairWeights(st, p, ki, weight)
   fc.gate = {ver = st.ver, ws = ws}
   local w = weight
   local f = fairLift(st, p, st.clock, w)
   if known then
     w = ws[i]
-    f = fairLift(st, p, st.keys[i].finish, w)
+    f = fairLift(st, p, st.F[i], w)
   end
   if w <= 0 then w = weight end
   local reserve, ahead = 0, false
-  local keys, q = st.keys, p.quantum / w
-  for j = 1, #keys do
+  local F, q = st.F, p.quantum / w
+  for j = 1, st.n do
     if wt[j] then
       local kw = ws[j]
-      local g = fairLift(st, p, keys[j].finish, kw)
+      local g = fairLift(st, p, F[j], kw)
       if f >= g + q then ahead = true end
       reserve = reserve + kw * fmax(f - g, 0)
     end
@@ -673,45 +693,59 @@ end
 local function fairRecord(st, fc, out)
   local p, cost = fc.p, fc.cost
   local weight = fairWeight(fc.weight)
-  local key, i, ok = fairSlot(st, p, fc.member)
+  local h, l, i, ok = fairSlot(st, fc)
   local ws
   if ok and fc.gate ~= nil and fc.gate.ver == st.ver then
     -- The state Gate saw, and the key in it: the same weights.
     ws = fc.gate.ws
   else
     if not ok then
-      table.insert(st.keys, i, {key = key, weight = 0, finish = st.clock, asked = 0, denied = 0,
-        admitted = 0, asks = 0, admits = 0, aged = 0})
+      local vals = {H = h, L = l, W = 0, F = st.clock, AS = 0, D = 0, AD = 0, SK = 0, SM = 0, AG = 0, P = false}
+      for _, c in ipairs(fairCols) do table.insert(st[c], i, vals[c]) end
+      st.n = st.n + 1
     end
-    ws = fairWeights(st, p, key, weight)
+    ws = fairWeights(st, p, i, weight)
   end
   st.ver = st.ver + 1
-  local k = st.keys[i]
-  k.weight, k.asked, k.pos = weight, now, nil
-  if now > k.aged then
-    local f = fairDecay((now - k.aged) / fmax(p.backlog, 1))
-    k.asks = k.asks * f
-    k.admits = k.admits * f
-    k.aged = now
+  local F, SK, SM = st.F, st.SK, st.SM
+  st.W[i], st.AS[i], st.P[i] = weight, now, false
+  local aged = st.AG[i]
+  if now > aged then
+    local f = fairDecay((now - aged) / fmax(p.backlog, 1))
+    SK[i] = SK[i] * f
+    SM[i] = SM[i] * f
+    st.AG[i] = now
   end
-  if out ~= 'e' then k.asks = k.asks + cost end
-  if out == 'a' then k.admits = k.admits + cost end
-  k.finish = fairLift(st, p, k.finish, ws[i])
+  if out ~= 'e' then SK[i] = SK[i] + cost end
+  if out == 'a' then SM[i] = SM[i] + cost end
+  F[i] = fairLift(st, p, F[i], ws[i])
   if out == 'a' then
-    k.finish = k.finish + cost / ws[i]
-    k.admitted = now
+    F[i] = F[i] + cost / ws[i]
+    st.AD[i] = now
     local total = 0
-    for _, w in ipairs(ws) do total = total + w end
+    for j = 1, #ws do total = total + ws[j] end
     st.clock = st.clock + cost / total
   elseif out == 'd' then
-    k.denied = now
+    st.D[i] = now
   end
   -- forget: keys with no demand that owe nothing go.
-  local kept = {}
-  for _, x in ipairs(st.keys) do
-    if fairDemand(x, p) or not (x.finish <= st.clock) then kept[#kept + 1] = x end
+  local AS, clock, backlog, n, j = st.AS, st.clock, p.backlog, st.n, 0
+  for x = 1, n do
+    local a = AS[x]
+    if (a > 0 and now - a < backlog) or not (F[x] <= clock) then
+      j = j + 1
+      if j ~= x then
+        for _, c in ipairs(fairCols) do st[c][j] = st[c][x] end
+      end
+    end
   end
-  st.keys = kept
+  if j ~= n then
+    for _, c in ipairs(fairCols) do
+      local a = st[c]
+      for x = j + 1, n do a[x] = nil end
+    end
+    st.n = j
+  end
 end
 
 -- fairRoom is the counter's Remaining before ch: Gate's room.
@@ -1034,6 +1068,7 @@ local function apply(keys, argv)
         credit = tonumber(argv[b + 6]), maxKeys = tonumber(argv[b + 7])},
       member = argv[b + 8], weight = tonumber(argv[b + 9]), cost = tonumber(argv[b + 10]),
     }
+    if fairMember(fc.member) then fc.h, fc.l = fairHL(fc.member) end
     local p, ttl = fc.p, tonumber(argv[b + 11])
     if ch == nil or ch.fair ~= nil or (ch.kind ~= 's' and ch.kind ~= 'f' and ch.kind ~= 't') or ch.cost < 0 or ch.force or
         fki == nil or keys[fki] == nil or counters[fki] ~= nil or p.minShare == nil or p.backlog == nil or
@@ -1077,7 +1112,8 @@ local function apply(keys, argv)
         local alt = ok and type(u) == 'table' and type(u[1]) == 'string' and type(u[2]) == 'string' and fairDecode(u[2])
         if not alt then return redis.error_reply('ERR tollgate apply: bad undo arguments') end
         if fairEncode(st) == u[1] then
-          st.clock, st.keys, st.src, st.ver = alt.clock, alt.keys, alt.src, st.ver + 1
+          fairSet(st, alt)
+          st.ver = st.ver + 1
         end
       end
     end

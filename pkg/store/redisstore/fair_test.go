@@ -72,8 +72,9 @@ func (r *fairRef) apply(ch *limit.Charge, now int64, elsewhere bool) (fits bool,
 }
 
 // readFair decodes the string apply.lua keeps at key: the clock, then
-// each key's record (16 bytes of member, NUL bytes for "", and eight
-// doubles), in key order.
+// each key's record, ten little-endian doubles: the member's first and
+// last 8 hex digits as numbers (-1 and 0 for ""), then the FairKey's
+// fields, in key order.
 func readFair(tb testing.TB, c redis.UniversalClient, key string) limit.FairState {
 	tb.Helper()
 	v, err := c.Get(context.Background(), key).Result()
@@ -83,24 +84,27 @@ func readFair(tb testing.TB, c redis.UniversalClient, key string) limit.FairStat
 	if err != nil {
 		tb.Fatalf("GET %s: %v", key, err)
 	}
-	const rec = 16 + 8*8
+	const rec = 10 * 8
 	if len(v) < 8 || (len(v)-8)%rec != 0 {
 		tb.Fatalf("state is %d bytes: want 8 + %d per key", len(v), rec)
 	}
 	double := func(b string) float64 { return math.Float64frombits(binary.LittleEndian.Uint64([]byte(b))) }
 	st := limit.FairState{Clock: double(v)}
 	for r := v[8:]; r != ""; r = r[rec:] {
-		member := r[:16]
-		if member == strings.Repeat("\x00", 16) {
-			member = limit.FairOverflowKey
-		}
-		var x [8]float64
+		var x [10]float64
 		for i := range x {
-			x[i] = double(r[16+8*i:])
+			x[i] = double(r[8*i:])
+		}
+		member := limit.FairOverflowKey
+		if hi, lo := exactInt(tb, x[0]), exactInt(tb, x[1]); hi != -1 || lo != 0 {
+			if hi < 0 || hi > math.MaxUint32 || lo < 0 || lo > math.MaxUint32 {
+				tb.Fatalf("member %v %v out of range", hi, lo)
+			}
+			member = fmt.Sprintf("%08x%08x", hi, lo)
 		}
 		st.Keys = append(st.Keys, limit.FairKey{
-			Key: member, Weight: x[0], Finish: x[1], Asked: exactInt(tb, x[2]), Denied: exactInt(tb, x[3]),
-			Admitted: exactInt(tb, x[4]), Asks: x[5], Admits: x[6], Aged: exactInt(tb, x[7]),
+			Key: member, Weight: x[2], Finish: x[3], Asked: exactInt(tb, x[4]), Denied: exactInt(tb, x[5]),
+			Admitted: exactInt(tb, x[6]), Asks: x[7], Admits: x[8], Aged: exactInt(tb, x[9]),
 		})
 	}
 	if !slices.IsSortedFunc(st.Keys, func(a, b limit.FairKey) int { return strings.Compare(a.Key, b.Key) }) {
