@@ -386,27 +386,21 @@ end
 
 -- Fair share ------------------------------------------------------------
 
--- The fair-share state of a shared counter (limit.FairState) is a hash at
--- limit.FairStateKey: the field "clock", and one field per fairness key
--- (a limit.FairMember: 16 lowercase hex digits, or "" for the overflow)
--- holding Weight Finish Asked Denied Admitted Asks Admits Aged, eight
--- little-endian doubles (struct's "d"; the clock is one). They read back
--- as the same doubles, as tostring's %.14g would not, and cost half the
--- Redis time of %.17g text and tonumber (BenchmarkFairApply, 64 members:
--- ~240 µs a decision, ~480 as text). The times are integer ms, exact in
--- a double. Every decision reads and parses the whole hash, so its cost
--- grows with the members kept (FairPolicy.MaxKeys). fairGate and fairRecord are limit.FairState's Gate and
--- Record operation for operation, over keys in the same order and with
--- every sum in the same order, so that the state here and in memstore
--- agree to the bit. Lua rounds every product on its own (the interpreter
--- has no fused multiply-add), as fairshare.go makes Go do.
---
--- Keys are in Go's strings.Compare order, sorted with Lua's < on
--- strings. That calls strcoll, in the LC_COLLATE Redis takes from its
--- environment: it orders "" and 16 lowercase hex digits of one length as
--- bytes in the C and the usual UTF-8 locales, and the script takes no
--- other member (fairMember; call.go refuses them first). The names are
--- sorted with no Lua comparator, so the sort stays in C.
+-- The fair-share state of a shared counter (limit.FairState) is one
+-- string at limit.FairStateKey (the layout is below, at fairRecLen): one
+-- GET reads it, already in key order, and a decision writes back only the
+-- clock and the record it changed (SETRANGE), or, when a key was added or
+-- dropped, the whole string (SET). Doubles read back as the same doubles,
+-- as tostring's %.14g would not; the times are integer ms, exact in a
+-- double. Every decision still decodes and scans every key, so its cost
+-- grows with the members kept (FairPolicy.MaxKeys; docs/fair-share-redis.md
+-- has the figures). fairGate and fairRecord are limit.FairState's Gate
+-- and Record operation for operation, over keys in the same order and
+-- with every sum in the same order, so that the state here and in
+-- memstore agree to the bit. Lua rounds every product on its own (the
+-- interpreter has no fused multiply-add), as fairshare.go makes Go do.
+-- Record reuses Gate's weights when the state has not changed between
+-- them (the same key, weight, policy and now give the same weights).
 
 -- fairKeep is 1 - limit's fairUnmet: a waiting key was admitted less than
 -- this part of what it asked.
