@@ -413,8 +413,27 @@ func TestFairBadInput(t *testing.T) {
 	p := &limit.FairPolicy{Backlog: time.Second}
 	base := limit.Charge{Key: "{fairbad}:shared", Algorithm: limit.SlidingWindow, Amount: 10, Window: time.Second, Cost: 1,
 		Fair: limit.FairCharge{Policy: p, Member: limit.FairMember("t"), Weight: 1}}
-	if err := rc.Set(context.Background(), limit.FairStateKey("{fairbad}:wrongtype"), "x", 0).Err(); err != nil {
-		t.Fatal(err)
+	// Two records of ten doubles, members (5, 0) then (1, 0): out of
+	// order, so the script's binary search could not trust it.
+	unsorted := binary.LittleEndian.AppendUint64(nil, math.Float64bits(0))
+	for _, hi := range []float64{5, 1} {
+		for i := range 10 {
+			x := 0.0
+			if i == 0 {
+				x = hi
+			}
+			unsorted = binary.LittleEndian.AppendUint64(unsorted, math.Float64bits(x))
+		}
+	}
+	ctx := context.Background()
+	for key, err := range map[string]error{
+		"wrongtype": rc.Set(ctx, limit.FairStateKey("{fairbad}:wrongtype"), "x", 0).Err(),
+		"unsorted":  rc.Set(ctx, limit.FairStateKey("{fairbad}:unsorted"), unsorted, 0).Err(),
+		"hash":      rc.HSet(ctx, limit.FairStateKey("{fairbad}:hash"), "clock", "x").Err(),
+	} {
+		if err != nil {
+			t.Fatalf("%s: %v", key, err)
+		}
 	}
 	tests := []struct {
 		name string
@@ -428,6 +447,8 @@ func TestFairBadInput(t *testing.T) {
 		{name: "quantum inf", give: func(c *limit.Charge) { c.Fair.Policy = &limit.FairPolicy{Quantum: math.Inf(1)} }, want: "out of range"},
 		{name: "credit NaN", give: func(c *limit.Charge) { c.Fair.Policy = &limit.FairPolicy{Credit: math.NaN()} }, want: "out of range"},
 		{name: "state of another type", give: func(c *limit.Charge) { c.Key = "{fairbad}:wrongtype" }, want: "does not hold a fair-share state"},
+		{name: "state a hash", give: func(c *limit.Charge) { c.Key = "{fairbad}:hash" }, want: "does not hold a fair-share state"},
+		{name: "state out of order", give: func(c *limit.Charge) { c.Key = "{fairbad}:unsorted" }, want: "does not hold a fair-share state"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
