@@ -386,27 +386,21 @@ end
 
 -- Fair share ------------------------------------------------------------
 
--- The fair-share state of a shared counter (limit.FairState) is a hash at
--- limit.FairStateKey: the field "clock", and one field per fairness key
--- (a limit.FairMember: 16 lowercase hex digits, or "" for the overflow)
--- holding Weight Finish Asked Denied Admitted Asks Admits Aged, eight
--- little-endian doubles (struct's "d"; the clock is one). They read back
--- as the same doubles, as tostring's %.14g would not, and cost half the
--- Redis time of %.17g text and tonumber (BenchmarkFairApply, 64 members:
--- ~240 µs a decision, ~480 as text). The times are integer ms, exact in
--- a double. Every decision reads and parses the whole hash, so its cost
--- grows with the members kept (FairPolicy.MaxKeys). fairGate and fairRecord are limit.FairState's Gate and
--- Record operation for operation, over keys in the same order and with
--- every sum in the same order, so that the state here and in memstore
--- agree to the bit. Lua rounds every product on its own (the interpreter
--- has no fused multiply-add), as fairshare.go makes Go do.
---
--- Keys are in Go's strings.Compare order, sorted with Lua's < on
--- strings. That calls strcoll, in the LC_COLLATE Redis takes from its
--- environment: it orders "" and 16 lowercase hex digits of one length as
--- bytes in the C and the usual UTF-8 locales, and the script takes no
--- other member (fairMember; call.go refuses them first). The names are
--- sorted with no Lua comparator, so the sort stays in C.
+-- The fair-share state of a shared counter (limit.FairState) is one
+-- string at limit.FairStateKey (the layout is below, at fairRecLen): one
+-- GET reads it, already in key order, and a decision writes back only the
+-- clock and the record it changed (SETRANGE), or, when a key was added or
+-- dropped, the whole string (SET). Doubles read back as the same doubles,
+-- as tostring's %.14g would not; the times are integer ms, exact in a
+-- double. Every decision still decodes and scans every key, so its cost
+-- grows with the members kept (FairPolicy.MaxKeys; docs/fair-share-redis.md
+-- has the figures). fairGate and fairRecord are limit.FairState's Gate
+-- and Record operation for operation, over keys in the same order and
+-- with every sum in the same order, so that the state here and in
+-- memstore agree to the bit. Lua rounds every product on its own (the
+-- interpreter has no fused multiply-add), as fairshare.go makes Go do.
+-- Record reuses Gate's weights when the state has not changed between
+-- them (the same key, weight, policy and now give the same weights).
 
 -- fairKeep is 1 - limit's fairUnmet: a waiting key was admitted less than
 -- this part of what it asked.
@@ -460,120 +454,162 @@ local function fairDecay(x)
   return r
 end
 
--- fairField is k's value in the hash; k.enc keeps the value k was read
--- from until a record changes k, so a decision encodes one key, not all.
-local function fairField(k)
-  if k.enc == nil then
-    k.enc = struct.pack('<dddddddd', k.weight, k.finish, k.asked, k.denied, k.admitted, k.asks, k.admits, k.aged)
-  end
-  return k.enc
-end
+-- The state string: the clock, then one record per key in key order, ten
+-- little-endian doubles: the member as two numbers, hi and lo (its first
+-- and last 8 hex digits; -1 and 0 for ""), then Weight Finish Asked Denied
+-- Admitted Asks Admits Aged. Numbers order members as Go's
+-- strings.Compare orders their hex ("" first), with no strcoll and no Lua
+-- string per member: making those strings was most of the decode.
+local fairRecLen = 80
+local fairRec = '<dddddddddd'
+
+-- A decoded state keeps its keys in parallel arrays (a table per key
+-- cost twice the time), one per column: H L member, W weight, F finish,
+-- AS asked, D denied, AD admitted, SK asks, SM admits, AG aged, and P the
+-- record's offset in st.src, false once a record changed the key, so
+-- that fairEncode copies the unchanged runs of records as substrings.
+local fairCols = {'H', 'L', 'W', 'F', 'AS', 'D', 'AD', 'SK', 'SM', 'AG', 'P'}
 
 -- fairMember reports whether m is a limit.FairMember.
 local function fairMember(m)
   return m == '' or (#m == 16 and string.find(m, '[^0-9a-f]') == nil)
 end
 
--- fairParse reads a state from the flat field, value list HGETALL
--- returns; nil when it is not one.
-local function fairParse(flat)
-  local st = {clock = 0, keys = {}}
-  local names, vals = {}, {}
-  for i = 1, #flat, 2 do
-    local f, v = flat[i], flat[i + 1]
-    if type(f) ~= 'string' or type(v) ~= 'string' then return nil end
-    if f == 'clock' then
-      if #v ~= 8 then return nil end
-      st.clock = struct.unpack('<d', v)
-    else
-      if #v ~= 64 then return nil end
-      names[#names + 1] = f
-      vals[f] = v
-    end
-  end
-  table.sort(names)
-  for i, f in ipairs(names) do
-    local v = vals[f]
-    local w, fin, asked, denied, admitted, asks, admits, aged = struct.unpack('<dddddddd', v)
-    st.keys[i] = {key = f, weight = w, finish = fin, asked = asked, denied = denied,
-      admitted = admitted, asks = asks, admits = admits, aged = aged, enc = v}
+-- fairHL is member m's hi and lo.
+local function fairHL(m)
+  if m == '' then return -1, 0 end
+  return tonumber(string.sub(m, 1, 8), 16), tonumber(string.sub(m, 9, 16), 16)
+end
+
+local function fairEmpty(src)
+  local st = {clock = 0, n = 0, src = src}
+  for _, c in ipairs(fairCols) do st[c] = {} end
+  return st
+end
+
+-- fairDecode reads a state string; nil when it is not one.
+local function fairDecode(src)
+  local n = (#src - 8) / fairRecLen
+  if n < 0 or n ~= math.floor(n) then return nil end
+  local st = fairEmpty(src)
+  st.clock, st.n = struct.unpack('<d', src), n
+  local H, L, W, F, AS, D, AD, SK, SM, AG, P = st.H, st.L, st.W, st.F, st.AS, st.D, st.AD, st.SK, st.SM, st.AG, st.P
+  local ph, pl, pos = nil, nil, 9
+  for i = 1, n do
+    local h, l, nxt
+    h, l, W[i], F[i], AS[i], D[i], AD[i], SK[i], SM[i], AG[i], nxt = struct.unpack(fairRec, src, pos)
+    -- Keys in order and each once, or fairFind would be wrong.
+    if ph ~= nil and not (ph < h or (ph == h and pl < l)) then return nil end
+    H[i], L[i], P[i] = h, l, pos
+    ph, pl, pos = h, l, nxt
   end
   return st
 end
 
--- fairFlat is st as the flat field, value list it is saved as, the clock
--- first and the keys in order.
-local function fairFlat(st)
-  local flat = {'clock', struct.pack('<d', st.clock)}
-  for _, k in ipairs(st.keys) do
-    flat[#flat + 1] = k.key
-    flat[#flat + 1] = fairField(k)
+-- fairPack is key i's record.
+local function fairPack(st, i)
+  return struct.pack(fairRec, st.H[i], st.L[i], st.W[i], st.F[i], st.AS[i], st.D[i], st.AD[i], st.SK[i], st.SM[i],
+    st.AG[i])
+end
+
+-- fairEncode is st as the string it is saved as.
+local function fairEncode(st)
+  local parts = {struct.pack('<d', st.clock)}
+  local src, P, from, to = st.src, st.P, nil, nil
+  for i = 1, st.n do
+    local pos = P[i]
+    if pos and pos == to then
+      to = to + fairRecLen
+    else
+      if from ~= nil then parts[#parts + 1] = string.sub(src, from, to - 1) end
+      from, to = nil, nil
+      if pos then
+        from, to = pos, pos + fairRecLen
+      else
+        parts[#parts + 1] = fairPack(st, i)
+      end
+    end
   end
-  return flat
+  if from ~= nil then parts[#parts + 1] = string.sub(src, from, to - 1) end
+  return table.concat(parts)
 end
 
 local function loadFair(key)
-  local flat = redis.pcall('HGETALL', key)
-  if type(flat) ~= 'table' or flat.err ~= nil then fail(key, 'does not hold a fair-share state') end
-  local st = fairParse(flat)
+  local raw = redis.pcall('GET', key)
+  local st
+  if raw == false then
+    st = fairEmpty('')
+  elseif type(raw) == 'string' then
+    st = fairDecode(raw)
+  end
   if st == nil then fail(key, 'does not hold a fair-share state') end
-  st.name, st.raw, st.ttl = key, {}, 1
-  for i = 1, #flat, 2 do st.raw[flat[i]] = flat[i + 1] end
+  st.name, st.stored, st.ttl, st.ver, st.moved, st.changed = key, raw, 1, 0, raw == false, {}
   return st
 end
 
-local function copyFair(st)
-  local c = {name = st.name, raw = st.raw, ttl = st.ttl, clock = st.clock, keys = {}}
-  for i, k in ipairs(st.keys) do
-    c.keys[i] = {key = k.key, weight = k.weight, finish = k.finish, asked = k.asked, denied = k.denied,
-      admitted = k.admitted, asks = k.asks, admits = k.admits, aged = k.aged, enc = k.enc}
+-- fairSet makes st's keys and clock those of from.
+local function fairSet(st, from)
+  st.clock, st.n, st.src = from.clock, from.n, from.src
+  for _, c in ipairs(fairCols) do
+    local a, b = {}, from[c]
+    for i = 1, from.n do a[i] = b[i] end
+    st[c] = a
   end
+end
+
+local function copyFair(st)
+  local c = {name = st.name, stored = st.stored, ttl = st.ttl, ver = st.ver, moved = st.moved, changed = {}}
+  fairSet(c, st)
   return c
 end
 
--- saveFair writes the fields that changed and renews the TTL: every
--- record renews it, as every decision on the limit records.
+-- saveFair writes the state and renews the TTL, plus ttlMargin as every
+-- other key: every record renews it, as every decision on the limit
+-- records. When no key was added or dropped (st.moved) every record is
+-- where it was read, and SETRANGE writes the clock and the records that
+-- changed (st.changed): copying and writing the whole string took about
+-- as long as the gate.
 local function saveFair(st)
-  local set, seen, del = {}, {}, {}
-  local flat = fairFlat(st)
-  for i = 1, #flat, 2 do
-    seen[flat[i]] = true
-    if st.raw[flat[i]] ~= flat[i + 1] then
-      set[#set + 1] = flat[i]
-      set[#set + 1] = flat[i + 1]
+  local ttl = fmtint(st.ttl + ttlMargin)
+  if st.moved then
+    local s = fairEncode(st)
+    if s ~= st.stored then
+      redis.call('SET', st.name, s, 'PX', ttl)
+      return
     end
+  else
+    local done = {}
+    for _, i in ipairs(st.changed) do
+      if not done[i] then
+        done[i] = true
+        redis.call('SETRANGE', st.name, fmtint(8 + (i - 1) * fairRecLen), fairPack(st, i))
+      end
+    end
+    local clock = struct.pack('<d', st.clock)
+    if clock ~= string.sub(st.stored, 1, 8) then redis.call('SETRANGE', st.name, '0', clock) end
   end
-  for f in pairs(st.raw) do
-    if not seen[f] then del[#del + 1] = f end
+  redis.call('PEXPIRE', st.name, ttl)
+end
+
+-- fairFind returns the index of member h, l, or where it goes and false.
+local function fairFind(st, h, l)
+  local H, L = st.H, st.L
+  local lo, hi = 1, st.n + 1
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    local mh, ml = H[mid], L[mid]
+    if mh == h and ml == l then return mid, true end
+    if mh < h or (mh == h and ml < l) then lo = mid + 1 else hi = mid end
   end
-  if #del > 0 then redis.call('HDEL', st.name, unpack(del)) end
-  if #set > 0 then redis.call('HSET', st.name, unpack(set)) end
-  redis.call('PEXPIRE', st.name, fmtint(st.ttl))
+  return lo, false
 end
 
--- fairFind returns key's index in st.keys, or where it goes and false.
-local function fairFind(st, key)
-  local ks = st.keys
-  for i = 1, #ks do
-    local k = ks[i].key
-    if k == key then return i, true end
-    if key < k then return i, false end
-  end
-  return #ks + 1, false
-end
-
-local function fairSlot(st, p, key)
-  local _, ok = fairFind(st, key)
-  if ok or #st.keys < p.maxKeys then return key end
-  return ''
-end
-
-local function fairDemand(k, p)
-  return k.asked > 0 and now - k.asked < p.backlog
-end
-
-local function fairWaiting(k, p)
-  return k.denied > 0 and now - k.denied < p.backlog and k.admits < fairKeep * k.asks
+-- fairSlot is FairState.slot: the member fc counts under, its index, and
+-- whether the state knows it.
+local function fairSlot(st, fc)
+  local i, ok = fairFind(st, fc.h, fc.l)
+  if ok or st.n < fc.p.maxKeys then return fc.h, fc.l, i, ok end
+  return -1, 0, fairFind(st, -1, 0)
 end
 
 local function fairLift(st, p, f, w)
@@ -616,43 +652,56 @@ local function fairFloor(share, ws)
   end
 end
 
-local function fairWeights(st, p, key, w)
-  local ws = {}
-  for i, k in ipairs(st.keys) do
-    if k.key == key then
-      ws[i] = w
-    elseif fairWaiting(k, p) then
-      ws[i] = k.weight
+-- fairWeights is FairState.weights, with key at index ki (0: not in the
+-- state); it also returns which other keys wait, which Gate reads again.
+local function fairWeights(st, p, ki, w)
+  local ws, wt = {}, {}
+  local backlog, W, D, SK, SM = p.backlog, st.W, st.D, st.SK, st.SM
+  for i = 1, st.n do
+    local d = D[i]
+    if i == ki then
+      ws[i], wt[i] = w, false
+    elseif d > 0 and now - d < backlog and SM[i] < fairKeep * SK[i] then
+      ws[i], wt[i] = W[i], true
     else
-      ws[i] = 0
+      ws[i], wt[i] = 0, false
     end
   end
   fairFloor(p.minShare, ws)
-  return ws
+  return ws, wt
 end
 
 -- fairGate is FairState.Gate: whether fc's key may ask a counter with
--- room left.
+-- room left. It leaves in fc.gate the weights Record can reuse while the
+-- state is unchanged (st.ver).
 local function fairGate(st, fc, room)
   local p = fc.p
-  local key = fairSlot(st, p, fc.member)
   local weight = fairWeight(fc.weight)
-  local i, known = fairFind(st, key)
-  local ws = fairWeights(st, p, key, weight)
+  local _, _, i, known = fairSlot(st, fc)
+  local ki = 0
+  if known then ki = i end
+  local ws, wt = fairWeights(st, p, ki, weight)
+  fc.gate = {ver = st.ver, ws = ws}
   local w = weight
   local f = fairLift(st, p, st.clock, w)
   if known then
     w = ws[i]
-    f = fairLift(st, p, st.keys[i].finish, w)
+    f = fairLift(st, p, st.F[i], w)
   end
   if w <= 0 then w = weight end
   local reserve, ahead = 0, false
-  for j, k in ipairs(st.keys) do
-    if k.key ~= key and fairWaiting(k, p) then
+  local F, q, clock, credit = st.F, p.quantum / w, st.clock, p.credit
+  for j = 1, st.n do
+    if wt[j] then
       local kw = ws[j]
-      local g = fairLift(st, p, k.finish, kw)
-      if f >= g + p.quantum / w then ahead = true end
-      reserve = reserve + kw * fmax(f - g, 0)
+      -- fairLift and fmax inlined: fmax(a, b) is the larger when they
+      -- compare, and fmax itself only when equal or NaN.
+      local g, lb = F[j], clock - credit / kw
+      if lb > g then g = lb elseif not (g > lb) then g = fmax(g, lb) end
+      if f >= g + q then ahead = true end
+      local d = f - g
+      if not (d > 0) then d = fmax(d, 0) end
+      reserve = reserve + kw * d
     end
   end
   return not ahead or room - fc.cost >= reserve
@@ -662,40 +711,61 @@ end
 -- (FairDenied) or "e" (FairElsewhere).
 local function fairRecord(st, fc, out)
   local p, cost = fc.p, fc.cost
-  local key = fairSlot(st, p, fc.member)
   local weight = fairWeight(fc.weight)
-  local i, ok = fairFind(st, key)
-  if not ok then
-    table.insert(st.keys, i, {key = key, weight = 0, finish = st.clock, asked = 0, denied = 0,
-      admitted = 0, asks = 0, admits = 0, aged = 0})
+  local h, l, i, ok = fairSlot(st, fc)
+  local ws
+  if ok and fc.gate ~= nil and fc.gate.ver == st.ver then
+    -- The state Gate saw, and the key in it: the same weights.
+    ws = fc.gate.ws
+  else
+    if not ok then
+      local vals = {H = h, L = l, W = 0, F = st.clock, AS = 0, D = 0, AD = 0, SK = 0, SM = 0, AG = 0, P = false}
+      for _, c in ipairs(fairCols) do table.insert(st[c], i, vals[c]) end
+      st.n, st.moved = st.n + 1, true
+    end
+    ws = fairWeights(st, p, i, weight)
   end
-  local ws = fairWeights(st, p, key, weight)
-  local k = st.keys[i]
-  k.weight, k.asked, k.enc = weight, now, nil
-  if now > k.aged then
-    local f = fairDecay((now - k.aged) / fmax(p.backlog, 1))
-    k.asks = k.asks * f
-    k.admits = k.admits * f
-    k.aged = now
+  st.ver = st.ver + 1
+  st.changed[#st.changed + 1] = i
+  local F, SK, SM = st.F, st.SK, st.SM
+  st.W[i], st.AS[i], st.P[i] = weight, now, false
+  local aged = st.AG[i]
+  if now > aged then
+    local f = fairDecay((now - aged) / fmax(p.backlog, 1))
+    SK[i] = SK[i] * f
+    SM[i] = SM[i] * f
+    st.AG[i] = now
   end
-  if out ~= 'e' then k.asks = k.asks + cost end
-  if out == 'a' then k.admits = k.admits + cost end
-  k.finish = fairLift(st, p, k.finish, ws[i])
+  if out ~= 'e' then SK[i] = SK[i] + cost end
+  if out == 'a' then SM[i] = SM[i] + cost end
+  F[i] = fairLift(st, p, F[i], ws[i])
   if out == 'a' then
-    k.finish = k.finish + cost / ws[i]
-    k.admitted = now
+    F[i] = F[i] + cost / ws[i]
+    st.AD[i] = now
     local total = 0
-    for _, w in ipairs(ws) do total = total + w end
+    for j = 1, #ws do total = total + ws[j] end
     st.clock = st.clock + cost / total
   elseif out == 'd' then
-    k.denied = now
+    st.D[i] = now
   end
   -- forget: keys with no demand that owe nothing go.
-  local kept = {}
-  for _, x in ipairs(st.keys) do
-    if fairDemand(x, p) or not (x.finish <= st.clock) then kept[#kept + 1] = x end
+  local AS, clock, backlog, n, j = st.AS, st.clock, p.backlog, st.n, 0
+  for x = 1, n do
+    local a = AS[x]
+    if (a > 0 and now - a < backlog) or not (F[x] <= clock) then
+      j = j + 1
+      if j ~= x then
+        for _, c in ipairs(fairCols) do st[c][j] = st[c][x] end
+      end
+    end
   end
-  st.keys = kept
+  if j ~= n then
+    for _, c in ipairs(fairCols) do
+      local a = st[c]
+      for x = j + 1, n do a[x] = nil end
+    end
+    st.n, st.moved = j, true
+  end
 end
 
 -- fairRoom is the counter's Remaining before ch: Gate's room.
@@ -1018,6 +1088,7 @@ local function apply(keys, argv)
         credit = tonumber(argv[b + 6]), maxKeys = tonumber(argv[b + 7])},
       member = argv[b + 8], weight = tonumber(argv[b + 9]), cost = tonumber(argv[b + 10]),
     }
+    if fairMember(fc.member) then fc.h, fc.l = fairHL(fc.member) end
     local p, ttl = fc.p, tonumber(argv[b + 11])
     if ch == nil or ch.fair ~= nil or (ch.kind ~= 's' and ch.kind ~= 'f' and ch.kind ~= 't') or ch.cost < 0 or ch.force or
         fki == nil or keys[fki] == nil or counters[fki] ~= nil or p.minShare == nil or p.backlog == nil or
@@ -1058,10 +1129,11 @@ local function apply(keys, argv)
       local a = argv[tail + ki]
       if a ~= '' then
         local ok, u = pcall(cmsgpack.unpack, a)
-        local alt = ok and type(u) == 'table' and type(u[1]) == 'string' and type(u[2]) == 'table' and fairParse(u[2])
+        local alt = ok and type(u) == 'table' and type(u[1]) == 'string' and type(u[2]) == 'string' and fairDecode(u[2])
         if not alt then return redis.error_reply('ERR tollgate apply: bad undo arguments') end
-        if table.concat(fairFlat(st), '\n') == u[1] then
-          st.clock, st.keys = alt.clock, alt.keys
+        if fairEncode(st) == u[1] then
+          fairSet(st, alt)
+          st.ver, st.moved = st.ver + 1, true
         end
       end
     end
@@ -1119,8 +1191,8 @@ local function apply(keys, argv)
         elseif st then
           -- Undo's value for a fair state: the state this call keeps,
           -- and the one to put back in its place.
-          local keep, alt = table.concat(fairFlat(st), '\n'), fairFlat(alts[ki])
-          if keep == table.concat(alt, '\n') then
+          local keep, alt = fairEncode(st), fairEncode(alts[ki])
+          if keep == alt then
             out[1 + 4 * n + ki] = ''
           else
             out[1 + 4 * n + ki] = cmsgpack.pack({keep, alt})

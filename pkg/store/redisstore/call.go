@@ -82,8 +82,9 @@ func fairGated(ch *limit.Charge) bool {
 }
 
 // checkFair refuses what the script's fair gate cannot repeat to the bit:
-// a member that is not limit.FairMember's (the script sorts members with
-// strcoll, which orders them as bytes only in that form), and a policy
+// a member that is not limit.FairMember's (the script keeps a member as
+// the two numbers of its hex halves, which order members as bytes only in
+// that form), and a policy
 // value that is NaN or infinite (Go's max and Lua's differ on NaN).
 func checkFair(ch *limit.Charge) error {
 	if !fairMember(ch.Fair.Member) {
@@ -126,7 +127,8 @@ func fairArgs(args []any, j, ki int, ch *limit.Charge) []any {
 	if maxKeys <= 0 || maxKeys > limit.FairMaxKeys {
 		maxKeys = limit.FairMaxKeys
 	}
-	// The state lives a window past the last asking key's backlog.
+	// The state lives a window past the last asking key's backlog (the
+	// script adds ttlMargin).
 	ttl := max(backlog, 0) + limit.WindowMillis(ch)
 	return append(args, j, ki, p.MinShare, backlog, p.Quantum, p.Credit, maxKeys,
 		ch.Fair.Member, limit.FairWeight(ch.Fair.Weight), float64(max(ch.Cost, 0)), ttl)

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -48,7 +49,7 @@ func (r *fairRef) apply(ch *limit.Charge, now int64, elsewhere bool) (fits bool,
 		// When room frees next: the end of the bucket, or one token.
 		retry = limit.BucketEnd(ch, now) - now
 		if ch.Algorithm == limit.TokenBucket {
-			retry = max(int64(math.Ceil(float64(limit.WindowMillis(ch))/float64(ch.Amount))), 1)
+			retry = max(int64(min(math.Ceil(limit.EmissionMillis(ch)), float64(limit.MaxWindow/time.Millisecond))), 1)
 		}
 	}
 	admitted = fits && !elsewhere
@@ -70,35 +71,45 @@ func (r *fairRef) apply(ch *limit.Charge, now int64, elsewhere bool) (fits bool,
 	return fits, retry, gated, admitted
 }
 
-// readFair decodes the hash apply.lua keeps at key.
+// readFair decodes the string apply.lua keeps at key: the clock, then
+// each key's record, ten little-endian doubles: the member's first and
+// last 8 hex digits as numbers (-1 and 0 for ""), then the FairKey's
+// fields, in key order.
 func readFair(tb testing.TB, c redis.UniversalClient, key string) limit.FairState {
 	tb.Helper()
-	h, err := c.HGetAll(context.Background(), key).Result()
-	if err != nil {
-		tb.Fatalf("HGETALL %s: %v", key, err)
+	v, err := c.Get(context.Background(), key).Result()
+	if errors.Is(err, redis.Nil) {
+		return limit.FairState{} // no decision recorded yet
 	}
-	var st limit.FairState
-	for field, v := range h {
-		if field == "clock" {
-			if len(v) != 8 {
-				tb.Fatalf("clock = %q: want one double", v)
-			}
-			st.Clock = math.Float64frombits(binary.LittleEndian.Uint64([]byte(v)))
-			continue
-		}
-		if len(v) != 64 {
-			tb.Fatalf("field %q = %q: want 8 doubles", field, v)
-		}
-		var x [8]float64
+	if err != nil {
+		tb.Fatalf("GET %s: %v", key, err)
+	}
+	const rec = 10 * 8
+	if len(v) < 8 || (len(v)-8)%rec != 0 {
+		tb.Fatalf("state is %d bytes: want 8 + %d per key", len(v), rec)
+	}
+	double := func(b string) float64 { return math.Float64frombits(binary.LittleEndian.Uint64([]byte(b))) }
+	st := limit.FairState{Clock: double(v)}
+	for r := v[8:]; r != ""; r = r[rec:] {
+		var x [10]float64
 		for i := range x {
-			x[i] = math.Float64frombits(binary.LittleEndian.Uint64([]byte(v[8*i:])))
+			x[i] = double(r[8*i:])
+		}
+		member := limit.FairOverflowKey
+		if hi, lo := exactInt(tb, x[0]), exactInt(tb, x[1]); hi != -1 || lo != 0 {
+			if hi < 0 || hi > math.MaxUint32 || lo < 0 || lo > math.MaxUint32 {
+				tb.Fatalf("member %v %v out of range", hi, lo)
+			}
+			member = fmt.Sprintf("%08x%08x", hi, lo)
 		}
 		st.Keys = append(st.Keys, limit.FairKey{
-			Key: field, Weight: x[0], Finish: x[1], Asked: exactInt(tb, x[2]), Denied: exactInt(tb, x[3]),
-			Admitted: exactInt(tb, x[4]), Asks: x[5], Admits: x[6], Aged: exactInt(tb, x[7]),
+			Key: member, Weight: x[2], Finish: x[3], Asked: exactInt(tb, x[4]), Denied: exactInt(tb, x[5]),
+			Admitted: exactInt(tb, x[6]), Asks: x[7], Admits: x[8], Aged: exactInt(tb, x[9]),
 		})
 	}
-	slices.SortFunc(st.Keys, func(a, b limit.FairKey) int { return strings.Compare(a.Key, b.Key) })
+	if !slices.IsSortedFunc(st.Keys, func(a, b limit.FairKey) int { return strings.Compare(a.Key, b.Key) }) {
+		tb.Fatalf("state keys out of order: %+v", st.Keys)
+	}
 	return st
 }
 
@@ -259,7 +270,7 @@ func TestFairDifferentialCluster(t *testing.T) {
 // TestFairGate sets up a member far ahead of a waiting one and checks
 // the gate's denial on each algorithm: Fits false with the counter's
 // room untouched, RetryAfter one bucket width (a token's time for a
-// token bucket), the denial recorded, the state's TTL Backlog + Window.
+// token bucket), the denial recorded, the state's TTL Backlog + Window + ttlMargin.
 func TestFairGate(t *testing.T) {
 	t.Parallel()
 	s, rc := newSingle(t)
@@ -317,14 +328,49 @@ func TestFairGate(t *testing.T) {
 				t.Errorf("a's denial is not recorded: %+v", got.Keys)
 			}
 			ttl, err := rc.PTTL(context.Background(), key).Result()
-			if err != nil || ttl <= 0 || ttl > 11*time.Second {
-				t.Errorf("PTTL = %v, %v; want in (0, 11s]", ttl, err)
+			// Backlog + Window + ttlMargin, as the other keys.
+			if err != nil || ttl <= 11*time.Second || ttl > 12*time.Second {
+				t.Errorf("PTTL = %v, %v; want in (11s, 12s]", ttl, err)
 			}
 			// b asks its share and gets it.
 			if ok, res := apply(t, s, now, at(b, 1)); !ok || !res[0].Fits {
 				t.Errorf("b: admitted %v, %+v; want admitted", ok, res[0])
 			}
 		})
+	}
+}
+
+// TestFairGateAmountZero checks a gate denial's RetryAfter on a token
+// bucket of Amount 0, whose emission interval is +Inf: it saturates at
+// MaxWindow, as every other duration, where Go's int64(+Inf) is left to
+// the platform (1 ms on amd64 after the max).
+func TestFairGateAmountZero(t *testing.T) {
+	t.Parallel()
+	s, _ := newSingle(t)
+	p := &limit.FairPolicy{Backlog: 10 * time.Second, Quantum: 1, Credit: 100}
+	at := func(member string, amount uint64, cost int64) limit.Charge {
+		return limit.Charge{Key: "{fairzero}:shared", Algorithm: limit.TokenBucket, Amount: amount, Window: time.Second,
+			Cost: cost, Fair: limit.FairCharge{Policy: p, Member: limit.FairMember(member), Weight: 1}}
+	}
+	t0 := time.UnixMilli(1_700_000_000_000)
+	// a runs 9 ahead of b, which waits; then the limit is cut to 0.
+	for i, st := range []struct {
+		give   limit.Charge
+		wantOK bool
+	}{
+		{give: at("b", 10, 1), wantOK: true},
+		{give: at("a", 10, 9), wantOK: true},
+		{give: at("b", 10, 1), wantOK: false},
+	} {
+		if ok, _ := apply(t, s, t0, st.give); ok != st.wantOK {
+			t.Fatalf("step %d: admitted = %v, want %v", i, ok, st.wantOK)
+		}
+	}
+	ok, res := apply(t, s, t0.Add(time.Millisecond), at("a", 0, 1))
+	// The counter's own denial would say 0: this is the gate's.
+	want := limit.Millis(int64(limit.MaxWindow / time.Millisecond))
+	if ok || res[0].Fits || res[0].RetryAfter != want {
+		t.Errorf("a on Amount 0: admitted %v, %+v; want a denial with RetryAfter %v", ok, res[0], want)
 	}
 }
 
@@ -367,8 +413,27 @@ func TestFairBadInput(t *testing.T) {
 	p := &limit.FairPolicy{Backlog: time.Second}
 	base := limit.Charge{Key: "{fairbad}:shared", Algorithm: limit.SlidingWindow, Amount: 10, Window: time.Second, Cost: 1,
 		Fair: limit.FairCharge{Policy: p, Member: limit.FairMember("t"), Weight: 1}}
-	if err := rc.Set(context.Background(), limit.FairStateKey("{fairbad}:wrongtype"), "x", 0).Err(); err != nil {
-		t.Fatal(err)
+	// Two records of ten doubles, members (5, 0) then (1, 0): out of
+	// order, so the script's binary search could not trust it.
+	unsorted := binary.LittleEndian.AppendUint64(nil, math.Float64bits(0))
+	for _, hi := range []float64{5, 1} {
+		for i := range 10 {
+			x := 0.0
+			if i == 0 {
+				x = hi
+			}
+			unsorted = binary.LittleEndian.AppendUint64(unsorted, math.Float64bits(x))
+		}
+	}
+	ctx := context.Background()
+	for key, err := range map[string]error{
+		"wrongtype": rc.Set(ctx, limit.FairStateKey("{fairbad}:wrongtype"), "x", 0).Err(),
+		"unsorted":  rc.Set(ctx, limit.FairStateKey("{fairbad}:unsorted"), unsorted, 0).Err(),
+		"hash":      rc.HSet(ctx, limit.FairStateKey("{fairbad}:hash"), "clock", "x").Err(),
+	} {
+		if err != nil {
+			t.Fatalf("%s: %v", key, err)
+		}
 	}
 	tests := []struct {
 		name string
@@ -382,6 +447,8 @@ func TestFairBadInput(t *testing.T) {
 		{name: "quantum inf", give: func(c *limit.Charge) { c.Fair.Policy = &limit.FairPolicy{Quantum: math.Inf(1)} }, want: "out of range"},
 		{name: "credit NaN", give: func(c *limit.Charge) { c.Fair.Policy = &limit.FairPolicy{Credit: math.NaN()} }, want: "out of range"},
 		{name: "state of another type", give: func(c *limit.Charge) { c.Key = "{fairbad}:wrongtype" }, want: "does not hold a fair-share state"},
+		{name: "state a hash", give: func(c *limit.Charge) { c.Key = "{fairbad}:hash" }, want: "does not hold a fair-share state"},
+		{name: "state out of order", give: func(c *limit.Charge) { c.Key = "{fairbad}:unsorted" }, want: "does not hold a fair-share state"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -420,8 +487,8 @@ func TestFairSlots(t *testing.T) {
 }
 
 // BenchmarkFairApply measures what fair share adds to a decision: one
-// sliding-window charge without it, and with it on a state of 4 and 64
-// members (every one asked, half of them waiting), the decisions taking
+// sliding-window charge without it, and with it on a state of 4, 64 and
+// 256 members (every one asked, half of them waiting), the decisions taking
 // the members in turn.
 func BenchmarkFairApply(b *testing.B) {
 	for _, bc := range []struct {
@@ -431,6 +498,7 @@ func BenchmarkFairApply(b *testing.B) {
 		{"plain", 0},
 		{"fair4", 4},
 		{"fair64", 64},
+		{"fair256", 256}, // config's default max_keys
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			s, admin := newSingle(b)

@@ -19,10 +19,12 @@ func fairGated(ch *limit.Charge) bool {
 }
 
 // fairRetryAfter is a gate denial's RetryAfter (ms): the end of the
-// window's current bucket, or one emission interval of a token bucket.
+// window's current bucket, or one emission interval of a token bucket,
+// saturating at MaxWindow: with Amount 0 the interval is +Inf, whose
+// int64 conversion Go leaves to the platform (1 ms after max on amd64).
 func fairRetryAfter(ch *limit.Charge, now int64) int64 {
 	if ch.Algorithm == limit.TokenBucket {
-		return max(int64(math.Ceil(limit.EmissionMillis(ch))), 1)
+		return max(int64(min(math.Ceil(limit.EmissionMillis(ch)), float64(limit.MaxWindow/time.Millisecond))), 1)
 	}
 	return limit.BucketEnd(ch, now) - now
 }
