@@ -2,6 +2,7 @@ package memstore
 
 import (
 	"math"
+	"time"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
@@ -83,7 +84,9 @@ func (sc *scratch) gate(i int, ch *limit.Charge, ms int64) (fits bool, retry int
 // frees one token every emission interval.
 func fairRetry(ch *limit.Charge, ms int64) int64 {
 	if ch.Algorithm == limit.TokenBucket {
-		return max(int64(math.Ceil(limit.EmissionMillis(ch))), 1)
+		// Saturated: an Amount of 0 makes it +Inf, whose conversion to
+		// an integer Go leaves to the platform (1 on amd64).
+		return max(int64(min(math.Ceil(limit.EmissionMillis(ch)), float64(limit.MaxWindow/time.Millisecond))), 1)
 	}
 	return limit.BucketEnd(ch, ms) - ms
 }

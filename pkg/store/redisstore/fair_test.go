@@ -340,40 +340,6 @@ func TestFairGate(t *testing.T) {
 	}
 }
 
-// TestFairGateAmountZero checks a gate denial's RetryAfter on a token
-// bucket of Amount 0, whose emission interval is +Inf: it saturates at
-// MaxWindow, as every other duration, where Go's int64(+Inf) is left to
-// the platform (1 ms on amd64 after the max).
-func TestFairGateAmountZero(t *testing.T) {
-	t.Parallel()
-	s, _ := newSingle(t)
-	p := &limit.FairPolicy{Backlog: 10 * time.Second, Quantum: 1, Credit: 100}
-	at := func(member string, amount uint64, cost int64) limit.Charge {
-		return limit.Charge{Key: "{fairzero}:shared", Algorithm: limit.TokenBucket, Amount: amount, Window: time.Second,
-			Cost: cost, Fair: limit.FairCharge{Policy: p, Member: limit.FairMember(member), Weight: 1}}
-	}
-	t0 := time.UnixMilli(1_700_000_000_000)
-	// a runs 9 ahead of b, which waits; then the limit is cut to 0.
-	for i, st := range []struct {
-		give   limit.Charge
-		wantOK bool
-	}{
-		{give: at("b", 10, 1), wantOK: true},
-		{give: at("a", 10, 9), wantOK: true},
-		{give: at("b", 10, 1), wantOK: false},
-	} {
-		if ok, _ := apply(t, s, t0, st.give); ok != st.wantOK {
-			t.Fatalf("step %d: admitted = %v, want %v", i, ok, st.wantOK)
-		}
-	}
-	ok, res := apply(t, s, t0.Add(time.Millisecond), at("a", 0, 1))
-	// The counter's own denial would say 0: this is the gate's.
-	want := limit.Millis(int64(limit.MaxWindow / time.Millisecond))
-	if ok || res[0].Fits || res[0].RetryAfter != want {
-		t.Errorf("a on Amount 0: admitted %v, %+v; want a denial with RetryAfter %v", ok, res[0], want)
-	}
-}
-
 // TestFairVoid checks that a decision a Once charge voids writes no fair
 // state, and that a denial elsewhere does.
 func TestFairVoid(t *testing.T) {

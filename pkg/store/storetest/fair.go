@@ -33,6 +33,7 @@ var fairSuite = []struct {
 	run  func(t *testing.T, newStore func(testing.TB) limit.Store)
 }{
 	{"GateDeniesMemberAhead", testFairGate},
+	{"GateOnAmountZero", testFairAmountZero},
 	{"FairElsewhereIsNotWaiting", testFairElsewhere},
 	{"OnceVoidWritesNothing", testFairVoid},
 	{"StateOutlivesBacklog", testFairTTL},
@@ -127,6 +128,37 @@ func testFairGate(t *testing.T, newStore func(testing.TB) limit.Store) {
 				t.Errorf("b's sixth ask = %s, want denied by the counter with 0 left", fmtResult(last))
 			}
 		})
+	}
+}
+
+// testFairAmountZero: a token bucket whose amount is cut to 0 has an
+// emission interval of +Inf; a gate denial's RetryAfter then saturates at
+// MaxWindow (Go's conversion of +Inf to an integer is the platform's to
+// pick: memstore said 1 ms on amd64 where Lua said MaxWindow). The
+// counter's own denial would say 0, so this is the gate's answer.
+func testFairAmountZero(t *testing.T, newStore func(testing.TB) limit.Store) {
+	e := newEnv(t, newStore)
+	p := &limit.FairPolicy{Backlog: 10 * time.Second, Quantum: 1, Credit: 100}
+	shared := e.charge("shared", limit.Charge{Algorithm: limit.TokenBucket, Amount: 10, Window: time.Second})
+	a, b := fair(shared, p, "a", 1), fair(shared, p, "b", 1)
+	e.at(0)
+	// b takes 1 and a 9, so a runs 8 ahead; b's next ask is denied and b
+	// waits.
+	for i, st := range []struct {
+		give   limit.Charge
+		wantOK bool
+	}{{cost(b, 1), true}, {cost(a, 9), true}, {cost(b, 1), false}} {
+		if ok, _ := e.apply(st.give); ok != st.wantOK {
+			t.Fatalf("step %d: admitted = %v, want %v", i, ok, st.wantOK)
+		}
+	}
+	e.at(1)
+	zero := cost(a, 1)
+	zero.Amount = 0
+	ok, r := e.apply(zero)
+	want := limit.Millis(int64(limit.MaxWindow / time.Millisecond))
+	if ok || r[0].Fits || r[0].RetryAfter != want {
+		t.Errorf("a on Amount 0: admitted %v, %s; want a gate denial with RetryAfter %v", ok, fmtResult(r[0]), want)
 	}
 }
 
