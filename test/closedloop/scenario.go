@@ -78,6 +78,9 @@ type Scenario struct {
 	Rules func(shipped string) (string, error)
 	// Flags are given to every replica after TollgateFlags.
 	Flags []string
+	// Tenants, when set, is how many tenants each tier's rate is spread
+	// over, in place of the 12/20/400.
+	Tenants map[string]int
 }
 
 // Bench is what scenarios run on: the two parts other packages provide,
@@ -139,7 +142,7 @@ func Scaled(scale float64) []Scenario {
 		// limit, with the admission queue and the retry budget on
 		// (spikequeue.go; fair share behind SpikeQueueFairShare).
 		{Name: "spike-queue", StreamFraction: 0.3, Phases: spikeQueuePhases(d), ScrapeEvery: 250 * time.Millisecond,
-			Laws: SpikeQueueLaws, Flags: SpikeQueueFlags,
+			Laws: SpikeQueueLaws, Flags: SpikeQueueFlags, Tenants: SpikeQueueTenants,
 			Rules: func(shipped string) (string, error) { return SpikeQueueRules(shipped, SpikeQueueFairShare) }},
 	}
 }
@@ -150,10 +153,16 @@ func Traffic(sc *Scenario) ([]Class, map[string][]Tenant) {
 	if rs == 0 {
 		rs = 1
 	}
+	count := func(tier string, n int) int {
+		if m, ok := sc.Tenants[tier]; ok {
+			return m
+		}
+		return n
+	}
 	tenants := map[string][]Tenant{
-		"premium":  NewTenants("premium", premiumTenants),
-		"standard": NewTenants("standard", standardTenants),
-		"free":     NewTenants("free", freeTenants),
+		"premium":  NewTenants("premium", count("premium", premiumTenants)),
+		"standard": NewTenants("standard", count("standard", standardTenants)),
+		"free":     NewTenants("free", count("free", freeTenants)),
 	}
 	mk := func(tier string, rate float64, ts []Tenant) Class {
 		return Class{Name: tier, Tier: tier, Tenants: ts, Model: Model, Rate: rate * rs, StreamFraction: sc.StreamFraction,

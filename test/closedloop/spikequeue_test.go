@@ -196,8 +196,8 @@ func TestSpikeQueueRules(t *testing.T) {
 		{
 			name:    "queue and budget on a contended limit",
 			give:    shipped,
-			want:    []string{"requests_per_unit: 6000\n      algorithm: token_bucket\n      burst: 100", "\nqueue:\n", "{tier: free, max_wait: 40ms, max_length: 50}", "\nretry_budget: {}\n"},
-			wantNot: []string{"requests_per_unit: 10000", "\n    fair_share:", "\nshedding:", "  steps:"},
+			want:    []string{"requests_per_unit: 3000\n      algorithm: token_bucket\n      burst: 50", "name: tenant_gpt4o_requests\n          unit: minute\n          requests_per_unit: 100000\n", "\nqueue:\n", "{tier: free, max_wait: 40ms, max_length: 50}", "\nretry_budget: {}\n"},
+			wantNot: []string{"requests_per_unit: 10000\n", "requests_per_unit: 100\n", "\n    fair_share:", "\nshedding:", "  steps:"},
 		},
 		{
 			name:     "fair share is one line on the model rule",
@@ -256,10 +256,11 @@ func TestFairShareLaws(t *testing.T) {
 		wantShare float64
 		wantCap   float64
 	}{
-		{name: "3 to 1 by weight, under the cap", give: [2]int{75, 25}, wantShare: 0, wantCap: 0.5},
+		// The cap is burst + rate x window: 50 + 50 = 100 a window.
+		{name: "3 to 1 by weight, under the cap", give: [2]int{45, 15}, wantShare: 0, wantCap: 0.6},
 		// 72/3 = 24 against 28: each 1/13 from their mean of 26.
-		{name: "skewed", give: [2]int{72, 28}, wantShare: 2.0 / 26, wantCap: 0.5},
-		{name: "over the cap", give: [2]int{300, 100}, wantShare: 0, wantCap: 2},
+		{name: "skewed", give: [2]int{72, 28}, wantShare: 2.0 / 26, wantCap: 1},
+		{name: "over the cap", give: [2]int{150, 50}, wantShare: 0, wantCap: 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
