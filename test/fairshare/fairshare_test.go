@@ -203,7 +203,7 @@ func (sc scenario) settled() int {
 	if sc.idle < 0 {
 		return 0
 	}
-	return int(sc.idleAt/window)
+	return int(sc.idleAt / window)
 }
 
 // admitted is one admitted request: when (ms from the run's start) and
