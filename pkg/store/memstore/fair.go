@@ -36,24 +36,7 @@ func (sc *scratch) gatherFair(s *Store, charges []limit.Charge, locked *shardSet
 			sc.fair = append(sc.fair, -1)
 			continue
 		}
-		key := limit.FairStateKey(ch.Key)
-		sh := s.shardOf(key)
-		j := 0
-		for ; j < len(sc.slots); j++ {
-			if sl := &sc.slots[j]; sl.isFair && sl.shard == sh && sl.key == key {
-				break
-			}
-		}
-		if j == len(sc.slots) {
-			if j < cap(sc.slots) {
-				sc.slots = sc.slots[:j+1]
-			} else {
-				sc.slots = append(sc.slots, slot{})
-			}
-			sl := &sc.slots[j]
-			sl.key, sl.shard, sl.isFair = key, sh, true
-			locked.add(sh)
-		}
+		j := sc.slotOf(s, limit.FairStateKey(ch.Key), true, locked)
 		sc.slots[j].last = i
 		sc.fair = append(sc.fair, j)
 	}

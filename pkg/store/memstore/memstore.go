@@ -184,30 +184,35 @@ func (s *Store) gather(sc *scratch, charges []limit.Charge) shardSet {
 	var locked shardSet
 	sc.slot = sc.slot[:0]
 	for i := range charges {
-		key := charges[i].Key
-		sh := s.shardOf(key)
-		j := 0
-		for ; j < len(sc.slots); j++ {
-			if sc.slots[j].shard == sh && sc.slots[j].key == key {
-				break
-			}
-		}
-		if j == len(sc.slots) {
-			// Reuse the pooled slot and its bucket buffer when there is one.
-			if j < cap(sc.slots) {
-				sc.slots = sc.slots[:j+1]
-			} else {
-				sc.slots = append(sc.slots, slot{})
-			}
-			sl := &sc.slots[j]
-			sl.key, sl.shard = key, sh
-			locked.add(sh)
-		}
+		j := sc.slotOf(s, charges[i].Key, false, &locked)
 		sc.slots[j].last = i
 		sc.slot = append(sc.slot, j)
 	}
 	sc.gatherFair(s, charges, &locked)
 	return locked
+}
+
+// slotOf returns the index in sc.slots of key's slot, a fair state's when
+// fair (a counter's key may end as a fair state's does), adding the slot
+// and its shard to locked when the decision has none yet.
+func (sc *scratch) slotOf(s *Store, key string, fair bool, locked *shardSet) int {
+	sh := s.shardOf(key)
+	for j := range sc.slots {
+		if sl := &sc.slots[j]; sl.isFair == fair && sl.shard == sh && sl.key == key {
+			return j
+		}
+	}
+	j := len(sc.slots)
+	// Reuse the pooled slot and its bucket buffer when there is one.
+	if j < cap(sc.slots) {
+		sc.slots = sc.slots[:j+1]
+	} else {
+		sc.slots = append(sc.slots, slot{})
+	}
+	sl := &sc.slots[j]
+	sl.key, sl.shard, sl.isFair = key, sh, fair
+	locked.add(sh)
+	return j
 }
 
 // lock locks the shards of set in ascending order, so that decisions
