@@ -41,104 +41,63 @@ type fairModel struct {
 }
 
 func (md *fairModel) apply(now time.Time, charges []limit.Charge) (bool, []limit.Result) {
-	at := now.UnixMilli()
-	work := map[string]*limit.Counter{}
-	get := func(key string) *limit.Counter {
-		c, ok := work[key]
-		if !ok {
-			c = clone(md.counters[key])
-			work[key] = c
+	return md.decide(now, charges, &fairDecision{md: md, work: map[string]*limit.FairState{}})
+}
+
+// fairDecision is one decision's fair work: the extension of model's.
+type fairDecision struct {
+	md *fairModel
+	// work holds the working copies of the fair states, by FairStateKey.
+	work map[string]*limit.FairState
+}
+
+var _ extension = (*fairDecision)(nil)
+
+// state returns the working copy of the fair state at key.
+func (d *fairDecision) state(key string) *limit.FairState {
+	s, ok := d.work[key]
+	if !ok {
+		s = &limit.FairState{}
+		if old := d.md.fair[key]; old != nil {
+			s.Clock, s.Keys = old.Clock, slices.Clone(old.Keys)
 		}
-		return c
+		d.work[key] = s
 	}
-	fair := map[string]*limit.FairState{}
-	getFair := func(key string) *limit.FairState {
-		s, ok := fair[key]
-		if !ok {
-			s = &limit.FairState{}
-			if old := md.fair[key]; old != nil {
-				s.Clock, s.Keys = old.Clock, slices.Clone(old.Keys)
-			}
-			fair[key] = s
-		}
-		return s
+	return s
+}
+
+func (d *fairDecision) gate(ch *limit.Charge, c *limit.Counter, at int64) (bool, int64) {
+	if !fairGated(ch) {
+		return true, 0
 	}
-	res := make([]limit.Result, len(charges))
-	admitted, void := true, false
+	room, _ := c.Report(ch, at)
+	if d.state(limit.FairStateKey(ch.Key)).Gate(ch.Fair.Policy, at, ch.Fair.Member, ch.Fair.Weight, ch.Cost, int64(min(room, math.MaxInt64))) {
+		return true, 0
+	}
+	// The counter records the time as a step would (its high-water mark).
+	c.Touch(ch, at)
+	d.md.gated++
+	return false, fairRetryAfter(ch, at)
+}
+
+func (d *fairDecision) keep(charges []limit.Charge, res []limit.Result, admitted bool, at int64) {
 	for i := range charges {
 		ch := &charges[i]
-		c := get(ch.Key)
-		var fits bool
-		var retry int64
-		if fairGated(ch) {
-			room, _ := c.Report(ch, at)
-			if !getFair(limit.FairStateKey(ch.Key)).Gate(ch.Fair.Policy, at, ch.Fair.Member, ch.Fair.Weight, ch.Cost, int64(min(room, math.MaxInt64))) {
-				c.Touch(ch, at)
-				md.gated++
-				res[i] = limit.Result{Fits: false, RetryAfter: limit.Millis(fairRetryAfter(ch, at))}
-				if !ch.Shadow {
-					admitted = false
-				}
-				continue
-			}
+		if !fairGated(ch) {
+			continue
 		}
-		fits, retry = c.Step(ch, at)
-		res[i] = limit.Result{Fits: fits, RetryAfter: limit.Millis(retry)}
-		if ch.Cost >= 0 && !fits {
-			if ch.Algorithm == limit.Once {
-				void = true
-			}
-			if !ch.Shadow && !ch.Force {
-				admitted = false
-			}
+		out := limit.FairElsewhere
+		switch {
+		case !res[i].Fits:
+			out = limit.FairDenied
+		case admitted:
+			out = limit.FairAdmitted
 		}
+		d.state(limit.FairStateKey(ch.Key)).Record(ch.Fair.Policy, at, ch.Fair.Member, ch.Fair.Weight, ch.Cost, out)
 	}
-	switch {
-	case void:
-		md.voids++
-		clear(work)
-		clear(fair)
-		admitted = false
-	case !admitted:
-		md.denials++
-		clear(work)
-		for i := range charges {
-			if ch := &charges[i]; ch.Cost < 0 || (ch.Cost > 0 && (ch.Force || ch.Algorithm == limit.Once)) {
-				get(ch.Key).Step(ch, at)
-			} else {
-				get(ch.Key).Touch(ch, at)
-			}
-		}
+	for k, s := range d.work {
+		d.md.fair[k] = s
 	}
-	if !void {
-		for i := range charges {
-			ch := &charges[i]
-			if !fairGated(ch) {
-				continue
-			}
-			out := limit.FairElsewhere
-			switch {
-			case !res[i].Fits:
-				out = limit.FairDenied
-			case admitted:
-				out = limit.FairAdmitted
-			}
-			getFair(limit.FairStateKey(ch.Key)).Record(ch.Fair.Policy, at, ch.Fair.Member, ch.Fair.Weight, ch.Cost, out)
-		}
-		for k, c := range work {
-			md.counters[k] = c
-		}
-		for k, s := range fair {
-			md.fair[k] = s
-		}
-	}
-	for i := range charges {
-		ch := &charges[i]
-		rem, reset := get(ch.Key).Report(ch, at)
-		res[i].Remaining = rem
-		res[i].ResetAfter = limit.Millis(reset)
-	}
-	return admitted, res
 }
 
 // testFairModel runs random decisions on one fair-shared limit of each

@@ -28,7 +28,26 @@ func clone(c *limit.Counter) *limit.Counter {
 	return &d
 }
 
+// extension is what a decision of the model does beyond the counters
+// (the fair model's gates and states), in working state of its own that
+// a void decision drops by not calling keep.
+type extension interface {
+	// gate is asked before charge ch steps its working counter c. A
+	// denial answers as a charge that does not fit, with RetryAfter retry
+	// ms, and leaves c as the gate left it.
+	gate(ch *limit.Charge, c *limit.Counter, at int64) (fits bool, retry int64)
+	// keep is called once the outcome of a decision that is not void is
+	// known, with every charge's result, to record and keep its state.
+	keep(charges []limit.Charge, res []limit.Result, admitted bool, at int64)
+}
+
 func (md *model) apply(now time.Time, charges []limit.Charge) (bool, []limit.Result) {
+	return md.decide(now, charges, nil)
+}
+
+// decide is apply with ext's work (none when ext is nil) done where a
+// store does it.
+func (md *model) decide(now time.Time, charges []limit.Charge, ext extension) (bool, []limit.Result) {
 	at := now.UnixMilli()
 	work := map[string]*limit.Counter{}
 	get := func(key string) *limit.Counter {
@@ -43,7 +62,14 @@ func (md *model) apply(now time.Time, charges []limit.Charge) (bool, []limit.Res
 	admitted, void := true, false
 	for i := range charges {
 		ch := &charges[i]
-		fits, retry := get(ch.Key).Step(ch, at)
+		c := get(ch.Key)
+		fits, retry := true, int64(0)
+		if ext != nil {
+			fits, retry = ext.gate(ch, c, at)
+		}
+		if fits {
+			fits, retry = c.Step(ch, at)
+		}
 		res[i] = limit.Result{Fits: fits, RetryAfter: limit.Millis(retry)}
 		if ch.Cost >= 0 && !fits {
 			if ch.Algorithm == limit.Once {
@@ -74,6 +100,9 @@ func (md *model) apply(now time.Time, charges []limit.Charge) (bool, []limit.Res
 		}
 	}
 	if !void {
+		if ext != nil {
+			ext.keep(charges, res, admitted, at)
+		}
 		for k, c := range work {
 			md.counters[k] = c
 		}
