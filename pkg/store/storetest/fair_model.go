@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -127,7 +126,7 @@ func testFairModel(t *testing.T, newStore func(testing.TB) limit.Store) {
 					if r.IntN(4) == 0 { // else at the same instant: contention
 						now += r.Int64N(p.Backlog.Milliseconds()/3 + 1)
 					}
-					at := e.at(now)
+					e.at(now)
 					m := r.IntN(len(members))
 					c := fair(shared, p, members[m], weights[m])
 					switch x := r.IntN(20); {
@@ -153,16 +152,9 @@ func testFairModel(t *testing.T, newStore func(testing.TB) limit.Store) {
 					if r.IntN(15) == 0 {
 						charges = append(charges, cost(once, 1))
 					}
-					gotOK, got := e.apply(charges...)
-					wantOK, want := md.apply(at, charges)
-					if gotOK == wantOK && equal(got, want) {
-						continue
-					}
-					var b strings.Builder
-					for i, c := range charges {
-						fmt.Fprintf(&b, "\n  %d: %v %q member %q weight %v cost %d shadow %v force %v: got %s, want %s", i, c.Algorithm, c.Key[len(c.Key)-6:], c.Fair.Member, c.Fair.Weight, c.Cost, c.Shadow, c.Force, fmtResult(got[i]), fmtResult(want[i]))
-					}
-					t.Fatalf("step %d at %dms: admitted %v, want %v%s", step, now, gotOK, wantOK, b.String())
+					e.sameAsModel(step, now, charges, md.apply, func(c *limit.Charge) string {
+						return fmt.Sprintf("%v %q member %q weight %v cost %d shadow %v force %v", c.Algorithm, c.Key[len(c.Key)-6:], c.Fair.Member, c.Fair.Weight, c.Cost, c.Shadow, c.Force)
+					})
 				}
 				t.Logf("%d decisions: %d void, %d denied, %d gate denials", steps, md.voids, md.denials, md.gated)
 				if md.voids < steps/100 || md.denials < steps/10 || md.gated < steps/100 {

@@ -183,19 +183,29 @@ func testModel(t *testing.T, newStore func(testing.TB) limit.Store) {
 					c.Force = c.Cost > 0 && r.IntN(9) == 0
 					charges[i] = c
 				}
-				gotOK, got := e.apply(charges...)
-				wantOK, want := md.apply(at, charges)
-				if gotOK == wantOK && equal(got, want) {
-					continue
-				}
-				var b strings.Builder
-				for i, c := range charges {
-					fmt.Fprintf(&b, "\n  %d: %v %q amount %d cost %d at %d member %q shadow %v force %v: got %s, want %s", i, c.Algorithm, c.Key[len(c.Key)-6:], c.Amount, c.Cost, c.At, c.Member, c.Shadow, c.Force, fmtResult(got[i]), fmtResult(want[i]))
-				}
-				t.Fatalf("step %d at %dms: admitted %v, want %v%s", step, now, gotOK, wantOK, b.String())
+				e.sameAsModel(step, now, charges, md.apply, func(c *limit.Charge) string {
+					return fmt.Sprintf("%v %q amount %d cost %d at %d member %q shadow %v force %v", c.Algorithm, c.Key[len(c.Key)-6:], c.Amount, c.Cost, c.At, c.Member, c.Shadow, c.Force)
+				})
 			}
 		})
 	}
+}
+
+// sameAsModel applies charges to the store at the clock's time and fails
+// the test, at step (now ms), unless its answer is the one model gives,
+// listing each charge as describe has it.
+func (e *env) sameAsModel(step int, now int64, charges []limit.Charge, model func(time.Time, []limit.Charge) (bool, []limit.Result), describe func(*limit.Charge) string) {
+	e.tb.Helper()
+	gotOK, got := e.apply(charges...)
+	wantOK, want := model(e.clock.Now(), charges)
+	if gotOK == wantOK && equal(got, want) {
+		return
+	}
+	var b strings.Builder
+	for i := range charges {
+		fmt.Fprintf(&b, "\n  %d: %s: got %s, want %s", i, describe(&charges[i]), fmtResult(got[i]), fmtResult(want[i]))
+	}
+	e.tb.Fatalf("step %d at %dms: admitted %v, want %v%s", step, now, gotOK, wantOK, b.String())
 }
 
 func equal(a, b []limit.Result) bool {
