@@ -31,6 +31,13 @@ import (
 // on every replica take capacity from the one store as it frees; the
 // queue orders this replica's claims, and the store's all-or-nothing
 // call keeps the limits.
+//
+// Retries are paced per domain: a retry refused with RetryAfter d
+// (capped by poll) holds the domain's next retry until d has passed,
+// unless a Notify comes first. The refusal says capacity will not free
+// sooner, so the retries it holds back would only be refused too; without
+// the pace a full queue of n waiters due together costs the store n
+// calls back to back, each d (docs/admission-queue.md, "Pacing").
 
 // QueueMargin is how long before the caller's deadline a waiter gives
 // up waiting: the last retry's store call and the answer's way back to
@@ -120,6 +127,20 @@ type domQueue struct {
 	// holder is the waiter whose retry runs; nil when none does.
 	holder *waiter
 	n      int
+	// paced is when the domain's next retry may start, set by a refused
+	// retry (see the stage's comment) and cleared by Notify.
+	paced time.Time
+	// pacer grants the turn at paced; created on the first pace and
+	// stopped when the domain's last waiter leaves, so an idle domain
+	// leaves no timer or goroutine behind.
+	pacer *time.Timer
+	// wake is the pacer's function: grant under the queue's lock.
+	wake func()
+	// notified counts Notify calls, and heldAt is its value when the
+	// running retry was granted: a retry that began before a Notify
+	// may be refused by a state the release has since changed, so its
+	// refusal must not pace the domain.
+	notified, heldAt uint64
 }
 
 // waiter is one held request.
@@ -148,7 +169,12 @@ func (q *Queue) Notify(domain string) {
 			w.due = true
 		}
 	}
-	d.grant()
+	d.notified++
+	d.paced = time.Time{}
+	if d.pacer != nil {
+		d.pacer.Stop()
+	}
+	d.grant(time.Now())
 }
 
 // Len is the number of waiters of domain's rank (for tests and /debug).
@@ -192,19 +218,30 @@ func (q *Queue) recordWait(domain string, waited time.Duration) {
 }
 
 // grant gives the turn to the first due waiter, in rank then FIFO
-// order, unless a retry runs; q.mu is held.
-func (d *domQueue) grant() {
+// order, unless a retry runs or the domain is paced until after now
+// (then the pacer grants it at the pace's end); q.mu is held.
+func (d *domQueue) grant(now time.Time) {
 	if d.holder != nil {
 		return
 	}
 	for _, ws := range d.ranks {
 		for _, w := range ws {
-			if w.due {
-				w.due = false
-				d.holder = w
-				w.turn <- struct{}{} // cap 1, and only the holder is sent to
+			if !w.due {
+				continue
+			}
+			if wait := d.paced.Sub(now); wait > 0 {
+				if d.pacer == nil {
+					d.pacer = time.AfterFunc(wait, d.wake)
+				} else {
+					d.pacer.Reset(wait)
+				}
 				return
 			}
+			w.due = false
+			d.holder = w
+			d.heldAt = d.notified
+			w.turn <- struct{}{} // cap 1, and only the holder is sent to
+			return
 		}
 	}
 }
@@ -216,6 +253,13 @@ func (q *Queue) join(domain string, rank, maxLen int) *waiter {
 	d := q.doms[domain]
 	if d == nil {
 		d = &domQueue{}
+		d.wake = func() {
+			q.mu.Lock()
+			defer q.mu.Unlock()
+			if q.doms[domain] == d { // not emptied (and replaced) since armed
+				d.grant(time.Now())
+			}
+		}
 		q.doms[domain] = d
 	}
 	for len(d.ranks) <= rank {
@@ -239,18 +283,24 @@ func (q *Queue) ready(domain string, w *waiter) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	w.due = true
-	q.doms[domain].grant()
+	q.doms[domain].grant(time.Now())
 }
 
-// done ends w's turn and passes it on.
-func (q *Queue) done(domain string, w *waiter) {
+// done ends w's turn and passes it on. pace > 0: w's retry was refused
+// with that RetryAfter (capped by poll), and the domain's next retry
+// waits for it, unless a Notify came since the retry began.
+func (q *Queue) done(domain string, w *waiter, pace time.Duration) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	d := q.doms[domain]
+	now := time.Now()
 	if d.holder == w {
 		d.holder = nil
+		if pace > 0 && d.notified == d.heldAt {
+			d.paced = now.Add(pace)
+		}
 	}
-	d.grant()
+	d.grant(now)
 }
 
 // leave removes w, passing its turn on if it held it, and records a
@@ -273,10 +323,13 @@ func (q *Queue) leave(domain string, w *waiter, waited time.Duration) {
 		d.holder = nil
 	}
 	if d.n == 0 {
+		if d.pacer != nil {
+			d.pacer.Stop()
+		}
 		delete(q.doms, domain)
 		return
 	}
-	d.grant()
+	d.grant(time.Now())
 }
 
 // hold is the queue stage: it returns dec unless the request may wait
@@ -356,23 +409,26 @@ func (q *Queue) wait(ctx context.Context, domain, tier string, qt limit.QueueTie
 			if !time.Now().Before(end) {
 				// The turn came after the bound (the waiters ahead held
 				// it): a retry now would overrun the bound by a store call.
-				q.done(domain, w)
+				q.done(domain, w, 0)
 				out = QueueTimeout
 				return dec, nil
 			}
 			next, err := retry()
-			q.done(domain, w)
 			if err != nil {
+				q.done(domain, w, 0)
 				return nil, err
 			}
 			if next.Code == limit.CodeOK {
+				q.done(domain, w, 0)
 				out = QueueAdmitted
 				return next, nil
 			}
 			if !mayWait(next) {
+				q.done(domain, w, 0)
 				out = QueueRefused
 				return next, nil
 			}
+			q.done(domain, w, retryIn(next, poll))
 			dec = next
 			now := time.Now()
 			if !now.Before(end) {
@@ -385,16 +441,22 @@ func (q *Queue) wait(ctx context.Context, domain, tier string, qt limit.QueueTie
 }
 
 // until is how long from now a waiter refused by dec waits before it
-// retries on its own: until the soonest RetryAfter of its refused
-// descriptors (a bucket ageing out), at most poll, and not past end.
+// retries on its own: retryIn, and not past end.
 func until(dec *Decision, poll time.Duration, now, end time.Time) time.Duration {
+	return max(min(retryIn(dec, poll), end.Sub(now)), time.Millisecond)
+}
+
+// retryIn is how soon capacity may free for a request refused by dec:
+// the soonest RetryAfter of its refused descriptors (a bucket ageing
+// out), at most poll (capacity freed elsewhere is seen no later).
+func retryIn(dec *Decision, poll time.Duration) time.Duration {
 	d := poll
 	for _, st := range dec.Statuses {
 		if st.Code == limit.CodeOverLimit && st.RetryAfter > 0 {
 			d = min(d, st.RetryAfter)
 		}
 	}
-	return max(min(d, end.Sub(now)), time.Millisecond)
+	return d
 }
 
 // shed reports a refusal of a tier that may wait, answered at once.
