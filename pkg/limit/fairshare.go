@@ -151,6 +151,24 @@ func (k *FairKey) decay(p *FairPolicy, now int64) {
 	}
 }
 
+// recentAsks is the cost the key asked over about the last Backlog: Asks
+// aged to now as decay would age it, without writing the state. Gate holds
+// no more room for a waiting key than this, as it would not ask for more
+// before its waiting mark lapses. Without the cap, hundreds of slow
+// waiting keys, each owed the whole lead of the key asking, made a reserve
+// larger than the counter can ever hold: with a 5 s backlog the limit sat
+// full after a spike while every key ahead was refused
+// (docs/fair-share.md, "Defaults"). Capping by what the key asked and was
+// not admitted (Asks - Admits) does as well there but breaks work
+// conservation where a heavy key's unmet demand dips (TestFairWorkConserving,
+// premium goes idle: one window at 94%).
+func (k *FairKey) recentAsks(p *FairPolicy, now int64) float64 {
+	if now > k.Aged {
+		return float64(k.Asks * fairDecay(float64(now-k.Aged)/float64(max(p.Backlog.Milliseconds(), 1))))
+	}
+	return k.Asks
+}
+
 // fairDecay is e^-x for x >= 0, computed with + - * / only, each rounded
 // on its own (the float64 conversions stop the compiler fusing them), so
 // that Lua, whose math.exp is the C library's, repeats it to the bit:
@@ -244,7 +262,11 @@ func (s *FairState) Gate(p *FairPolicy, now int64, key string, weight float64, c
 		if f >= g+p.quantum()/w {
 			ahead = true
 		}
-		reserve += float64(kw * max(f-g, 0)) // rounded alone, as Lua does
+		d := float64(kw * max(f-g, 0)) // rounded alone, as Lua does
+		if d > 0 {
+			d = min(d, k.recentAsks(p, now))
+		}
+		reserve += d
 	}
 	// In floats: a hostile cost must not wrap the subtraction.
 	return !ahead || float64(room)-float64(max(cost, 0)) >= reserve

@@ -513,6 +513,16 @@ func TestFairGate(t *testing.T) {
 		}
 		return &st
 	}
+	// As lead, but lag asked 2 once, at now: it is owed 10 and holds
+	// only the 2 it asked, decayed to 2e^-0.02 = 1.96 by now+20.
+	slow := func() *FairState {
+		var st FairState
+		st.Record(p, now, "lag", 1, 2, FairDenied)
+		for i := range int64(10) {
+			st.Record(p, now+i, "lead", 1, 1, FairAdmitted)
+		}
+		return &st
+	}
 	tests := []struct {
 		name string
 		st   *FairState
@@ -525,6 +535,8 @@ func TestFairGate(t *testing.T) {
 		{name: "behind", st: lead(), key: "lag", cost: 1, room: 1, want: true},
 		{name: "ahead and room short of the reserve", st: lead(), key: "lead", cost: 1, room: 5, want: false},
 		{name: "ahead and room covers the reserve", st: lead(), key: "lead", cost: 1, room: 11, want: true},
+		{name: "ahead of a slow key and room short of what it asked", st: slow(), key: "lead", cost: 1, room: 2, want: false},
+		{name: "ahead of a slow key, which holds no more than it asked", st: slow(), key: "lead", cost: 1, room: 3, want: true},
 		{name: "a hostile room cannot wrap", st: lead(), key: "lead", cost: 1, room: math.MinInt64, want: false},
 		{name: "a hostile cost leaves no reserve", st: lead(), key: "lead", cost: math.MaxInt64, room: math.MaxInt64, want: false},
 		// The Clock is 5 (each admission split over lead and lag): a new

@@ -691,6 +691,7 @@ local function fairGate(st, fc, room)
   if w <= 0 then w = weight end
   local reserve, ahead = 0, false
   local F, q, clock, credit = st.F, p.quantum / w, st.clock, p.credit
+  local SK, AG, backlog = st.SK, st.AG, fmax(p.backlog, 1)
   for j = 1, st.n do
     if wt[j] then
       local kw = ws[j]
@@ -701,7 +702,14 @@ local function fairGate(st, fc, room)
       if f >= g + q then ahead = true end
       local d = f - g
       if not (d > 0) then d = fmax(d, 0) end
-      reserve = reserve + kw * d
+      d = kw * d
+      if d > 0 then
+        -- FairKey.recentAsks: j holds no more than it asked lately.
+        local asks = SK[j]
+        if now > AG[j] then asks = asks * fairDecay((now - AG[j]) / backlog) end
+        d = fmin(d, asks)
+      end
+      reserve = reserve + d
     end
   end
   return not ahead or room - fc.cost >= reserve

@@ -87,8 +87,11 @@ func (e *env) asks(n int, c limit.Charge, others ...limit.Charge) (int, limit.Re
 	return got, last
 }
 
-// fairSetup has member a take the whole limit at 0, and member b ask once
-// at 1ms, in a decision with others; then it moves the clock to refill.
+// fairSetup has member a take the whole limit at 0, and member b ask for
+// 20 at 1ms, in a decision with others; then it moves the clock to refill.
+// The gate holds for b no more than b asked lately (20, decayed with
+// Backlog: 10.9 at 73s, 7.4 at 119s), so b asks for more than the 5 it is
+// owed.
 func fairSetup(e *env, give limit.Charge, refill int64, others ...limit.Charge) (a, b limit.Charge) {
 	e.tb.Helper()
 	shared := e.charge("shared", give)
@@ -99,7 +102,7 @@ func fairSetup(e *env, give limit.Charge, refill int64, others ...limit.Charge) 
 		e.tb.Fatalf("a admitted %d of 10 on an empty limit", got)
 	}
 	e.at(1)
-	e.apply(append([]limit.Charge{cost(b, 1)}, others...)...)
+	e.apply(append([]limit.Charge{cost(b, 20)}, others...)...)
 	e.at(refill)
 	return a, b
 }
