@@ -31,7 +31,7 @@ const maxFairCost = 1 << 53
 //	  min_share: 0.05        # (Optional) the least share of a member with demand, in [0,1); default 0
 //	  backlog: 1m            # (Optional) how long a denial keeps a member waiting, >= 1ms; default 1s or the window if shorter
 //	  quantum: 1             # (Optional) cost a member may run ahead whatever the room, >= 1; default 1
-//	  credit: 30             # (Optional) most cost a member can be owed, >= quantum; default 1/20 of what the limit admits in a backlog
+//	  credit: 30             # (Optional) most cost a member of weight 1 can be owed (w x for weight w), >= quantum; default 1/20 of what the limit admits in a backlog
 //	  max_keys: 256          # (Optional) members kept, 1..1024 (others share one); default 256
 func (w *walker) fairShare(n *yaml.Node, path string, r *limit.Rule, rule map[string]*yaml.Node) *limit.FairShare {
 	before := len(w.problems)

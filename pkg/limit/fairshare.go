@@ -25,9 +25,9 @@ import (
 // what the waiting keys behind k need to catch up with it. So a waiting
 // key keeps the room it is owed, freed room goes to keys in the order
 // they are owed it, and room no waiting key is owed is not left unused.
-// Whenever a key's F is read it is lifted to at most Credit (cost) behind
-// the Clock, so an idle or returning key is owed a bounded amount and
-// banks no more.
+// Whenever a key's F is read it is lifted to at most Credit behind the
+// Clock in virtual time (w x Credit of cost for a key of weight w), so an
+// idle or returning key is owed a bounded amount and banks no more.
 
 // FairMaxKeys caps FairPolicy.MaxKeys: the state is read and written whole
 // in every decision, in Go and in Lua.
@@ -48,8 +48,9 @@ type FairPolicy struct {
 	// Quantum is how much cost a key may run ahead of the most owed
 	// waiting key whatever the room (at least 1).
 	Quantum float64
-	// Credit is the most cost a key can be owed (at least Quantum): how
-	// far behind its share a key may fall and still catch up.
+	// Credit is the most cost a key of weight 1 can be owed (at least
+	// Quantum; a key of weight w, w times as much): how far behind its
+	// share a key may fall and still catch up.
 	Credit float64
 	// MaxKeys caps the keys kept; others share FairOverflowKey. 0 means
 	// FairMaxKeys.
@@ -210,10 +211,17 @@ func (s *FairState) slot(p *FairPolicy, key string) string {
 	return FairOverflowKey
 }
 
-// lift returns a key's Finish f (weight w) raised so that it is owed at
-// most Credit.
-func (s *FairState) lift(p *FairPolicy, f, w float64) float64 {
-	return max(f, s.Clock-p.credit()/w)
+// lift returns a key's Finish f raised to at most Credit behind the
+// Clock, in virtual time: a key of weight w is then owed at most w x
+// Credit of cost. The floor is the same for every weight on purpose: a
+// floor of Credit/w (the same cost for everyone) put a heavy key that had
+// been refused for a while ahead of the light ones at their floors, by
+// Credit x (1 - 1/w); the gate then held it back until every light key
+// caught up. On spike-queue's traffic that starved premium for 8 s after
+// the spike began, and a 10-window block's shares were off by up to 37%
+// (docs/fair-share.md, "Lift").
+func (s *FairState) lift(p *FairPolicy, f, _ float64) float64 {
+	return max(f, s.Clock-p.credit())
 }
 
 // weights returns the effective weight of every key with demand at now

@@ -570,3 +570,26 @@ func TestFairDecay(t *testing.T) {
 		}
 	}
 }
+
+// TestFairLiftLevel: two waiting keys owed more than the credit stand at
+// the same floor in virtual time whatever their weights, so neither is
+// ahead of the other and the heavy one may take a unit of room the light
+// one is not owed more of. With a floor of Credit/w (the same cost for
+// each) the heavy key stood Credit x (1 - 1/w) ahead and was refused
+// until the light ones caught up: premium starved for 8 s in the
+// spike-queue simulation.
+func TestFairLiftLevel(t *testing.T) {
+	t.Parallel()
+	p := &FairPolicy{Backlog: time.Second, Quantum: 1, Credit: 2}
+	const now = 10_000
+	waiting := func(key string, w float64) FairKey {
+		return FairKey{Key: key, Weight: w, Finish: 0, Asked: now - 1, Denied: now - 1, Asks: 10, Aged: now - 1}
+	}
+	s := &FairState{Clock: 10, Keys: []FairKey{waiting("free", 1), waiting("premium", 3)}}
+	if !s.Gate(p, now, "premium", 3, 1, 1) {
+		t.Error("premium, owed as much as free in virtual time, is refused the last unit of room")
+	}
+	if !s.Gate(p, now, "free", 1, 1, 1) {
+		t.Error("free, owed as much as premium in virtual time, is refused the last unit of room")
+	}
+}

@@ -612,8 +612,10 @@ local function fairSlot(st, fc)
   return -1, 0, fairFind(st, -1, 0)
 end
 
+-- fairLift is FairState.lift: the floor is Credit behind the clock in
+-- virtual time, the same for every weight (w is unused).
 local function fairLift(st, p, f, w)
-  return fmax(f, st.clock - p.credit / w)
+  return fmax(f, st.clock - p.credit)
 end
 
 -- fairFloor is limit's fairFloor: water-filling up to share of the total.
@@ -697,7 +699,7 @@ local function fairGate(st, fc, room)
       local kw = ws[j]
       -- fairLift and fmax inlined: fmax(a, b) is the larger when they
       -- compare, and fmax itself only when equal or NaN.
-      local g, lb = F[j], clock - credit / kw
+      local g, lb = F[j], clock - credit
       if lb > g then g = lb elseif not (g > lb) then g = fmax(g, lb) end
       if f >= g + q then ahead = true end
       local d = f - g
