@@ -2,6 +2,7 @@ package closedloop
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"regexp"
 	"slices"
@@ -327,6 +328,7 @@ func FairShareLaws(run *Run, p LawParams) []Law {
 	// the first run, premium got 0.63 of the mean in the spike's first
 	// 5 s and 0.91-1.07 after.
 	spread, blocks := math.NaN(), 0
+	var perBlock []string
 	for b := int(p.Warmup / FairWindow); b+10 <= n; b += 10 {
 		backlogged := map[string]bool{}
 		for w := b; w < b+10; w++ {
@@ -360,9 +362,14 @@ func FairShareLaws(run *Run, p LawParams) []Law {
 				spread = d
 			}
 		}
+		var parts []string
+		for _, tr := range slices.Sorted(maps.Keys(tenants)) {
+			parts = append(parts, fmt.Sprintf("%s %+.3f (%g of %g tenants admitted %g)", tr, got[tr]/(tenants[tr]*fairWeights[tr])/mean-1, tenants[tr], float64(SpikeQueueTenants[tr]), got[tr]))
+		}
+		perBlock = append(perBlock, fmt.Sprintf("block %d: %s", b, strings.Join(parts, ", ")))
 	}
 	l := newLaw("proportional share within 0.02 over 10 windows",
-		fmt.Sprintf("for each %d consecutive %v windows of the spike after its first %v and each tier: requests admitted to the tier's tenants that a limit refused at least once in them, over their number times the tier's weight (its plan), relative to the mean of the tiers; the largest |ratio/mean - 1| of any tier and block (%d blocks with two or more such tiers)", 10, FairWindow, p.Warmup, blocks),
+		fmt.Sprintf("for each %d consecutive %v windows of the spike after its first %v and each tier: requests admitted to the tier's tenants that a limit refused at least once in them, over their number times the tier's weight (its plan), relative to the mean of the tiers; the largest |ratio/mean - 1| of any tier and block (%d blocks with two or more such tiers: %s)", 10, FairWindow, p.Warmup, blocks, strings.Join(perBlock, "; ")),
 		"<=", 0.02, spread, "")
 	if math.IsNaN(spread) {
 		l = l.noted("no 10 windows with two tiers backlogged")
