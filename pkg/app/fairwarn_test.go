@@ -71,6 +71,20 @@ func TestFairWarnings(t *testing.T) {
 `,
 		},
 		{
+			name: "a fair_share backlog past 5s, on a per-tenant rule too",
+			give: tiers + `descriptors:
+  - {key: model, value: gpt-4o, rate_limit: {unit: minute, requests_per_unit: 10}, fair_share: {key: tenant, weights: plan, backlog: 1m}}
+  - key: region
+    descriptors:
+      - {key: model, value: gpt-4o, token_limit: {unit: hour, tokens_per_unit: 1000}, fair_share: {key: tenant, backlog: 6s}}
+  - {key: model, value: gpt-4o-mini, rate_limit: {unit: minute, requests_per_unit: 10}, fair_share: {key: tenant, backlog: 5s}}
+`,
+			want: []string{
+				`rules.yaml: warning: domain "d": rule model_gpt-4o: its rate_limit's fair_share backlog is 1m0s: a member denied stays owed room that long, and with many members that ask less often, the room held for them goes unused (in docs/fair-share.md, "Defaults", 5s did not, and 1m wasted most of the limit after a spike)`,
+				`rules.yaml: warning: domain "d": rule region.model_gpt-4o: its token_limit's fair_share backlog is 6s: a member denied stays owed room that long, and with many members that ask less often, the room held for them goes unused (in docs/fair-share.md, "Defaults", 5s did not, and 1m wasted most of the limit after a spike)`,
+			},
+		},
+		{
 			name: "unlimited counts nothing",
 			give: tiers + `descriptors:
   - {key: model, value: gpt-4o, rate_limit: {unlimited: true}}
