@@ -111,6 +111,9 @@ func rulesFor(sc scenario, fair bool) string {
       key: tenant
       weights: plan
       min_share: %g`, sc.floor())
+		if sc.backlog > 0 {
+			fs += fmt.Sprintf("\n      backlog: %v", sc.backlog)
+		}
 	}
 	return fmt.Sprintf(`domain: fairshare
 tiers:
@@ -191,6 +194,9 @@ type scenario struct {
 	// windowBound replaces conservationBound for each window (not for
 	// the run as a whole) when set.
 	windowBound float64
+	// backlog, when set, is the fair_share's backlog instead of the
+	// default.
+	backlog time.Duration
 }
 
 // light is the index in tenants of the scenario's light tenant, -1 if none.
@@ -472,7 +478,7 @@ func laws(sc scenario, adm []admitted) report {
 // the others: from the second window after it stops (as pkg/limit's
 // TestFairWorkConserving counts it) every window is >= 95% used and the
 // others keep their proportions; with `backlog: 20s` this case fails (the
-// idle tenant's claim holds the others back). With leases on, the laws still
+// idle tenant's claim holds the others back; PremiumGoesIdleLongBacklog). With leases on, the laws still
 // hold: a decision with a fair charge bypasses the lease decorator. A
 // light premium tenant, asking half its share beside backlogged standard
 // and free, gets at least lightBound of what it asks while the other two
@@ -508,6 +514,11 @@ func TestFairShareAcrossReplicas(t *testing.T) {
 		// (mid-window is easier: its share was taken early in the window,
 		// and the next window is full at once).
 		{name: "FairPremiumGoesIdle", sc: scenario{alg: "sliding_window", idle: 0, idleAt: 5 * window}, fair: true},
+		// The same with a backlog of ten windows: the idle tenant's claim
+		// outlasts the run and holds the others back, so the idle case's
+		// laws can fail.
+		{name: "PremiumGoesIdleLongBacklog", sc: scenario{alg: "sliding_window", idle: 0, idleAt: 5 * window, backlog: 20 * time.Second},
+			fair: true, wantBroken: []string{"work conservation", "proportional share", "no starvation"}},
 		// min_share 0.2 binds for free (1/7 by weight): it gets 12 a
 		// window, and premium and standard keep 2:1 in the rest (32, 16).
 		{name: "FairFloorBinds", sc: scenario{alg: "sliding_window", idle: -1, minShare: 0.2}, fair: true},
@@ -573,7 +584,7 @@ func TestFairShareAcrossReplicas(t *testing.T) {
 			}
 			for _, want := range tt.wantBroken {
 				if !slices.ContainsFunc(rep.broken, func(b string) bool { return strings.HasPrefix(b, want) }) {
-					t.Errorf("without fair_share the run kept %q; broken: %q", want, rep.broken)
+					t.Errorf("the run kept %q, want it broken; broken: %q", want, rep.broken)
 				}
 			}
 		})
