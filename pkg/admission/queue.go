@@ -414,21 +414,24 @@ func (q *Queue) wait(ctx context.Context, domain, tier string, qt limit.QueueTie
 				return dec, nil
 			}
 			next, err := retry()
-			if err != nil {
-				q.done(domain, w, 0)
-				return nil, err
+			// Refused again, by the limits: the domain's next retry waits
+			// for the refusal's RetryAfter too.
+			again := err == nil && mayWait(next)
+			var pace time.Duration
+			if again {
+				pace = retryIn(next, poll)
 			}
-			if next.Code == limit.CodeOK {
-				q.done(domain, w, 0)
+			q.done(domain, w, pace)
+			switch {
+			case err != nil:
+				return nil, err
+			case next.Code == limit.CodeOK:
 				out = QueueAdmitted
 				return next, nil
-			}
-			if !mayWait(next) {
-				q.done(domain, w, 0)
-				out = QueueRefused
+			case !again:
+				out = QueueRefused // by another stage, answered at once
 				return next, nil
 			}
-			q.done(domain, w, retryIn(next, poll))
 			dec = next
 			now := time.Now()
 			if !now.Before(end) {

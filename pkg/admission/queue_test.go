@@ -449,13 +449,15 @@ func TestAverageWait(t *testing.T) {
 // that skips the queue.
 func BenchmarkQueueOverhead(b *testing.B) {
 	for _, bb := range []struct {
-		name  string
-		queue bool
-		key   string
-		want  limit.Code
+		name   string
+		queue  bool
+		budget bool // a retry budget, which reads the queue's wait
+		key    string
+		want   limit.Code
 	}{
 		{name: "admitted/without", key: "many", want: limit.CodeOK},
 		{name: "admitted/with", queue: true, key: "many", want: limit.CodeOK},
+		{name: "admitted/with-budget", queue: true, budget: true, key: "many", want: limit.CodeOK},
 		{name: "refused/without", key: "one", want: limit.CodeOverLimit},
 		{name: "refused/with", queue: true, key: "one", want: limit.CodeOverLimit},
 	} {
@@ -472,6 +474,10 @@ func BenchmarkQueueOverhead(b *testing.B) {
 			if bb.queue {
 				dom.Queue = queueTiers
 				opts = append(opts, WithQueue(NewQueue(nil)))
+			}
+			if bb.budget {
+				budget := limit.DefaultRetryBudget()
+				dom.RetryBudget = &budget
 			}
 			rs, err := limit.NewRuleSet(dom)
 			if err != nil {

@@ -3,11 +3,11 @@ package admission
 import "github.com/tollgate-dev/tollgate/pkg/limit"
 
 // RetrySource tells the retry budget what this replica knows of an
-// upstream now: its breaker, its in-flight pressure, its admission
-// queue's wait and its recent error rate (limit.RetrySignals). The
-// pressure runtime implements it; a Limiter without one (WithRetrySource)
-// reads every signal as calm, so only a half-open breaker's probe lowers
-// the budget.
+// upstream now: its breaker, its in-flight pressure and its recent error
+// rate (limit.RetrySignals). The pressure runtime implements it; a
+// Limiter without one (WithRetrySource) reads those signals as calm. The
+// admission queue's wait the Limiter reads from its own queue
+// (WithQueue), so a source leaves QueueWait 0.
 type RetrySource interface {
 	// RetrySignals are the signals for a request of domain to model
 	// ("" when the request names none: the replica's global signals).
@@ -28,6 +28,10 @@ func (l *Limiter) budgetRetries(dec *Decision, dom *limit.Domain, req *limit.Req
 	var s limit.RetrySignals
 	if l.retries != nil {
 		s = l.retries.RetrySignals(dom.Name, req.Value(limit.ModelKey))
+	}
+	if l.queue != nil && dom.Queue != nil {
+		// Only a domain with a queue has waits: one without asks no lock.
+		s.QueueWait = l.queue.AverageWait(dom.Name)
 	}
 	// A probe tests whether a half-open upstream recovered: a retry would
 	// be a second probe the breaker did not admit.

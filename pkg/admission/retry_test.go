@@ -3,6 +3,7 @@ package admission_test
 import (
 	"context"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/tollgate-dev/tollgate/pkg/admission"
@@ -104,4 +105,65 @@ func TestDecideRetryBudget(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDecideRetryBudgetQueueWait: the Limiter reads the queue wait of the
+// request's own domain from its own queue, with no source: a domain whose
+// waits average above max_queue_wait gives 0 retries, and a domain
+// without a queue reads no wait.
+func TestDecideRetryBudgetQueueWait(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		budget := limit.DefaultRetryBudget()
+		budget.MaxQueueWait = 500 * time.Millisecond
+		rs, err := limit.NewRuleSet(
+			&limit.Domain{
+				Name:        "q",
+				RetryBudget: &budget,
+				Queue:       &limit.Queue{Default: limit.QueueTier{MaxWait: time.Second, MaxLength: 10}},
+				Descriptors: []*limit.Rule{{Key: "model", MaxConcurrent: 1, Lease: time.Minute}},
+			},
+			&limit.Domain{
+				Name:        "other",
+				RetryBudget: &budget,
+				Descriptors: []*limit.Rule{{Key: "model", MaxConcurrent: 1, Lease: time.Minute}},
+			},
+		)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := admission.NewLimiter(memstore.New(), nil, rs, admission.WithQueue(admission.NewQueue(nil)))
+		ctx := context.Background()
+		req := func(domain, id string) *limit.Request {
+			return &limit.Request{Domain: domain, ID: id, Descriptors: []limit.Descriptor{{Entries: []limit.Entry{{Key: "model", Value: "m"}}}}}
+		}
+		decide := func(r *limit.Request, wantCode limit.Code) *admission.Decision {
+			t.Helper()
+			dec, err := l.Decide(ctx, r)
+			if err != nil || dec.Code != wantCode {
+				t.Fatalf("Decide(%s %s) = %+v, %v; want code %v", r.Domain, r.ID, dec, err, wantCode)
+			}
+			return dec
+		}
+		tests := []struct {
+			name string
+			give func() *admission.Decision
+			want int
+		}{
+			{name: "before any wait", give: func() *admission.Decision { return decide(req("q", "holder"), limit.CodeOK) }, want: 3},
+			{name: "after a 1s wait", give: func() *admission.Decision {
+				decide(req("q", "waiter"), limit.CodeOverLimit) // waits its whole bound
+				if err := l.Release(ctx, req("q", "holder")); err != nil {
+					t.Fatal(err)
+				}
+				return decide(req("q", "next"), limit.CodeOK)
+			}, want: 0},
+			{name: "another domain's waits do not count", give: func() *admission.Decision { return decide(req("other", "o"), limit.CodeOK) }, want: 3},
+		}
+		for _, tt := range tests { // in order: each builds on the one before
+			if dec := tt.give(); !dec.HasRetries || dec.Retries != tt.want {
+				t.Errorf("%s: retries %d (has %v), want %d", tt.name, dec.Retries, dec.HasRetries, tt.want)
+			}
+		}
+	})
 }

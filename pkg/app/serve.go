@@ -308,10 +308,6 @@ func newServeAPIs(f *serveFlags, st *serveStores, sh *pressureruntime.Runtime, m
 		return nil, err
 	}
 	queue := admission.NewQueue(qm)
-	// The retry budget counts the queue's wait of the request's own
-	// domain: a retry goes to that domain's upstream, and another
-	// domain's waits say nothing of it (docs/retry-budget.md).
-	sh.SetQueueWait(queue.AverageWait)
 	lim := admission.NewLimiter(st.store, limit.SystemClock{}, rules, append(sh.LimiterOptions(), f.failure.option(m.failures, f.redisURL != "", st.health.replicas.get), admission.WithQueue(queue))...)
 	loop, err := outcome.New(st.ticketKeys, lim, log.Named("outcome"), reg, outcome.Options{Completed: func(t *ticket.Ticket) { sh.Completed(t.Request()) }})
 	if err != nil {

@@ -37,13 +37,6 @@ func TestRetrySignals(t *testing.T) {
 			give: "m", want: limit.RetrySignals{Pressure: 0.9},
 		},
 		{
-			name: "queue wait",
-			setup: func(rt *Runtime) {
-				rt.SetQueueWait(func(d string) time.Duration { return map[string]time.Duration{"d": 3 * time.Second}[d] })
-			},
-			give: "m", want: limit.RetrySignals{QueueWait: 3 * time.Second},
-		},
-		{
 			name: "a model's own failures",
 			setup: func(rt *Runtime) {
 				if _, err := rt.Outcomes().Model("m"); err != nil {

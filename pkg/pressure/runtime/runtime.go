@@ -128,9 +128,6 @@ type Runtime struct {
 	retired        map[[2]breaker.State]uint64 // transitions of Breakers a reload dropped
 	retiredClasses map[breakerClass]uint64     // outcome classes of Breakers a reload dropped
 	untracked      uint64
-
-	// queueWait, when set, is the admission queue's wait (SetQueueWait).
-	queueWait atomic.Pointer[QueueWaitFunc]
 }
 
 // breakerClass keys tollgate_breaker_outcomes_total.
