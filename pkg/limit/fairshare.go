@@ -224,18 +224,26 @@ func (s *FairState) lift(p *FairPolicy, f, _ float64) float64 {
 	return max(f, s.Clock-p.credit())
 }
 
+// fairStack is how many keys' weights Gate, Record and fairFloor keep in
+// a buffer on the stack: every decision on a fair-shared limit computes
+// them, and up to this many keys it allocates nothing for them.
+const fairStack = 64
+
 // weights returns the effective weight of every key with demand at now
-// (0 for the others), with key counted as having demand at weight w.
-func (s *FairState) weights(p *FairPolicy, now int64, key string, w float64) []float64 {
-	ws := make([]float64, len(s.Keys))
+// (0 for the others), with key counted as having demand at weight w, in
+// ws[:0]'s backing array when it is large enough.
+func (s *FairState) weights(ws []float64, p *FairPolicy, now int64, key string, w float64) []float64 {
+	ws = slices.Grow(ws[:0], len(s.Keys))
 	for i := range s.Keys {
 		k := &s.Keys[i]
+		x := 0.0
 		switch {
 		case k.Key == key:
-			ws[i] = w
+			x = w
 		case k.waiting(p, now):
-			ws[i] = k.Weight
+			x = k.Weight
 		}
+		ws = append(ws, x)
 	}
 	fairFloor(p.MinShare, ws)
 	return ws
@@ -248,7 +256,8 @@ func (s *FairState) Gate(p *FairPolicy, now int64, key string, weight float64, c
 	key = s.slot(p, key)
 	weight = FairWeight(weight)
 	i, known := s.find(key)
-	ws := s.weights(p, now, key, weight)
+	var buf [fairStack]float64
+	ws := s.weights(buf[:0], p, now, key, weight)
 	w := weight
 	f := s.lift(p, s.Clock, w)
 	if known {
@@ -289,7 +298,8 @@ func (s *FairState) Record(p *FairPolicy, now int64, key string, weight float64,
 	if !ok {
 		s.Keys = slices.Insert(s.Keys, i, FairKey{Key: key, Finish: s.Clock})
 	}
-	ws := s.weights(p, now, key, weight)
+	var buf [fairStack]float64
+	ws := s.weights(buf[:0], p, now, key, weight)
 	k := &s.Keys[i]
 	k.Weight, k.Asked = weight, now
 	k.decay(p, now)
@@ -335,7 +345,14 @@ func fairFloor(share float64, ws []float64) {
 	if share <= 0 {
 		return
 	}
-	var sorted []float64
+	var buf [fairStack]float64
+	n := 0
+	for _, w := range ws {
+		if w > 0 {
+			n++
+		}
+	}
+	sorted := slices.Grow(buf[:0], n)
 	var total float64
 	for _, w := range ws {
 		if w > 0 {

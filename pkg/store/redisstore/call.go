@@ -29,15 +29,23 @@ const (
 )
 
 func newCall(mode string, now int64, charges []limit.Charge) (*call, error) {
+	// Count the fair charges first so that keys and args are allocated
+	// once at their final size: each fair charge adds a state key and its
+	// script entry, which outgrew the per-charge capacity and copied both.
+	fair := 0
+	for i := range charges {
+		if fairGated(&charges[i]) {
+			fair++
+		}
+	}
 	c := &call{
 		mode:    mode,
 		now:     now,
 		charges: len(charges),
-		keys:    make([]string, 0, len(charges)),
-		args:    make([]any, argsHead, argsHead+argsPerCharge*len(charges)),
+		keys:    make([]string, 0, len(charges)+fair),
+		args:    make([]any, argsHead, argsHead+argsPerCharge*len(charges)+1+argsPerFair*fair),
 	}
 	c.args[0], c.args[1], c.args[2] = mode, now, len(charges)
-	fair := 0
 	for i := range charges {
 		ch := &charges[i]
 		kind, p1, p2, p3, err := params(ch)
@@ -48,7 +56,6 @@ func newCall(mode string, now int64, charges []limit.Charge) (*call, error) {
 			if err := checkFair(ch); err != nil {
 				return nil, fmt.Errorf("charges[%d]: %w", i, err)
 			}
-			fair++
 		}
 		c.args = append(c.args, c.key(ch.Key), kind, ch.Amount, p1, p2, p3, ch.Cost, flags(ch))
 	}
