@@ -2,11 +2,19 @@ package accesslog
 
 import (
 	"bufio"
+	"fmt"
+	"go/ast"
+	"go/constant"
+	"go/importer"
+	"go/parser"
+	"go/token"
+	"go/types"
 	"math"
 	"math/big"
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -271,10 +279,15 @@ func TestOutcomeTableDocumented(t *testing.T) {
 }
 
 // TestFactsFlags: every flag of the ResponseFlags message maps to the
-// breaker flag of its name, or to FlagOther; and the names flagBits maps
+// breaker flag of its name (read from pkg/breaker, breakerFlagsByName),
+// or to FlagOther; and the names flagBits maps
 // are fields of the message (a typo would silently be FlagOther).
 func TestFactsFlags(t *testing.T) {
 	t.Parallel()
+	flagOf, err := breakerFlagsByName()
+	if err != nil {
+		t.Fatal(err)
+	}
 	fields := (&datav3.ResponseFlags{}).ProtoReflect().Descriptor().Fields()
 	for name := range flagBits {
 		if fields.ByName(name) == nil {
@@ -289,10 +302,7 @@ func TestFactsFlags(t *testing.T) {
 		} else {
 			m.Set(fd, protoreflect.ValueOfMessage(m.NewField(fd).Message()))
 		}
-		want, ok := flagBits[fd.Name()]
-		if !ok {
-			want = breaker.FlagOther
-		}
+		want := flagOf[fd.Name()]
 		if got := flags(m.Interface().(*datav3.ResponseFlags)); got != want {
 			t.Errorf("flag %s: %b, want %b", fd.Name(), got, want)
 		}
@@ -332,6 +342,10 @@ func TestFactsOfGarbage(t *testing.T) {
 // success is always an upstream 2xx or 3xx with no flag; and an upstream
 // failure flag is always a failure.
 func FuzzFacts(f *testing.F) {
+	flagOf, err := breakerFlagsByName()
+	if err != nil {
+		f.Fatal(err)
+	}
 	for _, r := range outcomeRows {
 		b, err := proto.Marshal(r.give)
 		if err != nil {
@@ -345,7 +359,7 @@ func FuzzFacts(f *testing.F) {
 			return
 		}
 		facts := Facts(&e)
-		if want := factsByName(e.ProtoReflect()); facts != want {
+		if want := factsByName(e.ProtoReflect(), flagOf); facts != want {
 			t.Fatalf("Facts = %+v, want %+v (read by name)", facts, want)
 		}
 		c := breaker.Config{Key: "model", FailureThreshold: 1, Window: time.Minute, OpenFor: time.Minute, Timeout: time.Duration(max(timeout, 0))}
@@ -366,7 +380,7 @@ func FuzzFacts(f *testing.F) {
 // field, by the names data/accesslog/v3 gives them, not through the
 // generated getters Facts uses: a mix-up of two fields, or of presence
 // and value, shows as a difference.
-func factsByName(e protoreflect.Message) breaker.Facts {
+func factsByName(e protoreflect.Message, flagOf map[protoreflect.Name]breaker.Flags) breaker.Facts {
 	msg := func(m protoreflect.Message, name protoreflect.Name) (protoreflect.Message, bool) {
 		fd := m.Descriptor().Fields().ByName(name)
 		if fd == nil {
@@ -418,11 +432,7 @@ func factsByName(e protoreflect.Message) breaker.Facts {
 		if !flags.Has(fd) {
 			continue
 		}
-		bit, known := flagsByName[string(fd.Name())]
-		if !known {
-			bit = breaker.FlagOther // a kind of trouble this build does not name
-		}
-		out.Flags |= bit
+		out.Flags |= flagOf[fd.Name()]
 	}
 	if len(flags.GetUnknown()) > 0 {
 		out.Flags |= breaker.FlagOther
@@ -430,19 +440,49 @@ func factsByName(e protoreflect.Message) breaker.Facts {
 	return out
 }
 
-// flagsByName is docs/outcome-classes.md's reading of Envoy's response
-// flags: each names one breaker flag, delay_injected none.
-var flagsByName = map[string]breaker.Flags{
-	"upstream_connection_failure":       breaker.FlagUpstreamConnectionFailure,
-	"upstream_connection_termination":   breaker.FlagUpstreamConnectionTermination,
-	"upstream_remote_reset":             breaker.FlagUpstreamRemoteReset,
-	"upstream_request_timeout":          breaker.FlagUpstreamRequestTimeout,
-	"no_healthy_upstream":               breaker.FlagNoHealthyUpstream,
-	"upstream_protocol_error":           breaker.FlagUpstreamProtocolError,
-	"dns_resolution_failure":            breaker.FlagDNSResolutionFailure,
-	"stream_idle_timeout":               breaker.FlagStreamIdleTimeout,
-	"upstream_overflow":                 breaker.FlagUpstreamOverflow,
-	"downstream_connection_termination": breaker.FlagDownstreamConnectionTermination,
-	"downstream_remote_reset":           breaker.FlagDownstreamRemoteReset,
-	"delay_injected":                    0,
-}
+// breakerFlagsByName reads the breaker flag a ResponseFlags field means
+// from pkg/breaker's source, not from flagBits: field upstream_overflow
+// is the constant FlagUpstreamOverflow, dns_ is DNS; a field no constant
+// is named after is FlagOther, delay_injected none (a delay says nothing
+// of the answer). So a field mapped to the wrong flag in flagBits shows
+// as a difference here, which a copy of the table would repeat.
+var breakerFlagsByName = sync.OnceValues(func() (map[protoreflect.Name]breaker.Flags, error) {
+	fset := token.NewFileSet()
+	// outcome.go declares the flags and needs only the standard library.
+	f, err := parser.ParseFile(fset, "../breaker/outcome.go", nil, 0)
+	if err != nil {
+		return nil, fmt.Errorf("parse pkg/breaker: %w", err)
+	}
+	// Alone, the file's uses of the package's other files do not resolve;
+	// its constants do, and a missing FlagOther says the reading failed.
+	conf := types.Config{Importer: importer.Default(), Error: func(error) {}}
+	pkg, _ := conf.Check("breaker", fset, []*ast.File{f}, nil)
+	if _, ok := pkg.Scope().Lookup("FlagOther").(*types.Const); !ok {
+		return nil, fmt.Errorf("pkg/breaker/outcome.go declares no FlagOther")
+	}
+	out := map[protoreflect.Name]breaker.Flags{"delay_injected": 0}
+	fields := (&datav3.ResponseFlags{}).ProtoReflect().Descriptor().Fields()
+	for i := range fields.Len() {
+		name := fields.Get(i).Name()
+		if _, ok := out[name]; ok {
+			continue
+		}
+		var camel strings.Builder
+		for w := range strings.SplitSeq(string(name), "_") {
+			if w == "dns" {
+				camel.WriteString("DNS")
+				continue
+			}
+			camel.WriteString(strings.ToUpper(w[:1]) + w[1:])
+		}
+		out[name] = breaker.FlagOther
+		if c, ok := pkg.Scope().Lookup("Flag" + camel.String()).(*types.Const); ok {
+			v, exact := constant.Uint64Val(c.Val())
+			if !exact {
+				return nil, fmt.Errorf("breaker.%s = %v: not a flag", c.Name(), c.Val())
+			}
+			out[name] = breaker.Flags(v)
+		}
+	}
+	return out, nil
+})

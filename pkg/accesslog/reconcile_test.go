@@ -105,7 +105,7 @@ func newReplica(t testing.TB, store limit.Store, clock limit.Clock, ruleYAML str
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn := serve(t, authz, als)
+	conn := testutil.Serve(t, authz, als)
 	return &replica{lim: lim, authz: authv3.NewAuthorizationClient(conn), als: alsv3.NewAccessLogServiceClient(conn), reg: reg}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,8 +17,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -28,6 +25,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/outcome"
 	"github.com/tollgate-dev/tollgate/pkg/ticket"
+	"github.com/tollgate-dev/tollgate/test/testutil"
 )
 
 // t0 is on a 180 s boundary, the bucket width of an hour's sliding window.
@@ -170,27 +168,6 @@ func sealedMeta(keys *ticket.Keys, tk *ticket.Ticket) map[string]*structpb.Value
 		ticket.FieldModel:  structpb.NewStringValue("gpt-4o"),
 		ticket.Field:       structpb.NewStringValue(seal(keys, tk)),
 	}
-}
-
-// serve runs svc on a loopback gRPC server until the test ends.
-func serve(t testing.TB, svcs ...interface{ Register(grpc.ServiceRegistrar) }) *grpc.ClientConn {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	for _, s := range svcs {
-		s.Register(srv)
-	}
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	return conn
 }
 
 // send streams the entries to the service in one message per batch, and
@@ -365,7 +342,7 @@ func TestStreamAccessLogs(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			send(t, alsv3.NewAccessLogServiceClient(serve(t, svc)), []*datav3.HTTPAccessLogEntry{tt.give})
+			send(t, alsv3.NewAccessLogServiceClient(testutil.Serve(t, svc)), []*datav3.HTTPAccessLogEntry{tt.give})
 			if diff := cmp.Diff(tt.wantCalls, lim.calls); diff != "" {
 				t.Errorf("limiter calls (-want +got):\n%s", diff)
 			}
@@ -427,7 +404,7 @@ func TestObserverOutcome(t *testing.T) {
 			Probes:      []limit.Probe{{Key: "tenant", Name: "acme", ID: "rl-probe"}, {Key: "model", Name: "gpt-4o", ID: "second"}},
 		})),
 	}}
-	send(t, alsv3.NewAccessLogServiceClient(serve(t, svc)),
+	send(t, alsv3.NewAccessLogServiceClient(testutil.Serve(t, svc)),
 		[]*datav3.HTTPAccessLogEntry{entry(ticketMeta(testTicket), 502), entry(nil, 200)},
 		[]*datav3.HTTPAccessLogEntry{{}, intermediate, entry(ticketMeta(&probe), 200), rlsProbe, entry(unsigned, 200), both},
 	)
@@ -457,7 +434,7 @@ func TestTCPEntriesAreIgnored(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stream, err := alsv3.NewAccessLogServiceClient(serve(t, svc)).StreamAccessLogs(context.Background())
+	stream, err := alsv3.NewAccessLogServiceClient(testutil.Serve(t, svc)).StreamAccessLogs(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

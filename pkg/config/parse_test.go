@@ -378,18 +378,25 @@ func TestLoadBad(t *testing.T) {
 	for _, tt := range badFixtures() {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			rs, err := Load(filepath.Join("testdata", "bad", tt.give))
-			if rs != nil {
-				t.Errorf("Load returned rules with the error")
-			}
-			var probs Errors
-			if !errors.As(err, &probs) {
-				t.Fatalf("Load error = %v (%T), want Errors", err, err)
-			}
-			if got := err.Error(); got != tt.want {
-				t.Errorf("Load error:\n%s\nwant:\n%s", got, tt.want)
-			}
+			wantLoadErrors(t, filepath.Join("testdata", "bad", tt.give), tt.want)
 		})
+	}
+}
+
+// wantLoadErrors loads the fixture at path and wants no rules and an
+// Errors whose whole text (file, line, path and message) is want.
+func wantLoadErrors(t testing.TB, path, want string) {
+	t.Helper()
+	rs, err := Load(path)
+	if rs != nil {
+		t.Errorf("Load returned rules with the error")
+	}
+	var probs Errors
+	if !errors.As(err, &probs) {
+		t.Fatalf("Load error = %v (%T), want Errors", err, err)
+	}
+	if got := err.Error(); got != want {
+		t.Errorf("Load error:\n%s\nwant:\n%s", got, want)
 	}
 }
 

@@ -1,7 +1,6 @@
 package config
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -79,17 +78,7 @@ testdata/retrybudget/bad_ranges.yaml:7: retry_budget.high_error_rate: -0.1 is no
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			rs, err := Load(filepath.Join("testdata", "retrybudget", tt.give))
-			if rs != nil {
-				t.Errorf("Load returned rules with the error")
-			}
-			var probs Errors
-			if !errors.As(err, &probs) {
-				t.Fatalf("Load error = %v (%T), want Errors", err, err)
-			}
-			if got := err.Error(); got != tt.want {
-				t.Errorf("Load error:\n%s\nwant:\n%s", got, tt.want)
-			}
+			wantLoadErrors(t, filepath.Join("testdata", "retrybudget", tt.give), tt.want)
 		})
 	}
 }

@@ -59,39 +59,7 @@ func (s *scanner[T]) object(member func(key token) error) error {
 
 // members is object with s.seen the object's own.
 func (s *scanner[T]) members(member func(key token) error) error {
-	s.i++ // '{'
-	c, err := s.next()
-	if err != nil {
-		return err
-	}
-	if c == '}' {
-		s.i++
-		return nil
-	}
-	for {
-		k, err := s.key()
-		if err != nil {
-			return err
-		}
-		if err := member(k); err != nil {
-			return err
-		}
-		if c, err = s.next(); err != nil {
-			return err
-		}
-		switch c {
-		case ',':
-			s.i++
-			if _, err := s.next(); err != nil {
-				return err
-			}
-		case '}':
-			s.i++
-			return nil
-		default:
-			return errNotJSON
-		}
-	}
+	return s.elements('}', member, nil)
 }
 
 // key reads a member's key and its colon, and skips to its value.
@@ -134,17 +102,35 @@ func (s *scanner[T]) inArray(item func() error) error {
 
 // array reads an array, calling item at each element.
 func (s *scanner[T]) array(item func() error) error {
-	s.i++ // '['
+	return s.elements(']', nil, item)
+}
+
+// elements reads the comma-separated elements of the object or array
+// opening at s.i up to its closing byte end: the one loop of members and
+// array. An object's element is a key, read here and handed to member;
+// an array's is handed to item. (Two funcs, not member wrapped in an
+// item closure, which would add an indirect call per member on the
+// request path.)
+func (s *scanner[T]) elements(end byte, member func(key token) error, item func() error) error {
+	s.i++ // '{' or '['
 	c, err := s.next()
 	if err != nil {
 		return err
 	}
-	if c == ']' {
+	if c == end {
 		s.i++
 		return nil
 	}
 	for {
-		if err := item(); err != nil {
+		if member != nil {
+			k, err := s.key()
+			if err != nil {
+				return err
+			}
+			if err := member(k); err != nil {
+				return err
+			}
+		} else if err := item(); err != nil {
 			return err
 		}
 		if c, err = s.next(); err != nil {
@@ -156,7 +142,7 @@ func (s *scanner[T]) array(item func() error) error {
 			if _, err := s.next(); err != nil {
 				return err
 			}
-		case ']':
+		case end:
 			s.i++
 			return nil
 		default:

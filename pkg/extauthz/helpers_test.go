@@ -3,7 +3,6 @@ package extauthz
 import (
 	"context"
 	"fmt"
-	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,8 +12,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/tollgate-dev/tollgate/pkg/admission"
@@ -129,27 +126,7 @@ func newHarness(t testing.TB, store limit.Store, set *Settings, log *zap.Logger)
 		t.Fatal(err)
 	}
 	svc.SetSealer(sealer)
-	return &harness{svc: svc, client: authv3.NewAuthorizationClient(serve(t, svc)), clock: clock, reg: reg, sealer: sealer}
-}
-
-// serve runs a gRPC server with svc on a loopback port until the test
-// ends and returns a connection to it.
-func serve(t testing.TB, svc interface{ Register(grpc.ServiceRegistrar) }) *grpc.ClientConn {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	svc.Register(srv)
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	return conn
+	return &harness{svc: svc, client: authv3.NewAuthorizationClient(testutil.Serve(t, svc)), clock: clock, reg: reg, sealer: sealer}
 }
 
 func (h *harness) check(t testing.TB, req *authv3.CheckRequest) *authv3.CheckResponse {

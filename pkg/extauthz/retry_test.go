@@ -14,6 +14,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
 	"github.com/tollgate-dev/tollgate/pkg/store/storetest"
+	"github.com/tollgate-dev/tollgate/test/testutil"
 )
 
 // retryRules allow each tenant 2 requests a minute and give the domain a
@@ -43,7 +44,7 @@ func TestCheckRetryBudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	client := authv3.NewAuthorizationClient(serve(t, svc))
+	client := authv3.NewAuthorizationClient(testutil.Serve(t, svc))
 	tests := []struct {
 		name     string
 		key      string

@@ -34,7 +34,7 @@ func newTierHarness(t testing.TB, store limit.Store, set *Settings) *harness {
 	}
 	var n atomic.Int64
 	svc.newID = func(id string) string { return fmt.Sprintf("%s.%d", id, n.Add(1)) }
-	return &harness{svc: svc, client: authv3.NewAuthorizationClient(serve(t, svc)), clock: clock, reg: reg}
+	return &harness{svc: svc, client: authv3.NewAuthorizationClient(testutil.Serve(t, svc)), clock: clock, reg: reg}
 }
 
 // admitted sends req until it is denied, at most limit+1 times, and

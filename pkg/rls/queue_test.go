@@ -16,6 +16,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/config"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
+	"github.com/tollgate-dev/tollgate/test/testutil"
 )
 
 // waits records how the queue's waits ended.
@@ -67,7 +68,7 @@ func TestShouldRateLimitQueueBound(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			client := serveRLS(t, svc)
+			client := rlsv3.NewRateLimitServiceClient(testutil.Serve(t, svc))
 			req := &rlsv3.RateLimitRequest{Domain: "q", Descriptors: []*commonrl.RateLimitDescriptor{{Entries: []*commonrl.RateLimitDescriptor_Entry{{Key: "model", Value: "m"}}}}}
 			bound, cancel := context.WithTimeout(context.Background(), 10*time.Second) // the test's own bound
 			defer cancel()

@@ -2,7 +2,6 @@ package rls
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
@@ -11,14 +10,13 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/config"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
+	"github.com/tollgate-dev/tollgate/test/testutil"
 )
 
 // retryRules allow each model 2 requests a minute and give the domain a
@@ -35,26 +33,6 @@ retry_budget: {max: 3}
 type signals map[string]limit.RetrySignals
 
 func (s signals) RetrySignals(_, model string) limit.RetrySignals { return s[model] }
-
-// serveRLS serves svc over real gRPC on a loopback port until the test
-// ends and returns a client of it.
-func serveRLS(t testing.TB, svc *Service) rlsv3.RateLimitServiceClient {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	svc.Register(srv)
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	return rlsv3.NewRateLimitServiceClient(conn)
-}
 
 // TestShouldRateLimitRetryBudget: over real gRPC, an admitted request of
 // a domain with a retry budget carries x-envoy-max-retries in
@@ -79,7 +57,7 @@ func TestShouldRateLimitRetryBudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	client := serveRLS(t, svc)
+	client := rlsv3.NewRateLimitServiceClient(testutil.Serve(t, svc))
 	retries := func(n string) []*corev3.HeaderValue {
 		return []*corev3.HeaderValue{{Key: "x-envoy-max-retries", Value: n}}
 	}
@@ -120,7 +98,7 @@ func TestShouldRateLimitRetryBudget(t *testing.T) {
 func TestShouldRateLimitNoRetryBudget(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	client := serveRLS(t, f.svc)
+	client := rlsv3.NewRateLimitServiceClient(testutil.Serve(t, f.svc))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	resp, err := client.ShouldRateLimit(ctx, request("ai", 0, desc("tenant", "a")))
