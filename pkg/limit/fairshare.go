@@ -325,7 +325,35 @@ func (s *FairState) Record(p *FairPolicy, now int64, key string, weight float64,
 	case FairDenied:
 		k.Denied = now
 	}
+	s.settle(p, now)
 	s.forget(p, now)
+}
+
+// settle holds the Clock at or behind the weighted mean F of the waiting
+// keys. Without it the Clock runs ahead whenever nobody waits (each
+// admission then advances it by its cost over the admitted key's weight
+// alone), and once contention starts every key is lifted to Credit behind
+// it and stays at that floor: a backlogged key that did not ask in the
+// moment room freed fell under the floor and lost what it was owed. On
+// spike-queue's traffic (docs/fair-share.md, "Clock") the tier whose
+// tenants ask least often lost 3% of its share that way. With the Clock at
+// the mean, a waiting key is lifted only when it lags the waiting keys'
+// mean by more than Credit, and a key that joins or comes back starts
+// among them. The sums run in key order, each product rounded alone, as
+// apply.lua repeats them.
+func (s *FairState) settle(p *FairPolicy, now int64) {
+	var sw, sf float64
+	for i := range s.Keys {
+		if k := &s.Keys[i]; k.waiting(p, now) {
+			sw += k.Weight
+			sf += float64(k.Weight * k.Finish)
+		}
+	}
+	if sw > 0 {
+		if m := sf / sw; s.Clock > m {
+			s.Clock = m
+		}
+	}
 }
 
 // forget drops the keys that stopped asking and owe nothing (Finish at or

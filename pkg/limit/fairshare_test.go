@@ -256,9 +256,14 @@ func TestFairWorkConserving(t *testing.T) {
 				}
 				return
 			}
-			for w := tt.from + 1; w < windows; w++ {
-				if got := r.window(w); float64(got) < 0.95*sustained {
-					t.Errorf("window %d: admitted %d, want >= 95%% of %.0f", w, got, sustained)
+			// Every two windows after the first: the sliding window frees
+			// room a bucket at a time, and where those lumps fall moves up
+			// to a bucket's worth between neighbouring windows. The limit
+			// alone dips to 525 (92% of sustained) in single windows of
+			// "premium goes idle", whose pairs the gate keeps above 95%.
+			for w := tt.from + 1; w+1 < windows; w++ {
+				if got := r.window(w) + r.window(w+1); float64(got) < 0.95*2*sustained {
+					t.Errorf("windows %d-%d: admitted %d, want >= 95%% of %.0f", w, w+1, got, 2*sustained)
 				}
 			}
 		})
@@ -523,6 +528,23 @@ func TestFairGate(t *testing.T) {
 		}
 		return &st
 	}
+	// lag and mid are denied 10 times each, mid also admitted 4 (still
+	// waiting: 4 of 14 asked), while lead is admitted 10.
+	pair := func() *FairState {
+		var st FairState
+		for i := range int64(10) {
+			st.Record(p, now+i, "lag", 1, 1, FairDenied)
+			st.Record(p, now+i, "mid", 1, 1, FairDenied)
+			if i < 4 {
+				st.Record(p, now+i, "mid", 1, 1, FairAdmitted)
+			}
+			st.Record(p, now+i, "lead", 1, 1, FairAdmitted)
+		}
+		if st.Clock != 2 {
+			t.Fatalf("pair: Clock %v, want the waiting keys' mean 2 (%+v)", st.Clock, st)
+		}
+		return &st
+	}
 	tests := []struct {
 		name string
 		st   *FairState
@@ -539,10 +561,13 @@ func TestFairGate(t *testing.T) {
 		{name: "ahead of a slow key, which holds no more than it asked", st: slow(), key: "lead", cost: 1, room: 3, want: true},
 		{name: "a hostile room cannot wrap", st: lead(), key: "lead", cost: 1, room: math.MinInt64, want: false},
 		{name: "a hostile cost leaves no reserve", st: lead(), key: "lead", cost: math.MaxInt64, room: math.MaxInt64, want: false},
-		// The Clock is 5 (each admission split over lead and lag): a new
-		// key starts there, owed nothing, and leaves lag its 5.
-		{name: "a new key leaves the waiting key its due", st: lead(), key: "new", cost: 1, room: 5, want: false},
-		{name: "a new key takes room beyond it", st: lead(), key: "new", cost: 1, room: 6, want: true},
+		// The Clock is held at the waiting keys' mean F (settle): lag's
+		// 0, so a new key starts beside lag, owed as much as it.
+		{name: "a new key starts among the waiting keys", st: lead(), key: "new", cost: 1, room: 1, want: true},
+		// lag (F 0) and mid (F 4) wait: the Clock is their mean, 2. A
+		// new key starts there, ahead of lag by 2, and leaves it that.
+		{name: "a new key leaves the waiting key behind it its due", st: pair(), key: "new", cost: 1, room: 2, want: false},
+		{name: "a new key takes room beyond it", st: pair(), key: "new", cost: 1, room: 3, want: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -758,6 +758,21 @@ local function fairRecord(st, fc, out)
   elseif out == 'd' then
     st.D[i] = now
   end
+  -- settle: the clock no further than the waiting keys' weighted mean F.
+  do
+    local W, D, sw, sf, backlog = st.W, st.D, 0, 0, p.backlog
+    for x = 1, st.n do
+      local d = D[x]
+      if d > 0 and now - d < backlog and SM[x] < fairKeep * SK[x] then
+        sw = sw + W[x]
+        sf = sf + W[x] * F[x]
+      end
+    end
+    if sw > 0 then
+      local m = sf / sw
+      if st.clock > m then st.clock = m end
+    end
+  end
   -- forget: keys with no demand that owe nothing go.
   local AS, clock, backlog, n, j = st.AS, st.clock, p.backlog, st.n, 0
   for x = 1, n do
