@@ -249,6 +249,8 @@ func reportLimit(st *limit.Status, c *limit.Charge, pl plan, rs limit.Result) {
 		st.RetryAfter = rs.RetryAfter
 		if !rs.Fits {
 			st.Code = limit.CodeOverLimit
+			// The counter had the room: only the fair gate denies so.
+			st.Gated = c.Fair.Policy != nil && c.Cost >= 0 && rs.Remaining >= uint64(c.Cost)
 		}
 	}
 }

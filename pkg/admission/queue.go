@@ -38,6 +38,14 @@ import (
 // sooner, so the retries it holds back would only be refused too; without
 // the pace a full queue of n waiters due together costs the store n
 // calls back to back, each d (docs/admission-queue.md, "Pacing").
+//
+// A waiter whose retry only a fair gate refused (limit.Status.Gated: the
+// shared limit had the room, kept for members owed it) steps aside: the
+// next turns go to the other due waiters, in the same order, and it
+// retries again when none of them is left, or at once after a Notify. In
+// strict order it took every paced turn while it was due, and the
+// waiters behind it, which the gate would have admitted, got none (docs/
+// admission-queue.md, "Fair share").
 
 // QueueMargin is how long before the caller's deadline a waiter gives
 // up waiting: the last retry's store call and the answer's way back to
@@ -148,6 +156,9 @@ type waiter struct {
 	rank int
 	// due: it should retry at its next turn.
 	due bool
+	// aside: its last retry only a fair gate refused; the due waiters
+	// that are not aside go first.
+	aside bool
 	// turn receives when the waiter may retry; holder is then it.
 	turn chan struct{}
 }
@@ -166,7 +177,7 @@ func (q *Queue) Notify(domain string) {
 	}
 	for _, ws := range d.ranks {
 		for _, w := range ws {
-			w.due = true
+			w.due, w.aside = true, false
 		}
 	}
 	d.notified++
@@ -219,31 +230,49 @@ func (q *Queue) recordWait(domain string, waited time.Duration) {
 
 // grant gives the turn to the first due waiter, in rank then FIFO
 // order, unless a retry runs or the domain is paced until after now
-// (then the pacer grants it at the pace's end); q.mu is held.
+// (then the pacer grants it at the pace's end); q.mu is held. Waiters
+// aside go after every due waiter that is not, and when only they are
+// due, the first of them goes and all are back in line.
 func (d *domQueue) grant(now time.Time) {
 	if d.holder != nil {
 		return
 	}
-	for _, ws := range d.ranks {
-		for _, w := range ws {
-			if !w.due {
-				continue
-			}
-			if wait := d.paced.Sub(now); wait > 0 {
-				if d.pacer == nil {
-					d.pacer = time.AfterFunc(wait, d.wake)
-				} else {
-					d.pacer.Reset(wait)
-				}
-				return
-			}
-			w.due = false
-			d.holder = w
-			d.heldAt = d.notified
-			w.turn <- struct{}{} // cap 1, and only the holder is sent to
+	w := d.first(false)
+	if w == nil {
+		if w = d.first(true); w == nil {
 			return
 		}
+		for _, ws := range d.ranks {
+			for _, o := range ws {
+				o.aside = false
+			}
+		}
 	}
+	if wait := d.paced.Sub(now); wait > 0 {
+		if d.pacer == nil {
+			d.pacer = time.AfterFunc(wait, d.wake)
+		} else {
+			d.pacer.Reset(wait)
+		}
+		return
+	}
+	w.due = false
+	d.holder = w
+	d.heldAt = d.notified
+	w.turn <- struct{}{} // cap 1, and only the holder is sent to
+}
+
+// first is the first due waiter in rank then FIFO order, among those
+// aside or those not.
+func (d *domQueue) first(aside bool) *waiter {
+	for _, ws := range d.ranks {
+		for _, w := range ws {
+			if w.due && w.aside == aside {
+				return w
+			}
+		}
+	}
+	return nil
 }
 
 // join adds a waiter of rank unless the rank holds maxLen already.
@@ -288,8 +317,9 @@ func (q *Queue) ready(domain string, w *waiter) {
 
 // done ends w's turn and passes it on. pace > 0: w's retry was refused
 // with that RetryAfter (capped by poll), and the domain's next retry
-// waits for it, unless a Notify came since the retry began.
-func (q *Queue) done(domain string, w *waiter, pace time.Duration) {
+// waits for it, unless a Notify came since the retry began. aside: only
+// a fair gate refused it, and it steps aside (see the stage's comment).
+func (q *Queue) done(domain string, w *waiter, pace time.Duration, aside bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	d := q.doms[domain]
@@ -298,6 +328,7 @@ func (q *Queue) done(domain string, w *waiter, pace time.Duration) {
 		d.holder = nil
 		if pace > 0 && d.notified == d.heldAt {
 			d.paced = now.Add(pace)
+			w.aside = aside
 		}
 	}
 	d.grant(now)
@@ -409,7 +440,7 @@ func (q *Queue) wait(ctx context.Context, domain, tier string, qt limit.QueueTie
 			if !time.Now().Before(end) {
 				// The turn came after the bound (the waiters ahead held
 				// it): a retry now would overrun the bound by a store call.
-				q.done(domain, w, 0)
+				q.done(domain, w, 0, false)
 				out = QueueTimeout
 				return dec, nil
 			}
@@ -421,7 +452,7 @@ func (q *Queue) wait(ctx context.Context, domain, tier string, qt limit.QueueTie
 			if again {
 				pace = retryIn(next, poll)
 			}
-			q.done(domain, w, pace)
+			q.done(domain, w, pace, again && gated(next))
 			switch {
 			case err != nil:
 				return nil, err
@@ -441,6 +472,21 @@ func (q *Queue) wait(ctx context.Context, domain, tier string, qt limit.QueueTie
 			t.Reset(until(dec, poll, now, end))
 		}
 	}
+}
+
+// gated reports whether only fair gates refused dec: every descriptor
+// over its limit was denied with room left (limit.Status.Gated).
+func gated(dec *Decision) bool {
+	any := false
+	for _, st := range dec.Statuses {
+		if st.Code == limit.CodeOverLimit {
+			if !st.Gated {
+				return false
+			}
+			any = true
+		}
+	}
+	return any
 }
 
 // until is how long from now a waiter refused by dec waits before it

@@ -99,6 +99,11 @@ type Status struct {
 	TooLarge bool
 	Cost     uint64
 	Capacity uint64
+	// Gated is set when the denying limit is fair-shared and had room for
+	// the request: its fair gate kept that room for members owed it
+	// (docs/fair-share.md). The member's turn comes as the others are
+	// served; the admission queue lets other waiters retry first.
+	Gated bool
 }
 
 // CheckRequest enforces the caps on a request: its domain and every
