@@ -159,7 +159,7 @@ func (r *poissonRun) shares(tiers []poissonTier, from, to int) []float64 {
 // Ten-second blocks are logged, not judged: at any instant a backlogged
 // key may be owed up to w x Credit of requests that it has not yet asked
 // for (Poisson gaps), which moves a tier's count in a block of about 160
-// by a few percent either way (up to 6.5% here). That is the arrival
+// by a few percent either way (up to 7% here). That is the arrival
 // process, not the gate: a quantum of 0.1 (admission in strict F order)
 // leaves it as large.
 func TestFairPoissonTiers(t *testing.T) {
