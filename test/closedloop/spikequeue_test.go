@@ -233,12 +233,18 @@ func TestSpikeQueueRules(t *testing.T) {
 
 func TestFairShareLaws(t *testing.T) {
 	t.Parallel()
+	var buildHalves func(first, second [2]int) *Run
 	// spike [0,20): two backlogged tenants, premium (weight 3) and free
 	// (weight 1), refused in every window; per window premium admitted
 	// give[0], free give[1].
-	build := func(perWindow [2]int) *Run {
+	build := func(perWindow [2]int) *Run { return buildHalves(perWindow, perWindow) }
+	buildHalves = func(first, second [2]int) *Run {
 		b := newRun(20, PhaseSpike, 0.0)
 		for w := range 20 {
+			perWindow := first
+			if w >= 10 {
+				perWindow = second
+			}
 			for i, tn := range []struct{ tier, name string }{{"premium", "premium-0"}, {"free", "free-0"}} {
 				b.rec(Record{Sent: at(float64(w) + 0.9), Tier: tn.tier, Tenant: tn.name,
 					Result: Result{Status: 429, Source: SourceTollgate, Reason: "limit", Replica: 0}})
@@ -253,9 +259,13 @@ func TestFairShareLaws(t *testing.T) {
 	tests := []struct {
 		name      string
 		give      [2]int
+		second    [2]int // windows 10-19, when not give
 		wantShare float64
 		wantCap   float64
 	}{
+		// Premium 160 a weight in windows 0-9, free 120; then premium
+		// 140, free 180: each block 1/7 off, the spike exactly 1 to 1.
+		{name: "fair over the spike, not in each 10 windows", give: [2]int{48, 12}, second: [2]int{42, 18}, wantShare: 0, wantCap: 0.6},
 		// The cap is burst + rate x window: 50 + 50 = 100 a window.
 		{name: "3 to 1 by weight, under the cap", give: [2]int{45, 15}, wantShare: 0, wantCap: 0.6},
 		// 72/3 = 24 against 28: each 1/13 from their mean of 26.
@@ -265,7 +275,11 @@ func TestFairShareLaws(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			laws := FairShareLaws(build(tt.give), LawParams{})
+			run := build(tt.give)
+			if tt.second != ([2]int{}) {
+				run = buildHalves(tt.give, tt.second)
+			}
+			laws := FairShareLaws(run, LawParams{})
 			share, hard := findLaw(t, laws, "proportional share"), findLaw(t, laws, "hard cap")
 			if math.Abs(share.Measured-tt.wantShare) > 1e-9 || share.Pass != (tt.wantShare <= 0.02) {
 				t.Errorf("share = %g (pass %v), want %g", share.Measured, share.Pass, tt.wantShare)
