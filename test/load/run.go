@@ -13,6 +13,7 @@ import (
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -45,6 +46,10 @@ type Result struct {
 	// AllCalls counts every call made, warmup included: the Redis
 	// command counts span the warmup too.
 	AllCalls int64
+	// CPU is the CPU time of the measured run per decision: Redis's with
+	// -redis-info, the server's with -server-pid, the load tool's always
+	// (nil when Run was not given a meter).
+	CPU *CPUUse
 }
 
 // ErrorCount is the number of failed calls.
@@ -70,8 +75,10 @@ type worker struct {
 	client rlsv3.RateLimitServiceClient
 	req    *rlsv3.RateLimitRequest
 	// auth and check are used instead with -api check.
-	auth   authv3.AuthorizationClient
-	check  *authv3.CheckRequest
+	auth  authv3.AuthorizationClient
+	check *authv3.CheckRequest
+	// base is used instead with -api redis-baseline.
+	base   *baseline
 	spread []*rlpb.RateLimitDescriptor_Entry
 	rng    *rand.Rand
 
@@ -101,13 +108,31 @@ type runner struct {
 // done, whichever comes first. Calls in flight then finish (each within
 // cfg.Timeout) and are counted.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
+	return run(ctx, cfg, nil)
+}
+
+// run is Run; atMeasure, when not nil, is called once as the warm-up ends
+// (before the first call when there is none, at the end when the run
+// stopped during it), and returns before run does.
+func run(ctx context.Context, cfg Config, atMeasure func()) (*Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	// Several addresses (replicas) each get cfg.Conns connections; worker
 	// i uses connection i mod the total, so the workers spread evenly.
+	// The baseline dials Redis instead.
 	addrs := cfg.Addrs()
-	conns := make([]*grpc.ClientConn, cfg.Conns*len(addrs))
+	nconns := cfg.Conns * len(addrs)
+	var rdb *redis.Client
+	if cfg.API == APIRedisBaseline {
+		var err error
+		if rdb, err = newBaselineClient(&cfg); err != nil {
+			return nil, err
+		}
+		defer func() { _ = rdb.Close() }()
+		nconns = 0
+	}
+	conns := make([]*grpc.ClientConn, nconns)
 	defer func() {
 		for _, cc := range conns {
 			if cc != nil {
@@ -128,14 +153,17 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	seed := uint64(time.Now().UnixNano())
 	workers := make([]*worker, cfg.Concurrency)
 	for i := range workers {
-		w := &worker{
-			client: rlsv3.NewRateLimitServiceClient(conns[i%len(conns)]),
-			auth:   authv3.NewAuthorizationClient(conns[i%len(conns)]),
-			rng:    rand.New(rand.NewPCG(seed, uint64(i))),
+		w := &worker{rng: rand.New(rand.NewPCG(seed, uint64(i)))}
+		if len(conns) > 0 {
+			w.client = rlsv3.NewRateLimitServiceClient(conns[i%len(conns)])
+			w.auth = authv3.NewAuthorizationClient(conns[i%len(conns)])
 		}
 		w.req, w.spread = buildRequest(&cfg)
-		if cfg.API == APICheck {
+		switch cfg.API {
+		case APICheck:
 			w.check = buildCheck(&cfg, i)
+		case APIRedisBaseline:
+			w.base = newBaseline(rdb, &cfg)
 		}
 		workers[i] = w
 	}
@@ -151,14 +179,34 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	defer context.AfterFunc(ctx, stopNow)()
 
+	var measureTimer *time.Timer
+	measured := make(chan struct{})
+	if atMeasure != nil {
+		if cfg.Warmup > 0 {
+			measureTimer = time.AfterFunc(cfg.Warmup, func() { atMeasure(); close(measured) })
+		} else {
+			atMeasure()
+		}
+	}
 	var wg sync.WaitGroup
 	for _, w := range workers {
 		wg.Go(func() { w.run(r) })
 	}
 	wg.Wait()
+	if measureTimer != nil {
+		if measureTimer.Stop() {
+			atMeasure() // stopped during the warm-up: nothing measured
+		} else {
+			<-measured
+		}
+	}
 
+	target := cfg.Addr
+	if cfg.API == APIRedisBaseline {
+		target = cfg.RedisURL
+	}
 	res := &Result{
-		Addr:    cfg.Addr,
+		Addr:    target,
 		Workers: cfg.Concurrency,
 		Conns:   cfg.Conns,
 		Elapsed: max(time.Since(r.measureStart), 0),
@@ -194,7 +242,11 @@ func (w *worker) run(r *runner) {
 		ctx, cancel := context.WithTimeout(r.base, r.cfg.Timeout)
 		var code rlsv3.RateLimitResponse_Code
 		var err error
-		if w.check != nil {
+		switch {
+		case w.base != nil:
+			err = w.base.call(ctx, w.req)
+			code = rlsv3.RateLimitResponse_OK
+		case w.check != nil:
 			var resp *authv3.CheckResponse
 			resp, err = w.auth.Check(ctx, w.check)
 			switch {
@@ -203,7 +255,7 @@ func (w *worker) run(r *runner) {
 			case resp.GetDeniedResponse() != nil:
 				code = rlsv3.RateLimitResponse_OVER_LIMIT
 			}
-		} else {
+		default:
 			var resp *rlsv3.RateLimitResponse
 			resp, err = w.client.ShouldRateLimit(ctx, w.req)
 			code = resp.GetOverallCode()
@@ -291,7 +343,7 @@ func buildRequest(cfg *Config) (*rlsv3.RateLimitRequest, []*rlpb.RateLimitDescri
 		pd := &rlpb.RateLimitDescriptor{}
 		for _, e := range d {
 			pe := &rlpb.RateLimitDescriptor_Entry{Key: e.Key, Value: e.Value}
-			if cfg.Tenants > 0 && e.Key == cfg.SpreadKey {
+			if cfg.Tenants > 0 && cfg.isSpreadKey(e.Key) {
 				spread = append(spread, pe)
 			}
 			pd.Entries = append(pd.Entries, pe)
