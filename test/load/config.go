@@ -158,12 +158,17 @@ func (c *Config) isSpreadKey(k string) bool {
 
 const usageHead = `Usage: tollgate-load -domain D -descriptor k=v[,k=v...] [flags]
        tollgate-load -api check -key K [-body-bytes N] [flags]
+       tollgate-load -api redis-baseline -redis-url R -domain D -descriptor ... [flags]
 
 Sends ShouldRateLimit calls (or, with -api check, ext_authz Check calls
 carrying an API key and a JSON chat completion body) over gRPC for -d (and at
 most -n calls, whichever ends first), then prints requests/s, latency
 percentiles of answered calls and the counts of OK, OVER_LIMIT (for Check:
-denied) and errors by gRPC code.
+denied) and errors by gRPC code. With -api redis-baseline it calls no service:
+per call, one pipeline of INCRBY + PEXPIRE per descriptor goes straight to
+Redis, the Redis work of envoyproxy/ratelimit. It also prints CPU per measured
+decision: its own, Redis's (-redis-info, from INFO cpu) and a server process's
+(-server-pid, from /proc/PID/stat).
 
 Descriptor syntax: entries separated by ',', each key=value. The first '=' ends
 the key. A backslash escapes ',', '=' or '\' (\, \= \\). Repeat -descriptor to

@@ -170,35 +170,33 @@ func run(ctx context.Context, cfg Config, atMeasure func()) (*Result, error) {
 
 	r := &runner{cfg: cfg, base: context.WithoutCancel(ctx)}
 	r.tickets.Store(cfg.Requests)
-	start := time.Now()
-	r.measureStart = start.Add(cfg.Warmup)
-	stopNow := func() { r.stop.Store(true) }
-	if cfg.Duration > 0 {
-		t := time.AfterFunc(cfg.Warmup+cfg.Duration, stopNow)
-		defer t.Stop()
+	defer context.AfterFunc(ctx, func() { r.stop.Store(true) })()
+	phase := func(d time.Duration) {
+		if d > 0 {
+			t := time.AfterFunc(d, func() { r.stop.Store(true) })
+			defer t.Stop()
+		}
+		var wg sync.WaitGroup
+		for _, w := range workers {
+			wg.Go(func() { w.run(r) })
+		}
+		wg.Wait()
 	}
-	defer context.AfterFunc(ctx, stopNow)()
-
-	var measureTimer *time.Timer
-	measured := make(chan struct{})
+	// The warm-up is a phase of its own, whose calls all end before the
+	// measured run starts: atMeasure then reads counters that no call is
+	// moving, so a figure per decision holds the measured calls' work
+	// only.
+	if cfg.Warmup > 0 {
+		r.measureStart = time.Now().Add(100 * 365 * 24 * time.Hour)
+		phase(cfg.Warmup)
+		r.stop.Store(ctx.Err() != nil)
+	}
 	if atMeasure != nil {
-		if cfg.Warmup > 0 {
-			measureTimer = time.AfterFunc(cfg.Warmup, func() { atMeasure(); close(measured) })
-		} else {
-			atMeasure()
-		}
+		atMeasure()
 	}
-	var wg sync.WaitGroup
-	for _, w := range workers {
-		wg.Go(func() { w.run(r) })
-	}
-	wg.Wait()
-	if measureTimer != nil {
-		if measureTimer.Stop() {
-			atMeasure() // stopped during the warm-up: nothing measured
-		} else {
-			<-measured
-		}
+	r.measureStart = time.Now()
+	if !r.stop.Load() {
+		phase(cfg.Duration)
 	}
 
 	target := cfg.Addr
