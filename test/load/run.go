@@ -106,14 +106,15 @@ type runner struct {
 // Run drives the load described by cfg until cfg.Duration has passed
 // after the warmup, cfg.Requests measured calls have been made, or ctx is
 // done, whichever comes first. Calls in flight then finish (each within
-// cfg.Timeout) and are counted.
+// cfg.Timeout) and are counted. The warmup's calls all end before the
+// first measured one starts.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
 	return run(ctx, cfg, nil)
 }
 
-// run is Run; atMeasure, when not nil, is called once as the warm-up ends
-// (before the first call when there is none, at the end when the run
-// stopped during it), and returns before run does.
+// run is Run; atMeasure, when not nil, is called once between the warm-up
+// (when there is one), whose calls have all ended by then, and the first
+// measured call.
 func run(ctx context.Context, cfg Config, atMeasure func()) (*Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
