@@ -43,7 +43,8 @@ WORKLOADS=${WORKLOADS:-hot distinct three}
 CONFIGS=${CONFIGS:-baseline sliding sliding-nl fixed fixed-nl token token-nl}
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || die "RUNS is $RUNS, want a positive number"
 
-log "building the working tree: $(describe WORKTREE)"
+BUILT=$(describe WORKTREE)
+log "building the working tree: $BUILT"
 (cd "$REPO" && go build -o "$TMP/tollgate-load" ./cmd/tollgate-load && go build -o "$TMP/tollgate" ./cmd/tollgate)
 
 # One rules directory per algorithm: a rule per descriptor of the
@@ -121,7 +122,7 @@ done
 [[ -z ${RESULTS:-} ]] || cp "$TMP/results.tsv" "$RESULTS"
 
 printf '\n%s\n%s runs of %s (+%s warm-up) each, c=50 over one connection, fresh redis-server per run, -tenants %s\n' \
-	"$(describe WORKTREE)" "$RUNS" "$DURATION" "$WARMUP" "$TENANTS"
+	"$BUILT" "$RUNS" "$DURATION" "$WARMUP" "$TENANTS"
 # Medians per workload and config, then the ratios.
 awk -F'\t' -v order="$WORKLOADS" -v corder="$CONFIGS" '
 function median(s,   n, a, i, j, t) {
