@@ -76,7 +76,7 @@ e2e: redis ## Closed-loop scenarios (3 replicas, one Redis): CSVs, PNGs and laws
 .PHONY: test-e2e
 test-e2e: e2e ## Alias of e2e.
 
-# bench-compare, bench-ghz and bench-memory: see scripts/ and docs/benchmarks.md.
+# bench-compare, bench-ghz, bench-memory and bench-redis: see scripts/ and docs/benchmarks.md.
 BASE ?= HEAD
 HEAD ?= WORKTREE
 STORE ?= memory
@@ -90,6 +90,10 @@ GHZ_VERSION ?= v0.121.0
 bench-compare: redis ## Load-test two builds in alternating runs, print HEAD/BASE: BASE=rev HEAD=rev|WORKTREE STORE=memory|redis RUNS=3 DURATION=10s.
 	BASE='$(BASE)' HEAD='$(HEAD)' STORE='$(STORE)' RUNS='$(RUNS)' DURATION='$(DURATION)' LOAD_ARGS='$(LOAD_ARGS)' \
 	  scripts/bench-compare.sh
+
+.PHONY: bench-redis
+bench-redis: redis ## CPU per decision (Redis, server) of Tollgate's algorithms, leases on and off, against a plain INCRBY+PEXPIRE baseline: RUNS=3 DURATION=10s (~13 min; RUNS=1 DURATION=3s for a quick look).
+	RUNS='$(RUNS)' DURATION='$(DURATION)' scripts/bench-redis.sh
 
 .PHONY: bench-targets
 bench-targets: redis ## Issue 5's load targets on the working tree, medians of RUNS=3 runs of DURATION=10s (quiet machine).

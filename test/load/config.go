@@ -71,12 +71,25 @@ type Config struct {
 	BodyBytes int
 	// Model is the body's model.
 	Model string
+	// RedisURL is the Redis that -api redis-baseline sends its commands
+	// to (host:port or redis:// URL).
+	RedisURL string
+	// Window is the fixed window of -api redis-baseline: each key holds
+	// the window's start, and PEXPIRE sets it to expire after Window.
+	Window time.Duration
+	// ServerPID, when > 0, is the process whose CPU time (/proc/PID/stat)
+	// is reported per decision.
+	ServerPID int
 }
 
 // The calls -api names.
 const (
 	APIRateLimit = "ratelimit"
 	APICheck     = "check"
+	// APIRedisBaseline sends no RPC: per call, one pipeline of INCRBY and
+	// PEXPIRE per descriptor straight to Redis, what
+	// envoyproxy/ratelimit does per call with its fixed windows.
+	APIRedisBaseline = "redis-baseline"
 )
 
 // Addrs returns the addresses in Addr.
@@ -97,8 +110,14 @@ func (c *Config) Validate() error {
 		return errors.New("-d and -n are both 0: the run would never stop")
 	case c.Timeout <= 0:
 		return fmt.Errorf("-timeout is %v, want > 0", c.Timeout)
-	case c.API != APIRateLimit && c.API != APICheck:
-		return fmt.Errorf("-api is %q, want %s or %s", c.API, APIRateLimit, APICheck)
+	case c.API != APIRateLimit && c.API != APICheck && c.API != APIRedisBaseline:
+		return fmt.Errorf("-api is %q, want %s, %s or %s", c.API, APIRateLimit, APICheck, APIRedisBaseline)
+	case c.API == APIRedisBaseline && c.RedisURL == "":
+		return errors.New("-api redis-baseline needs -redis-url")
+	case c.API == APIRedisBaseline && c.Window < time.Millisecond:
+		return fmt.Errorf("-window is %v, want at least 1ms", c.Window)
+	case c.ServerPID < 0:
+		return fmt.Errorf("-server-pid is %d, want > 0 (or 0: none)", c.ServerPID)
 	case c.API == APICheck && c.BodyBytes < 100:
 		return fmt.Errorf("-body-bytes is %d, want >= 100", c.BodyBytes)
 	case c.API == APICheck && c.Tenants > 0:
@@ -115,7 +134,7 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("-spread is %q, want %s or %s", c.Spread, SpreadRandom, SpreadRoundRobin)
 	}
 	if c.Tenants > 0 && !c.hasSpreadKey() {
-		return fmt.Errorf("-tenants is set but no descriptor has the key %q (-spread-key)", c.SpreadKey)
+		return fmt.Errorf("-tenants is set but no descriptor has a key of %q (-spread-key)", c.SpreadKey)
 	}
 	return nil
 }
@@ -123,7 +142,7 @@ func (c *Config) Validate() error {
 func (c *Config) hasSpreadKey() bool {
 	for _, d := range c.Descriptors {
 		for _, e := range d {
-			if e.Key == c.SpreadKey {
+			if c.isSpreadKey(e.Key) {
 				return true
 			}
 		}
@@ -131,14 +150,25 @@ func (c *Config) hasSpreadKey() bool {
 	return false
 }
 
+// isSpreadKey tells whether -tenants replaces the value of entries keyed
+// k: SpreadKey is one key or several separated by commas.
+func (c *Config) isSpreadKey(k string) bool {
+	return slices.Contains(strings.Split(c.SpreadKey, ","), k)
+}
+
 const usageHead = `Usage: tollgate-load -domain D -descriptor k=v[,k=v...] [flags]
        tollgate-load -api check -key K [-body-bytes N] [flags]
+       tollgate-load -api redis-baseline -redis-url R -domain D -descriptor ... [flags]
 
 Sends ShouldRateLimit calls (or, with -api check, ext_authz Check calls
 carrying an API key and a JSON chat completion body) over gRPC for -d (and at
 most -n calls, whichever ends first), then prints requests/s, latency
 percentiles of answered calls and the counts of OK, OVER_LIMIT (for Check:
-denied) and errors by gRPC code.
+denied) and errors by gRPC code. With -api redis-baseline it calls no service:
+per call, one pipeline of INCRBY + PEXPIRE per descriptor goes straight to
+Redis, the Redis work of envoyproxy/ratelimit. It also prints CPU per measured
+decision: its own, Redis's (-redis-info, from INFO cpu) and a server process's
+(-server-pid, from /proc/PID/stat).
 
 Descriptor syntax: entries separated by ',', each key=value. The first '=' ends
 the key. A backslash escapes ',', '=' or '\' (\, \= \\). Repeat -descriptor to
@@ -168,12 +198,15 @@ func ParseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&c.Domain, "domain", "", "rate limit `domain` (required)")
 	fs.Var(descriptorsFlag{&c.Descriptors}, "descriptor", "descriptor `k=v[,k=v...]`, repeatable (required)")
 	fs.IntVar(&c.Tenants, "tenants", 0, "spread over N tenants: replace the -spread-key value with tenant-0..N-1")
-	fs.StringVar(&c.SpreadKey, "spread-key", "tenant", "descriptor `key` whose value -tenants replaces")
+	fs.StringVar(&c.SpreadKey, "spread-key", "tenant", "descriptor `key` whose value -tenants replaces, or several separated by commas (each gets the same tenant-N)")
 	fs.StringVar(&c.Spread, "spread", SpreadRandom, "how -tenants picks a tenant per request: random or round-robin")
 	hits := fs.Uint64("hits", 0, "request hits_addend (0: unset, the server counts 1)")
 	fs.BoolVar(&c.JSON, "json", false, "print the result as JSON")
-	fs.StringVar(&c.RedisInfo, "redis-info", "", "Redis `address` (host:port or redis:// URL) behind the service: report used_memory and DBSIZE before and after the run, and bytes per added key")
-	fs.StringVar(&c.API, "api", APIRateLimit, "the call: ratelimit (ShouldRateLimit) or check (ext_authz Check)")
+	fs.StringVar(&c.RedisInfo, "redis-info", "", "Redis `address` (host:port or redis:// URL) behind the service: report used_memory and DBSIZE before and after the run, bytes per added key, and Redis CPU (INFO cpu) and commands per measured decision")
+	fs.StringVar(&c.API, "api", APIRateLimit, "the call: ratelimit (ShouldRateLimit), check (ext_authz Check) or redis-baseline (no RPC: per call one pipeline of INCRBY + PEXPIRE per descriptor to -redis-url)")
+	fs.StringVar(&c.RedisURL, "redis-url", "", "Redis `address` (host:port or redis:// URL) of -api redis-baseline")
+	fs.DurationVar(&c.Window, "window", time.Second, "fixed window of -api redis-baseline: in each key, and its PEXPIRE")
+	fs.IntVar(&c.ServerPID, "server-pid", 0, "report the CPU time (/proc/`PID`/stat utime+stime) of this server process per measured decision")
 	fs.StringVar(&c.APIKey, "key", "", "API `key` sent with -api check as authorization: Bearer")
 	fs.IntVar(&c.BodyBytes, "body-bytes", 2048, "size of the chat completion body sent with -api check")
 	fs.StringVar(&c.Model, "model", "gpt-4o", "model named in the -api check body")

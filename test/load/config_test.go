@@ -17,6 +17,7 @@ func TestParseFlags(t *testing.T) {
 		Addr: "127.0.0.1:8081", Concurrency: 50, Conns: 1, Duration: 10 * time.Second,
 		Timeout: time.Second, Domain: "api", Descriptors: []Descriptor{{{"tenant", "acme"}}},
 		SpreadKey: "tenant", Spread: SpreadRandom, API: APIRateLimit, BodyBytes: 2048, Model: "gpt-4o",
+		Window: time.Second,
 	}
 	tests := []struct {
 		name    string
@@ -48,7 +49,16 @@ func TestParseFlags(t *testing.T) {
 		{name: "no workers", give: append([]string{"-c", "0"}, base...), wantErr: "-c is 0"},
 		{name: "no conns", give: append([]string{"-conns", "0"}, base...), wantErr: "-conns is 0"},
 		{name: "no timeout", give: append([]string{"-timeout", "0"}, base...), wantErr: "-timeout is 0s"},
-		{name: "spread key missing", give: append([]string{"-tenants", "3", "-spread-key", "user"}, base...), wantErr: `no descriptor has the key "user"`},
+		{name: "spread key missing", give: append([]string{"-tenants", "3", "-spread-key", "user"}, base...), wantErr: `no descriptor has a key of "user"`},
+		{name: "several spread keys", give: append([]string{"-tenants", "3", "-spread-key", "user,tenant"}, base...), want: func(c *Config) {
+			c.Tenants, c.SpreadKey = 3, "user,tenant"
+		}},
+		{name: "baseline", give: append([]string{"-api", "redis-baseline", "-redis-url", "redis://127.0.0.1:1/0", "-window", "1m", "-server-pid", "42"}, base...), want: func(c *Config) {
+			c.API, c.RedisURL, c.Window, c.ServerPID = APIRedisBaseline, "redis://127.0.0.1:1/0", time.Minute, 42
+		}},
+		{name: "baseline without redis", give: append([]string{"-api", "redis-baseline"}, base...), wantErr: "needs -redis-url"},
+		{name: "baseline window too short", give: append([]string{"-api", "redis-baseline", "-redis-url", "x:1", "-window", "10us"}, base...), wantErr: "-window is 10µs"},
+		{name: "negative pid", give: append([]string{"-server-pid", "-1"}, base...), wantErr: "-server-pid is -1"},
 		{name: "bad spread", give: append([]string{"-spread", "zipf"}, base...), wantErr: `-spread is "zipf"`},
 		{name: "hits too big", give: append([]string{"-hits", "4294967296"}, base...), wantErr: "-hits is 4294967296"},
 		{name: "bad descriptor", give: []string{"-domain", "api", "-descriptor", "tenant"}, wantErr: "has no '='"},

@@ -38,11 +38,24 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 	}
-	res, err := Run(ctx, cfg)
+	// CPU is read as the warm-up ends and after the last call.
+	cpu := newCPUMeter(meter, cfg.ServerPID)
+	var before cpuSample
+	var beforeErr error
+	res, err := run(ctx, cfg, func() { before, beforeErr = cpu.sample(context.WithoutCancel(ctx)) })
+	if err == nil {
+		err = beforeErr
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "tollgate-load: %v\n", err)
 		return 1
 	}
+	after, err := cpu.sample(context.WithoutCancel(ctx))
+	if err != nil {
+		fmt.Fprintf(stderr, "tollgate-load: %v\n", err)
+		return 1
+	}
+	res.CPU = cpu.use(before, after, res.Requests)
 	if meter != nil {
 		if err := meter.finish(ctx, mem); err != nil {
 			fmt.Fprintf(stderr, "tollgate-load: %v\n", err)
@@ -98,6 +111,16 @@ func (r *Result) WriteText(w io.Writer) error {
 		fmt.Fprintf(w, "redis      commands %d for %d calls (warmup included): %.4f per call\n",
 			m.Commands(), r.AllCalls, r.CommandsPerCall())
 	}
+	if u := r.CPU; u != nil {
+		fmt.Fprintf(w, "cpu        per measured decision (%d):", u.Decisions)
+		if u.Redis {
+			fmt.Fprintf(w, "  redis %.2f µs (%.4f commands)", u.RedisMicros(), u.RedisCommandsPerDecision())
+		}
+		if u.ServerPID > 0 {
+			fmt.Fprintf(w, "  server pid %d %.2f µs", u.ServerPID, u.ServerMicros())
+		}
+		fmt.Fprintf(w, "  load tool %.2f µs\n", u.SelfMicros())
+	}
 	return nil
 }
 
@@ -132,6 +155,34 @@ type JSONResult struct {
 	LatencySamples uint64             `json:"latency_samples"`
 	// Redis is there with -redis-info.
 	Redis *JSONRedis `json:"redis,omitempty"`
+	// CPU is the CPU time per measured decision.
+	CPU *JSONCPU `json:"cpu,omitempty"`
+}
+
+// JSONCPU is CPUUse in the -json output: microseconds of CPU per
+// measured decision (warm-up excluded). The redis fields are there with
+// -redis-info, the server fields with -server-pid.
+type JSONCPU struct {
+	Decisions                int64    `json:"decisions"`
+	RedisUSPerDecision       *float64 `json:"redis_us_per_decision,omitempty"`
+	RedisCommandsPerDecision *float64 `json:"redis_commands_per_decision,omitempty"`
+	ServerPID                int      `json:"server_pid,omitempty"`
+	ServerUSPerDecision      *float64 `json:"server_us_per_decision,omitempty"`
+	ClockTicksPerSecond      int64    `json:"clock_ticks_per_second,omitempty"`
+	LoadUSPerDecision        float64  `json:"load_us_per_decision"`
+}
+
+func (u *CPUUse) json() *JSONCPU {
+	j := &JSONCPU{Decisions: u.Decisions, LoadUSPerDecision: u.SelfMicros()}
+	if u.Redis {
+		us, cmds := u.RedisMicros(), u.RedisCommandsPerDecision()
+		j.RedisUSPerDecision, j.RedisCommandsPerDecision = &us, &cmds
+	}
+	if u.ServerPID > 0 {
+		us := u.ServerMicros()
+		j.ServerPID, j.ServerUSPerDecision, j.ClockTicksPerSecond = u.ServerPID, &us, u.ClockTicks
+	}
+	return j
 }
 
 // JSONRedis is RedisMemory in the -json output.
@@ -175,7 +226,12 @@ func (r *Result) JSON() JSONResult {
 			Commands: m.Commands(), AllCalls: r.AllCalls, CommandsPerCall: r.CommandsPerCall(),
 		}
 	}
+	var cj *JSONCPU
+	if r.CPU != nil {
+		cj = r.CPU.json()
+	}
 	return JSONResult{
+		CPU:               cj,
 		Addr:              r.Addr,
 		Workers:           r.Workers,
 		Conns:             r.Conns,

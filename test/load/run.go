@@ -13,6 +13,7 @@ import (
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -45,6 +46,10 @@ type Result struct {
 	// AllCalls counts every call made, warmup included: the Redis
 	// command counts span the warmup too.
 	AllCalls int64
+	// CPU is the CPU time of the measured run per decision: Redis's with
+	// -redis-info, the server's with -server-pid, the load tool's always
+	// (nil when Run was not given a meter).
+	CPU *CPUUse
 }
 
 // ErrorCount is the number of failed calls.
@@ -70,8 +75,10 @@ type worker struct {
 	client rlsv3.RateLimitServiceClient
 	req    *rlsv3.RateLimitRequest
 	// auth and check are used instead with -api check.
-	auth   authv3.AuthorizationClient
-	check  *authv3.CheckRequest
+	auth  authv3.AuthorizationClient
+	check *authv3.CheckRequest
+	// base is used instead with -api redis-baseline.
+	base   *baseline
 	spread []*rlpb.RateLimitDescriptor_Entry
 	rng    *rand.Rand
 
@@ -99,15 +106,34 @@ type runner struct {
 // Run drives the load described by cfg until cfg.Duration has passed
 // after the warmup, cfg.Requests measured calls have been made, or ctx is
 // done, whichever comes first. Calls in flight then finish (each within
-// cfg.Timeout) and are counted.
+// cfg.Timeout) and are counted. The warmup's calls all end before the
+// first measured one starts.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
+	return run(ctx, cfg, nil)
+}
+
+// run is Run; atMeasure, when not nil, is called once between the warm-up
+// (when there is one), whose calls have all ended by then, and the first
+// measured call.
+func run(ctx context.Context, cfg Config, atMeasure func()) (*Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	// Several addresses (replicas) each get cfg.Conns connections; worker
 	// i uses connection i mod the total, so the workers spread evenly.
+	// The baseline dials Redis instead.
 	addrs := cfg.Addrs()
-	conns := make([]*grpc.ClientConn, cfg.Conns*len(addrs))
+	nconns := cfg.Conns * len(addrs)
+	var rdb *redis.Client
+	if cfg.API == APIRedisBaseline {
+		var err error
+		if rdb, err = newBaselineClient(&cfg); err != nil {
+			return nil, err
+		}
+		defer func() { _ = rdb.Close() }()
+		nconns = 0
+	}
+	conns := make([]*grpc.ClientConn, nconns)
 	defer func() {
 		for _, cc := range conns {
 			if cc != nil {
@@ -128,37 +154,58 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	seed := uint64(time.Now().UnixNano())
 	workers := make([]*worker, cfg.Concurrency)
 	for i := range workers {
-		w := &worker{
-			client: rlsv3.NewRateLimitServiceClient(conns[i%len(conns)]),
-			auth:   authv3.NewAuthorizationClient(conns[i%len(conns)]),
-			rng:    rand.New(rand.NewPCG(seed, uint64(i))),
+		w := &worker{rng: rand.New(rand.NewPCG(seed, uint64(i)))}
+		if len(conns) > 0 {
+			w.client = rlsv3.NewRateLimitServiceClient(conns[i%len(conns)])
+			w.auth = authv3.NewAuthorizationClient(conns[i%len(conns)])
 		}
 		w.req, w.spread = buildRequest(&cfg)
-		if cfg.API == APICheck {
+		switch cfg.API {
+		case APICheck:
 			w.check = buildCheck(&cfg, i)
+		case APIRedisBaseline:
+			w.base = newBaseline(rdb, &cfg)
 		}
 		workers[i] = w
 	}
 
 	r := &runner{cfg: cfg, base: context.WithoutCancel(ctx)}
 	r.tickets.Store(cfg.Requests)
-	start := time.Now()
-	r.measureStart = start.Add(cfg.Warmup)
-	stopNow := func() { r.stop.Store(true) }
-	if cfg.Duration > 0 {
-		t := time.AfterFunc(cfg.Warmup+cfg.Duration, stopNow)
-		defer t.Stop()
+	defer context.AfterFunc(ctx, func() { r.stop.Store(true) })()
+	phase := func(d time.Duration) {
+		if d > 0 {
+			t := time.AfterFunc(d, func() { r.stop.Store(true) })
+			defer t.Stop()
+		}
+		var wg sync.WaitGroup
+		for _, w := range workers {
+			wg.Go(func() { w.run(r) })
+		}
+		wg.Wait()
 	}
-	defer context.AfterFunc(ctx, stopNow)()
-
-	var wg sync.WaitGroup
-	for _, w := range workers {
-		wg.Go(func() { w.run(r) })
+	// The warm-up is a phase of its own, whose calls all end before the
+	// measured run starts: atMeasure then reads counters that no call is
+	// moving, so a figure per decision holds the measured calls' work
+	// only.
+	if cfg.Warmup > 0 {
+		r.measureStart = time.Now().Add(100 * 365 * 24 * time.Hour)
+		phase(cfg.Warmup)
+		r.stop.Store(ctx.Err() != nil)
 	}
-	wg.Wait()
+	if atMeasure != nil {
+		atMeasure()
+	}
+	r.measureStart = time.Now()
+	if !r.stop.Load() {
+		phase(cfg.Duration)
+	}
 
+	target := cfg.Addr
+	if cfg.API == APIRedisBaseline {
+		target = cfg.RedisURL
+	}
 	res := &Result{
-		Addr:    cfg.Addr,
+		Addr:    target,
 		Workers: cfg.Concurrency,
 		Conns:   cfg.Conns,
 		Elapsed: max(time.Since(r.measureStart), 0),
@@ -194,7 +241,11 @@ func (w *worker) run(r *runner) {
 		ctx, cancel := context.WithTimeout(r.base, r.cfg.Timeout)
 		var code rlsv3.RateLimitResponse_Code
 		var err error
-		if w.check != nil {
+		switch {
+		case w.base != nil:
+			err = w.base.call(ctx, w.req)
+			code = rlsv3.RateLimitResponse_OK
+		case w.check != nil:
 			var resp *authv3.CheckResponse
 			resp, err = w.auth.Check(ctx, w.check)
 			switch {
@@ -203,7 +254,7 @@ func (w *worker) run(r *runner) {
 			case resp.GetDeniedResponse() != nil:
 				code = rlsv3.RateLimitResponse_OVER_LIMIT
 			}
-		} else {
+		default:
 			var resp *rlsv3.RateLimitResponse
 			resp, err = w.client.ShouldRateLimit(ctx, w.req)
 			code = resp.GetOverallCode()
@@ -291,7 +342,7 @@ func buildRequest(cfg *Config) (*rlsv3.RateLimitRequest, []*rlpb.RateLimitDescri
 		pd := &rlpb.RateLimitDescriptor{}
 		for _, e := range d {
 			pe := &rlpb.RateLimitDescriptor_Entry{Key: e.Key, Value: e.Value}
-			if cfg.Tenants > 0 && e.Key == cfg.SpreadKey {
+			if cfg.Tenants > 0 && cfg.isSpreadKey(e.Key) {
 				spread = append(spread, pe)
 			}
 			pd.Entries = append(pd.Entries, pe)

@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# bench-redis.sh: CPU per decision of Tollgate on Redis against a plain
+# INCRBY baseline (issue 17), in one run, medians of RUNS runs.
+#
+#   RUNS=3 DURATION=10s scripts/bench-redis.sh        # the defaults, ~14 min
+#   RUNS=1 DURATION=3s scripts/bench-redis.sh         # quick, ~4 min
+#
+# Workloads (ShouldRateLimit, domain bench, c=50 over one connection):
+#   hot       descriptor tenant=acme, one tenant
+#   distinct  the same over -tenants 1000000, picked at random per call
+#   three     tenant=T; tenant=T,model=gpt-4o; user=T: three rules, three
+#             keys per call, T random of 1,000,000
+# Configs, each on a fresh redis-server (and a fresh `tollgate serve` with
+# rules of that algorithm, limits of 1e9/s so every call is admitted):
+#   baseline         tollgate-load -api redis-baseline: per call one pipeline
+#                    of INCRBY + PEXPIRE per descriptor, 1 s fixed windows
+#                    (what envoyproxy/ratelimit sends Redis), no Tollgate
+#   sliding, fixed, token        sliding_window, fixed_window, token_bucket,
+#                                leases on (the default)
+#   sliding-nl, fixed-nl, token-nl   the same with --lease-fraction 0
+# Runs alternate: for each run, each workload, each config in that order.
+# WARMUP (1s) precedes each measured run; WORKLOADS and CONFIGS pick a
+# subset; RESULTS=file keeps the per-run figures (TSV: workload, config,
+# run, decisions/s, Redis µs, server µs, Redis commands, load µs).
+#
+# Columns, medians over the runs: decisions/s; Redis CPU µs per decision
+# (INFO cpu used_cpu_sys + used_cpu_user, from the end of the warm-up to
+# the last answer); server CPU µs per decision (utime + stime of the
+# tollgate process, /proc/PID/stat); Redis commands per decision
+# (commandstats); load tool CPU µs per decision; Redis / the baseline of
+# the same workload; server / Tollgate's leased hot key (hot, sliding).
+#
+# The client, Tollgate and Redis share the machine's cores: run it on a
+# quiet machine. Everything it starts is stopped on exit.
+
+source "$(dirname "$0")/lib.sh"
+
+RUNS=${RUNS:-3}
+DURATION=${DURATION:-10s}
+WARMUP=${WARMUP:-1s}
+TENANTS=${TENANTS:-1000000}
+WORKLOADS=${WORKLOADS:-hot distinct three}
+CONFIGS=${CONFIGS:-baseline sliding sliding-nl fixed fixed-nl token token-nl}
+[[ $RUNS =~ ^[1-9][0-9]*$ ]] || die "RUNS is $RUNS, want a positive number"
+
+BUILT=$(describe WORKTREE)
+log "building the working tree: $BUILT"
+(cd "$REPO" && go build -o "$TMP/tollgate-load" ./cmd/tollgate-load && go build -o "$TMP/tollgate" ./cmd/tollgate)
+
+# One rules directory per algorithm: a rule per descriptor of the
+# workloads, tenant+model nested under tenant as in envoyproxy/ratelimit.
+for alg in sliding_window fixed_window token_bucket; do
+	mkdir -p "$TMP/rules-$alg"
+	cat >"$TMP/rules-$alg/bench.yaml" <<YAML
+domain: bench
+algorithm: $alg
+descriptors:
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+    descriptors:
+      - key: model
+        rate_limit: {unit: second, requests_per_unit: 1000000000}
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+YAML
+done
+
+# workload_args NAME: the tollgate-load flags of a workload.
+workload_args() {
+	case $1 in
+	hot) echo "-domain bench -descriptor tenant=acme" ;;
+	distinct) echo "-domain bench -descriptor tenant=acme -tenants $TENANTS" ;;
+	three) echo "-domain bench -descriptor tenant=acme -descriptor tenant=acme,model=gpt-4o -descriptor user=acme -spread-key tenant,user -tenants $TENANTS" ;;
+	*) die "unknown workload $1" ;;
+	esac
+}
+
+# one RUN WORKLOAD CONFIG: a measured run on a fresh redis-server; appends
+# a line to $TMP/results.tsv.
+one() {
+	local run=$1 wl=$2 cfg=$3 out=$TMP/$2-$3-$1.json alg lease=() target
+	start_redis
+	local redis=127.0.0.1:$REDIS_PORT
+	if [[ $cfg == baseline ]]; then
+		target=(-api redis-baseline -redis-url "$redis" -window 1s)
+	else
+		case ${cfg%-nl} in
+		sliding) alg=sliding_window ;;
+		fixed) alg=fixed_window ;;
+		token) alg=token_bucket ;;
+		*) die "unknown config $cfg" ;;
+		esac
+		[[ $cfg == *-nl ]] && lease=(--lease-fraction 0)
+		RULES=$TMP/rules-$alg start_tollgate "$TMP/tollgate" "$TMP/$wl-$cfg-$run.log" \
+			--redis-url "redis://$redis/0" ${lease[@]+"${lease[@]}"}
+		target=(-addr "$TG_GRPC" -server-pid "$TG_PID")
+	fi
+	# shellcheck disable=SC2046 # workload_args is a list of flags
+	"$TMP/tollgate-load" "${target[@]}" $(workload_args "$wl") -redis-info "$redis" \
+		-c 50 -conns 1 -d "$DURATION" -warmup "$WARMUP" -json >"$out" ||
+		die "tollgate-load $wl $cfg failed: $(cat "$out")"
+	[[ $cfg == baseline ]] || stop_tollgate
+	stop_pid "$REDIS_PID"
+	forget_pid "$REDIS_PID"
+	local bad
+	bad=$(jq -r '.errors_total + .over_limit + .unknown' "$out")
+	((bad == 0)) || log "$wl $cfg run $run: $bad calls not OK (errors, over limit or unknown)"
+	jq -r --arg r "$run" --arg w "$wl" --arg c "$cfg" \
+		'[$w, $c, $r, .requests_per_second, .cpu.redis_us_per_decision, (.cpu.server_us_per_decision // "-"),
+		  .cpu.redis_commands_per_decision, .cpu.load_us_per_decision] | @tsv' "$out" >>"$TMP/results.tsv"
+}
+
+: >"$TMP/results.tsv"
+for ((i = 1; i <= RUNS; i++)); do
+	for wl in $WORKLOADS; do
+		for cfg in $CONFIGS; do
+			log "run $i of $RUNS: $wl $cfg"
+			one "$i" "$wl" "$cfg"
+		done
+	done
+done
+[[ -z ${RESULTS:-} ]] || cp "$TMP/results.tsv" "$RESULTS"
+
+printf '\n%s\n%s runs of %s (+%s warm-up) each, c=50 over one connection, fresh redis-server per run, -tenants %s\n' \
+	"$BUILT" "$RUNS" "$DURATION" "$WARMUP" "$TENANTS"
+# Medians per workload and config, then the ratios.
+awk -F'\t' -v order="$WORKLOADS" -v corder="$CONFIGS" '
+function median(s,   n, a, i, j, t) {
+	n = split(s, a, " ")
+	for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+	return (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+}
+{
+	k = $1 SUBSEP $2
+	rps[k] = rps[k] " " $4; red[k] = red[k] " " $5; cmd[k] = cmd[k] " " $7; ld[k] = ld[k] " " $8
+	if ($6 != "-") srv[k] = srv[k] " " $6
+}
+END {
+	nw = split(order, W, " "); nc = split(corder, C, " ")
+	hot = "hot" SUBSEP "sliding"
+	hotsrv = (hot in srv) ? median(srv[hot]) : 0
+	printf "%-9s %-11s %12s %10s %11s %10s %9s %12s %12s\n", "workload", "config", "decisions/s", "Redis µs", "server µs", "Redis cmds", "load µs", "Redis/base", "server/hot"
+	for (w = 1; w <= nw; w++) {
+		b = W[w] SUBSEP "baseline"
+		base = (b in red) ? median(red[b]) : 0
+		for (c = 1; c <= nc; c++) {
+			k = W[w] SUBSEP C[c]
+			if (!(k in rps)) continue
+			r = median(red[k])
+			s = (k in srv) ? sprintf("%.2f", median(srv[k])) : "-"
+			rr = base > 0 ? sprintf("%.2fx", r / base) : "-"
+			sr = (k in srv && hotsrv > 0) ? sprintf("%.2fx", median(srv[k]) / hotsrv) : "-"
+			printf "%-9s %-11s %12.0f %10.2f %11s %10.3f %9.2f %12s %12s\n", W[w], C[c], median(rps[k]), r, s, median(cmd[k]), median(ld[k]), rr, sr
+		}
+	}
+}' "$TMP/results.tsv"
