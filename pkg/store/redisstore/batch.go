@@ -36,6 +36,15 @@ func WithBatch(n int) StoreOption {
 	return func(s *Store) { s.batchSize = n }
 }
 
+// Batch is the most calls the store sends in one pipeline: WithBatch's,
+// 0 when it does not batch.
+func (s *Store) Batch() int {
+	if s.batch == nil {
+		return 0
+	}
+	return s.batch.max
+}
+
 // batcher sends the calls queued by Store.run in pipelines.
 //
 // A caller waits for its own reply or its context, whichever comes first;
