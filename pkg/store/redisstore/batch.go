@@ -66,6 +66,8 @@ type batcher struct {
 
 // pending is one queued call and where its outcome goes.
 type pending struct {
+	// ctx is the caller's, without its cancel and deadline.
+	ctx  context.Context
 	call *call
 	out  chan detached // buffered: the worker never waits for the caller
 }
@@ -92,7 +94,7 @@ var errClosed = fmt.Errorf("run apply script: %w", redis.ErrClosed)
 
 // do queues call and waits for its reply or for ctx.
 func (b *batcher) do(ctx context.Context, call *call) ([]any, error) {
-	p := &pending{call: call, out: make(chan detached, 1)}
+	p := &pending{ctx: context.WithoutCancel(ctx), call: call, out: make(chan detached, 1)}
 	select {
 	case b.queue <- p:
 	case <-b.stop:
@@ -149,16 +151,18 @@ func (b *batcher) work() {
 // the server did not run for want of the code (retryable) runs again
 // alone, through applier.run, which loads it.
 func (b *batcher) send(batch []*pending, cmds []*redis.Cmd) []*redis.Cmd {
-	ctx := context.Background() // bounded by the client's read and write timeouts
+	// No call's deadline bounds the pipeline: the client's read and
+	// write timeouts do. The first caller's values (a trace) go with it.
+	ctx := batch[0].ctx
 	pipe := b.c.Pipeline()
 	for _, p := range batch {
-		cmds = append(cmds, b.apply.cmd(ctx, pipe, p.call))
+		cmds = append(cmds, b.apply.cmd(p.ctx, pipe, p.call))
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	for i, p := range batch {
 		cmd := cmds[i]
 		if retryable(cmd.Err()) {
-			p.out <- b.outcome(b.apply.run(ctx, b.c, p.call))
+			p.out <- b.outcome(b.apply.run(p.ctx, b.c, p.call))
 			continue
 		}
 		p.out <- b.outcome(cmd.Slice())
