@@ -204,7 +204,7 @@ func (a *App) openStores(ctx context.Context, f *serveFlags, log *zap.Logger) (_
 	// redisstore.RedialInterval); the store circuit, made below, then
 	// probes at once instead of at the end of its backoff (issue 13).
 	var recovered recoveries
-	store, shared, closeStore, err := openStore(f.redisURL, append(f.redis.options(), redisstore.WithRecovered(recovered.retry))...)
+	store, shared, closeStore, err := openStore(f.redisURL, f.redis.storeOptions(), append(f.redis.options(), redisstore.WithRecovered(recovered.retry))...)
 	if err != nil {
 		return nil, err
 	}
@@ -471,7 +471,8 @@ func (s sharedState) pressure() pressureruntime.Shared {
 
 // openStore returns the in-memory store for an empty URL, else a Redis
 // store, with the board and breaker store beside it; close releases them.
-func openStore(redisURL string, opts ...redisstore.Option) (store pingStore, shared sharedState, close func(), err error) {
+// storeOpts are the Redis store's, opts its client's.
+func openStore(redisURL string, storeOpts []redisstore.StoreOption, opts ...redisstore.Option) (store pingStore, shared sharedState, close func(), err error) {
 	if redisURL == "" {
 		return memstore.New(), sharedState{
 			board: memstore.NewBoard(), breakers: memstore.NewBreakers(),
@@ -482,7 +483,7 @@ func openStore(redisURL string, opts ...redisstore.Option) (store pingStore, sha
 	if err != nil {
 		return nil, sharedState{}, nil, fmt.Errorf("--redis-url: %w", err) // redisstore's errors never hold the password
 	}
-	s := redisstore.New(c)
+	s := redisstore.New(c, storeOpts...)
 	return s, sharedState{
 		board: redisstore.NewBoard(c), breakers: s.Breakers(), replicas: redisstore.NewReplicas(c),
 		flights: redisstore.NewFlights(c), meters: redisstore.NewMeters(c), cells: redisstore.NewCells(c),

@@ -168,7 +168,7 @@ func TestSentinel(t *testing.T) {
 	}
 	h := &roundTrips{}
 	c.AddHook(h)
-	s := New(c)
+	s := newStore(c)
 	t.Cleanup(func() { _ = s.Close() })
 	if err := s.Ping(context.Background()); err != nil {
 		t.Fatalf("Ping: %v", err)
@@ -294,7 +294,7 @@ func TestTLSWithACLUser(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s := New(c)
+		s := newStore(c)
 		t.Cleanup(func() { _ = s.Close() })
 		if err := s.Ping(context.Background()); err != nil {
 			t.Fatalf("Ping: %v", err)
@@ -365,7 +365,7 @@ func TestTLSErrors(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			s := New(c)
+			s := newStore(c)
 			t.Cleanup(func() { _ = s.Close() })
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()

@@ -86,7 +86,7 @@ func BenchmarkApplyCost(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				s := New(c)
+				s := newStore(c)
 				b.Cleanup(func() { _ = s.Close() })
 				// As on a server without functions.
 				s.apply.scripts.Store(code == "evalsha")
@@ -153,7 +153,7 @@ func BenchmarkKeyMemory(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			s := New(c)
+			s := newStore(c)
 			b.Cleanup(func() { _ = s.Close() })
 			admin := srv.Client(b)
 			ctx := context.Background()

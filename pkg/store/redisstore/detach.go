@@ -34,7 +34,13 @@ type detached struct {
 // either way (a call sent is run, whether or not anyone waits for its
 // reply); only the connection is kept. A store that answers in time pays
 // nothing for it: one comparison with the decision's time.
+//
+// A batching store (WithBatch) always runs its calls so: the batcher's
+// pipelines never end with a decision.
 func (s *Store) runFor(ctx context.Context, now time.Time, call *call) ([]any, error) {
+	if s.batch != nil {
+		return s.batch.do(ctx, call)
+	}
 	if now.UnixNano() >= s.slowUntil.Load() {
 		rep, err := s.run(ctx, call)
 		if err != nil && missed(ctx, err) {

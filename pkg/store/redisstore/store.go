@@ -75,6 +75,9 @@ type Store struct {
 	// slowUntil is when calls stop outliving their decisions (Unix ns;
 	// see runFor).
 	slowUntil atomic.Int64
+	// batchSize is WithBatch's; batch is nil unless it batches.
+	batchSize int
+	batch     *batcher
 }
 
 var _ limit.Store = (*Store)(nil)
@@ -82,9 +85,16 @@ var _ limit.Store = (*Store)(nil)
 // New returns a Store on c, which it owns: Close closes c. A
 // *redis.ClusterClient has decisions split by slot; any other client gets
 // each decision in one script call.
-func New(c redis.UniversalClient) *Store {
+func New(c redis.UniversalClient, opts ...StoreOption) *Store {
 	cc, _ := c.(*redis.ClusterClient)
-	return &Store{c: c, cluster: cc, apply: newApplier(applyLua)}
+	s := &Store{c: c, cluster: cc, apply: newApplier(applyLua)}
+	for _, opt := range opts {
+		opt(s)
+	}
+	if s.batchSize > 1 && cc == nil {
+		s.batch = newBatcher(c, s.apply, s.batchSize)
+	}
+	return s
 }
 
 // Ping checks that Redis answers (every master, for a cluster).
@@ -118,8 +128,14 @@ func (s *Store) ping(ctx context.Context) error {
 	return nil
 }
 
-// Close closes the client.
-func (s *Store) Close() error { return s.c.Close() }
+// Close closes the client, once the pipelines in flight, if it batches,
+// are answered.
+func (s *Store) Close() error {
+	if s.batch != nil {
+		s.batch.close()
+	}
+	return s.c.Close()
+}
 
 // Apply implements limit.Store.
 func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge, res []limit.Result) (bool, error) {
@@ -150,6 +166,9 @@ func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge
 }
 
 func (s *Store) run(ctx context.Context, call *call) ([]any, error) {
+	if s.batch != nil {
+		return s.batch.do(ctx, call)
+	}
 	rep, err := s.apply.run(ctx, s.c, call)
 	if err != nil {
 		return nil, fmt.Errorf("run apply script: %w", err)

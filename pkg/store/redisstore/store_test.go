@@ -34,7 +34,7 @@ func newSingle(t testing.TB, opts ...redistest.Option) (*Store, *redis.Client) {
 	if err != nil {
 		t.Fatalf("NewClient(%q): %v", srv.URL(), err)
 	}
-	s := New(c)
+	s := newStore(c)
 	t.Cleanup(func() { _ = s.Close() })
 	if err := s.Ping(context.Background()); err != nil {
 		t.Fatalf("Ping: %v", err)
@@ -472,6 +472,11 @@ func (h *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		h.n.Add(1)
+		for _, cmd := range cmds { // a batching store's calls
+			if cmd.Name() == "fcall" || cmd.Name() == "evalsha" {
+				h.runs.Add(1)
+			}
+		}
 		return next(ctx, cmds)
 	}
 }
@@ -529,7 +534,7 @@ func TestApplyOneRoundTrip(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	h := &roundTrips{}
 	client.AddHook(h)
-	s := New(client)
+	s := newStore(client)
 	t.Cleanup(func() { _ = s.Close() })
 	admin := srv.Client(t)
 
@@ -646,7 +651,7 @@ func TestApplyWrongType(t *testing.T) {
 func TestApplyInvalid(t *testing.T) {
 	t.Parallel()
 	// No server is needed: invalid charges fail before any call.
-	s := New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}))
+	s := newStore(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}))
 	t.Cleanup(func() { _ = s.Close() })
 	for _, tt := range []struct {
 		name string
@@ -739,7 +744,7 @@ func BenchmarkApply(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			s := New(c)
+			s := newStore(c)
 			b.Cleanup(func() { _ = s.Close() })
 			// A descriptor's limits share a hash tag, as limit.Key makes them.
 			cs := make([]limit.Charge, len(bc.algs))
@@ -779,7 +784,7 @@ func TestPingLoadsTheLibrary(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	s := New(client)
+	s := newStore(client)
 	t.Cleanup(func() { _ = s.Close() })
 	admin := srv.Client(t)
 	if err := s.Ping(context.Background()); err != nil {

@@ -42,7 +42,7 @@ func TestWarm(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			s := New(c)
+			s := newStore(c)
 			t.Cleanup(func() { _ = s.Close() })
 			admin := srv.Client(t)
 			ctx := context.Background()
@@ -69,7 +69,7 @@ func TestWarmCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := New(client)
+	s := newStore(client)
 	t.Cleanup(func() { _ = s.Close() })
 	ctx := context.Background()
 	if err := s.Warm(ctx); err != nil {
@@ -100,7 +100,7 @@ func TestWarmUnreachable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := New(c)
+	s := newStore(c)
 	t.Cleanup(func() { _ = s.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -162,7 +162,7 @@ func TestSlowCallsKeepTheirConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := New(c)
+	s := newStore(c)
 	t.Cleanup(func() { _ = s.Close() })
 	if err := s.Warm(context.Background()); err != nil {
 		t.Fatal(err)
@@ -220,7 +220,7 @@ func TestWarmSlowReplies(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			s := New(c)
+			s := newStore(c)
 			t.Cleanup(func() { _ = s.Close() })
 			px.Latency(0, tt.give)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -1,0 +1,196 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// BatchWorkers is how many pipelines a batching store has in flight at
+// once (see WithBatch). Redis runs one command at a time: a second
+// pipeline keeps it busy while the first one's replies travel back and are
+// read, and a few more cover a worker descheduled on a busy machine. More
+// would only split the queue into smaller batches, which is what batching
+// is meant to avoid.
+const BatchWorkers = 4
+
+// StoreOption configures New.
+type StoreOption func(*Store)
+
+// WithBatch has concurrent decisions share round trips: up to n calls of
+// apply.lua go to Redis as one pipeline, one write of n FCALLs and one
+// read of their n replies. Much of a small command's cost to Redis is
+// reading and writing the socket, which a pipeline pays once for all its
+// calls. Every call is still one FCALL, atomic on its own: the pipeline
+// shares the round trip, not the script run (Redis may run other clients'
+// commands between two calls of a pipeline).
+//
+// The batching is natural: BatchWorkers goroutines each take the first
+// queued call and whatever else is queued, up to n, and send them at once.
+// An idle store waits for nothing; a busy one sends larger pipelines.
+// n <= 1 turns batching off (the default), as does a cluster client,
+// whose decisions keep the path they had.
+func WithBatch(n int) StoreOption {
+	return func(s *Store) { s.batchSize = n }
+}
+
+// Batch is the most calls the store sends in one pipeline: WithBatch's,
+// 0 when it does not batch.
+func (s *Store) Batch() int {
+	if s.batch == nil {
+		return 0
+	}
+	return s.batch.max
+}
+
+// batcher sends the calls queued by Store.run in pipelines.
+//
+// A caller waits for its own reply or its context, whichever comes first;
+// the pipeline runs on without it, under a context without cancel,
+// bounded by the client's read and write timeouts. So a caller that gives
+// up never closes a connection other calls share (see runFor), and what
+// Redis does is the same as without batching: a call sent is run.
+type batcher struct {
+	c     redis.UniversalClient
+	apply *applier
+	max   int
+	queue chan *pending
+	// stop is closed by close; done once the workers have ended and the
+	// queue has been emptied.
+	stop, done chan struct{}
+	wg         sync.WaitGroup
+	closeOnce  sync.Once
+}
+
+// pending is one queued call and where its outcome goes.
+type pending struct {
+	// ctx is the caller's, without its cancel and deadline.
+	ctx  context.Context
+	call *call
+	out  chan detached // buffered: the worker never waits for the caller
+}
+
+func newBatcher(c redis.UniversalClient, apply *applier, n int) *batcher {
+	b := &batcher{
+		c:     c,
+		apply: apply,
+		max:   n,
+		queue: make(chan *pending, BatchWorkers*n),
+		stop:  make(chan struct{}),
+		done:  make(chan struct{}),
+	}
+	b.wg.Add(BatchWorkers)
+	for range BatchWorkers {
+		go b.work()
+	}
+	return b
+}
+
+// errClosed is the error of a call made on, or still queued at, a closed
+// store.
+var errClosed = fmt.Errorf("run apply script: %w", redis.ErrClosed)
+
+// do queues call and waits for its reply or for ctx.
+func (b *batcher) do(ctx context.Context, call *call) ([]any, error) {
+	p := &pending{ctx: context.WithoutCancel(ctx), call: call, out: make(chan detached, 1)}
+	select {
+	case b.queue <- p:
+	case <-b.stop:
+		return nil, errClosed
+	case <-ctx.Done():
+		return nil, fmt.Errorf("run apply script: %w", ctx.Err())
+	}
+	select {
+	case d := <-p.out:
+		return d.rep, d.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("run apply script: %w", ctx.Err())
+	case <-b.done:
+		// Queued as the store closed: the workers may have sent it
+		// before they stopped, or left it.
+		select {
+		case d := <-p.out:
+			return d.rep, d.err
+		default:
+			return nil, errClosed
+		}
+	}
+}
+
+// work sends batches until the store closes.
+func (b *batcher) work() {
+	defer b.wg.Done()
+	batch := make([]*pending, 0, b.max)
+	cmds := make([]*redis.Cmd, 0, b.max)
+	for {
+		select {
+		case <-b.stop:
+			return
+		case p := <-b.queue:
+			batch = append(batch[:0], p)
+		}
+	fill:
+		for len(batch) < b.max {
+			select {
+			case p := <-b.queue:
+				batch = append(batch, p)
+			default:
+				break fill
+			}
+		}
+		cmds = b.send(batch, cmds[:0])
+		clear(batch)
+		clear(cmds)
+	}
+}
+
+// send runs batch as one pipeline, even a batch of one (one code path;
+// the same round trip as a lone FCALL), and hands each call its outcome. A call
+// the server did not run for want of the code (retryable) runs again
+// alone, through applier.run, which loads it.
+func (b *batcher) send(batch []*pending, cmds []*redis.Cmd) []*redis.Cmd {
+	// No call's deadline bounds the pipeline: the client's read and
+	// write timeouts do. The first caller's values (a trace) go with it.
+	ctx := batch[0].ctx
+	pipe := b.c.Pipeline()
+	for _, p := range batch {
+		cmds = append(cmds, b.apply.cmd(p.ctx, pipe, p.call))
+	}
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+	for i, p := range batch {
+		cmd := cmds[i]
+		if retryable(cmd.Err()) {
+			p.out <- b.outcome(b.apply.run(p.ctx, b.c, p.call))
+			continue
+		}
+		p.out <- b.outcome(cmd.Slice())
+	}
+	return cmds
+}
+
+func (b *batcher) outcome(rep []any, err error) detached {
+	if err != nil {
+		return detached{nil, fmt.Errorf("run apply script: %w", err)}
+	}
+	return detached{rep, nil}
+}
+
+// close stops the workers once their pipelines in flight are answered,
+// and fails the calls still queued.
+func (b *batcher) close() {
+	b.closeOnce.Do(func() {
+		close(b.stop)
+		b.wg.Wait()
+		for {
+			select {
+			case p := <-b.queue:
+				p.out <- detached{nil, errClosed}
+			default:
+				close(b.done)
+				return
+			}
+		}
+	})
+}

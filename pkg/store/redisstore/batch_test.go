@@ -1,0 +1,223 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/test/redistest"
+)
+
+// testBatch is the WithBatch of the stores the tests make with newStore.
+var testBatch int
+
+// TestMain runs every test twice: with batching off, as the service runs
+// by default, then with WithBatch(8), so that conformance, the
+// differential tests against memstore, undo and the cost tests hold both
+// ways.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testBatch = 8
+	fmt.Println("=== the same tests, with WithBatch(8)")
+	if c := m.Run(); code == 0 {
+		code = c
+	}
+	os.Exit(code)
+}
+
+// newStore is New, batching as testBatch says.
+func newStore(c redis.UniversalClient) *Store {
+	if testBatch > 1 {
+		return New(c, WithBatch(testBatch))
+	}
+	return New(c)
+}
+
+// pipelines counts the pipelines a client sends and the FCALLs in them.
+type pipelines struct {
+	n, fcalls, largest atomic.Int64
+}
+
+func (h *pipelines) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *pipelines) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *pipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(1)
+		k := int64(0)
+		for _, c := range cmds {
+			if c.Name() == "fcall" {
+				k++
+			}
+		}
+		h.fcalls.Add(k)
+		for {
+			l := h.largest.Load()
+			if k <= l || h.largest.CompareAndSwap(l, k) {
+				break
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestBatchSharesPipelines: decisions queued while Redis is busy go in
+// pipelines of up to the batch size, each still its own atomic FCALL, and
+// a key they share admits exactly its limit.
+func TestBatchSharesPipelines(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
+	h := &pipelines{}
+	client.AddHook(h)
+	const size = 16
+	s := New(client, WithBatch(size))
+	t.Cleanup(func() { _ = s.Close() })
+	admin := srv.Client(t)
+	ctx := context.Background()
+	if err := s.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.n.Store(0)
+	h.fcalls.Store(0)
+	before := commandCalls(t, admin, "fcall")
+	// The workers' first pipelines wait out the pause; the rest queue
+	// behind them.
+	if err := admin.Do(ctx, "client", "pause", "300", "all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	const decisions = 64
+	shared := limit.Charge{Key: key(limit.FixedWindow, time.Hour, "shared"), Algorithm: limit.FixedWindow, Amount: 20, Window: time.Hour, Cost: 1}
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for i := range decisions {
+		wg.Go(func() {
+			own := limit.Charge{Key: key(limit.SlidingWindow, time.Minute, fmt.Sprint("own", i)), Algorithm: limit.SlidingWindow, Amount: 1000, Window: time.Minute, Cost: 1}
+			cs := []limit.Charge{own, shared}
+			res := make([]limit.Result, 2)
+			ok, err := s.Apply(ctx, t0, cs, res)
+			if err != nil {
+				t.Errorf("Apply: %v", err)
+				return
+			}
+			if ok {
+				admitted.Add(1)
+			}
+			if want := uint64(999); ok && res[0].Remaining != want {
+				t.Errorf("own key: remaining %d, want %d", res[0].Remaining, want)
+			}
+		})
+	}
+	wg.Wait()
+	if got := admitted.Load(); got != 20 {
+		t.Errorf("%d of %d decisions admitted on a shared limit of 20", got, decisions)
+	}
+	if got := h.fcalls.Load(); got != decisions {
+		t.Errorf("%d FCALLs in pipelines for %d decisions", got, decisions)
+	}
+	if got := commandCalls(t, admin, "fcall") - before; got != decisions {
+		t.Errorf("server counted %d FCALL for %d decisions", got, decisions)
+	}
+	n, largest := h.n.Load(), h.largest.Load()
+	t.Logf("%d decisions in %d pipelines, the largest of %d", decisions, n, largest)
+	if n > decisions/4 {
+		t.Errorf("%d pipelines for %d concurrent decisions, want at most %d", n, decisions, decisions/4)
+	}
+	if largest > size {
+		t.Errorf("a pipeline of %d calls, want at most %d", largest, size)
+	}
+}
+
+// TestBatchCallerGivesUp: a decision whose context ends while its call
+// waits in a pipeline has its error at once; the pipeline still completes
+// (Redis runs the call, as it would without batching) and its connection
+// goes back to the pool rather than being closed.
+func TestBatchCallerGivesUp(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	c, err := NewClient(srv.URL()) // 250ms read timeout, contexts bound calls
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := c.(*redis.Client)
+	s := New(c, WithBatch(16))
+	t.Cleanup(func() { _ = s.Close() })
+	admin := srv.Client(t)
+	ctx := context.Background()
+	if err := s.Warm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	conns := rc.PoolStats().TotalConns
+	if err := admin.Do(ctx, "client", "pause", "150", "all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	mine := limit.Charge{Key: key(limit.FixedWindow, time.Hour, "gives-up"), Algorithm: limit.FixedWindow, Amount: 10, Window: time.Hour, Cost: 1}
+	other := limit.Charge{Key: key(limit.FixedWindow, time.Hour, "waits"), Algorithm: limit.FixedWindow, Amount: 10, Window: time.Hour, Cost: 1}
+	waited := make(chan error, 1)
+	go func() {
+		_, err := s.Apply(ctx, t0, []limit.Charge{other}, make([]limit.Result, 1))
+		waited <- err
+	}()
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = s.Apply(short, t0, []limit.Charge{mine}, make([]limit.Result, 1))
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Apply with a 20ms deadline on a paused server: %v, want the deadline", err)
+	}
+	if d := time.Since(start); d > 100*time.Millisecond {
+		t.Errorf("Apply returned %v after its 20ms deadline, want at once", d)
+	}
+	if err := <-waited; err != nil {
+		t.Fatalf("the decision that waited: %v", err)
+	}
+	// The call whose caller gave up runs: its key holds its charge.
+	for deadline := time.Now().Add(time.Second); admin.Exists(ctx, mine.Key).Val() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the abandoned call never ran")
+		}
+	}
+	_, res := apply(t, s, t0, mine)
+	if res[0].Remaining != 8 {
+		t.Errorf("remaining %d after the abandoned call and one more, want 8", res[0].Remaining)
+	}
+	if got := rc.PoolStats().TotalConns; got != conns {
+		t.Errorf("%d connections after the caller gave up, want the %d there were", got, conns)
+	}
+}
+
+// TestBatchClose: Close stops the workers, and a call on a closed store
+// fails at once. Not parallel, so that goleak sees only this test's
+// goroutines.
+func TestBatchClose(t *testing.T) {
+	srv := redistest.Start(t)
+	ignore := goleak.IgnoreCurrent()
+	s := New(redis.NewClient(&redis.Options{Addr: srv.Addr()}), WithBatch(8))
+	ch := limit.Charge{Key: key(limit.FixedWindow, time.Hour, "close"), Algorithm: limit.FixedWindow, Amount: 10, Window: time.Hour, Cost: 1}
+	apply(t, s, t0, ch)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Apply(context.Background(), t0, []limit.Charge{ch}, make([]limit.Result, 1))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, redis.ErrClosed) {
+			t.Errorf("Apply on a closed store: %v, want redis.ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Apply on a closed store did not return")
+	}
+	goleak.VerifyNone(t, ignore)
+}
