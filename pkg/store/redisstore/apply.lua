@@ -85,8 +85,18 @@ local maxDebt = 9223372036854
 -- The call's mode and now, set first by apply.
 local mode, now
 
-local function fmtint(x) return string.format('%d', x) end
-local function fmtfloat(x) return string.format('%.17g', x) end
+-- The library functions used most, bound by apply's first call (the top
+-- level sees none of them): an upvalue is one step for Lua where
+-- math.floor is two table look-ups.
+local floor, ceil, min, max, mpack, munpack, sformat
+
+local function bind()
+  floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
+  mpack, munpack, sformat = cmsgpack.pack, cmsgpack.unpack, string.format
+end
+
+local function fmtint(x) return sformat('%d', x) end
+local function fmtfloat(x) return sformat('%.17g', x) end
 
 local function fail(key, what)
   error({err = 'ERR tollgate apply: ' .. key .. ' ' .. what})
@@ -111,7 +121,7 @@ local function loadWindow(key)
   if raw == false then return {0, 0}, false, nil end
   -- A table is WRONGTYPE: a key of another type.
   if type(raw) ~= 'string' then fail(key, 'does not hold a window') end
-  local ok, c = pcall(cmsgpack.unpack, raw)
+  local ok, c = pcall(munpack, raw)
   if not ok or type(c) ~= 'table' or type(c[1]) ~= 'number' or c[1] <= 0 or type(c[2]) ~= 'number' then
     fail(key, 'does not hold a window')
   end
@@ -127,7 +137,7 @@ end
 -- touch makes c a window of width w whose high-water mark is at least
 -- now's bucket, and drops the buckets older than high-M.
 local function touch(c, w, m)
-  local cur = math.floor(now / w)
+  local cur = floor(now / w)
   local n = #c
   if c[1] ~= w then
     -- Fresh, or counted in another width: start over.
@@ -142,9 +152,9 @@ local function touch(c, w, m)
       n = 2
     elseif n > 2 then
       -- Every bucket moves s places older; those past M drop out.
-      local last = math.min(n + s, 3 + m)
+      local last = min(n + s, 3 + m)
       for i = last, 3 + s, -1 do c[i] = c[i - s] end
-      for i = 3, math.min(2 + s, last) do c[i] = 0 end
+      for i = 3, min(2 + s, last) do c[i] = 0 end
       for i = n, last + 1, -1 do c[i] = nil end
       n = last
     end
@@ -156,16 +166,16 @@ end
 -- c[3..top] are the counted buckets, [cur-M, cur] (top < 3: none, as
 -- when c has another width).
 local function view(c, w, m)
-  local cur = math.floor(now / w)
+  local cur = floor(now / w)
   if c[1] ~= w then return cur, 2 end
   local high = c[2]
   if high > cur then cur = high end
-  return cur, math.min(#c, 3 + m - (cur - high))
+  return cur, min(#c, 3 + m - (cur - high))
 end
 
 local function usage(c, top)
   local u = 0
-  for i = 3, top do u = math.min(u + c[i], maxCount) end
+  for i = 3, top do u = min(u + c[i], maxCount) end
   return u
 end
 
@@ -205,16 +215,16 @@ local function windowStep(c, ch)
     local r = -cost
     if ch.p3 ~= 0 and not fixed then
       -- The bucket the refunded cost was charged in, while it counts.
-      local i = 3 + cur - math.floor(ch.p3 / w)
+      local i = 3 + cur - floor(ch.p3 / w)
       if i >= 3 and i <= top then
-        local take = math.min(r, c[i])
+        local take = min(r, c[i])
         c[i] = c[i] - take
         r = r - take
       end
     end
     for i = 3, top do
       if r <= 0 then break end
-      local take = math.min(r, c[i])
+      local take = min(r, c[i])
       c[i] = c[i] - take
       r = r - take
     end
@@ -229,7 +239,7 @@ local function windowStep(c, ch)
     if not ch.force then return false, retry end
   end
   -- touch left cur = h.
-  c[3] = math.min((c[3] or 0) + cost, maxCount)
+  c[3] = min((c[3] or 0) + cost, maxCount)
   return fits, retry
 end
 
@@ -239,7 +249,7 @@ local function encodeWindow(c)
     if c[i] ~= 0 then break end
     c[i] = nil
   end
-  return cmsgpack.pack(c)
+  return mpack(c)
 end
 
 -- Token buckets ---------------------------------------------------------
@@ -262,7 +272,7 @@ local function setDebt(c, d)
   if d <= 0 then
     c.at, c.debt = 0, 0
   else
-    c.at, c.debt = now, math.min(d, maxDebt)
+    c.at, c.debt = now, min(d, maxDebt)
   end
 end
 
@@ -277,19 +287,19 @@ local function tokenStep(c, ch)
   elseif cost == 0 then
     local x = d + T
     if x <= lim then return true, 0 end
-    return false, math.max(1, math.min(math.ceil(x - lim), maxDebt))
+    return false, max(1, min(ceil(x - lim), maxDebt))
   end
   local nd = d + cost * T
   if cost > ch.p2 then
     if ch.force then setDebt(c, nd) end
-    return false, math.max(0, math.ceil(d - BT * tbEps))
+    return false, max(0, ceil(d - BT * tbEps))
   end
   if nd <= lim then
     setDebt(c, nd)
     return true, 0
   end
   if ch.force then setDebt(c, nd) end
-  return false, math.max(1, math.min(math.ceil(nd - lim), maxDebt))
+  return false, max(1, min(ceil(nd - lim), maxDebt))
 end
 
 local function tokenString(c)
@@ -328,7 +338,7 @@ local function loadMark(key)
   local v = redis.call('GET', key)
   if not v then return {}, false end
   local u = tonumber(v)
-  if u == nil or u ~= math.floor(u) then fail(key, 'does not hold a mark') end
+  if u == nil or u ~= floor(u) then fail(key, 'does not hold a mark') end
   return {untl = u}, true
 end
 
@@ -490,7 +500,7 @@ end
 -- fairDecode reads a state string; nil when it is not one.
 local function fairDecode(src)
   local n = (#src - 8) / fairRecLen
-  if n < 0 or n ~= math.floor(n) then return nil end
+  if n < 0 or n ~= floor(n) then return nil end
   local st = fairEmpty(src)
   st.clock, st.n = struct.unpack('<d', src), n
   local H, L, W, F, AS, D, AD, SK, SM, AG, P = st.H, st.L, st.W, st.F, st.AS, st.D, st.AD, st.SK, st.SM, st.AG, st.P
@@ -596,7 +606,7 @@ local function fairFind(st, h, l)
   local H, L = st.H, st.L
   local lo, hi = 1, st.n + 1
   while lo < hi do
-    local mid = math.floor((lo + hi) / 2)
+    local mid = floor((lo + hi) / 2)
     local mh, ml = H[mid], L[mid]
     if mh == h and ml == l then return mid, true end
     if mh < h or (mh == h and ml < l) then lo = mid + 1 else hi = mid end
@@ -799,7 +809,7 @@ local function fairRoom(ch)
   if ch.k.type == 'token' then
     if ch.amount == 0 then return 0 end
     local T, _, lim = bucketParams(ch)
-    local r = math.floor((lim - debt(c)) / T)
+    local r = floor((lim - debt(c)) / T)
     if r >= ch.p2 then return ch.p2 end
     if r > 0 then return r end
     return 0
@@ -817,9 +827,9 @@ end
 local function fairRetry(ch)
   if ch.k.type == 'token' then
     local T = bucketParams(ch)
-    return math.max(1, math.min(math.ceil(T), maxDebt))
+    return max(1, min(ceil(T), maxDebt))
   end
-  return (math.floor(now / ch.p1) + 1) * ch.p1 - now
+  return (floor(now / ch.p1) + 1) * ch.p1 - now
 end
 
 -- fairOutcome is what ch's decision did on its shared limit.
@@ -875,7 +885,7 @@ local function expiry(k)
   local c, ch = k.work, k.last
   if k.type == 'token' then
     if c.debt <= 0 then return nil end
-    return c.at + math.ceil(c.debt)
+    return c.at + ceil(c.debt)
   end
   if k.type == 'mark' then return c.untl end
   if k.type == 'lease' then
@@ -989,7 +999,7 @@ local function undoData(k, work, alt)
     if #d > 0 then table.insert(d, 1, work[1]) end
   end
   if #d == 0 then return '' end
-  return cmsgpack.pack(d)
+  return mpack(d)
 end
 
 -- undo takes back what a try kept on k, as u (undoData's array) says. A
@@ -1021,7 +1031,7 @@ local function undo(k, u)
     if u[1] ~= c[1] then return end
     for i = 2, #u, 2 do
       local j = 3 + c[2] - u[i]
-      if j >= 3 and j <= #c then c[j] = math.max(c[j] - u[i + 1], 0) end
+      if j >= 3 and j <= #c then c[j] = max(c[j] - u[i + 1], 0) end
     end
   else
     local kept, alt = {at = u[1], debt = u[2]}, {at = u[3], debt = u[4]}
@@ -1030,13 +1040,14 @@ local function undo(k, u)
       return
     end
     local fl = debt(alt)
-    setDebt(c, math.max(debt(c) - (debt(kept) - fl), fl))
+    setDebt(c, max(debt(c) - (debt(kept) - fl), fl))
   end
 end
 
 -- Run -------------------------------------------------------------------
 
 local function apply(keys, argv)
+  if sformat == nil then bind() end
   mode, now = argv[1], tonumber(argv[2])
   local n = tonumber(argv[3])
   if now == nil or n == nil or (mode ~= 'apply' and mode ~= 'try' and mode ~= 'undo' and mode ~= 'void') then
@@ -1071,7 +1082,7 @@ local function apply(keys, argv)
       shadow = flags ~= '' and string.find(flags, 's', 1, true) ~= nil,
       force = flags ~= '' and string.find(flags, 'f', 1, true) ~= nil,
     }
-    if ch.cost ~= nil then ch.cost = math.max(math.min(ch.cost, maxCount), -maxCount) end
+    if ch.cost ~= nil then ch.cost = max(min(ch.cost, maxCount), -maxCount) end
     local t = types[ch.kind]
     if t ~= 'lease' then ch.p3 = tonumber(ch.p3) end
     if ch.ki == nil or keys[ch.ki] == nil or ch.amount == nil or ch.p1 == nil or ch.p2 == nil or
@@ -1143,7 +1154,7 @@ local function apply(keys, argv)
     for ki, k in pairs(counters) do
       local a = argv[tail + ki]
       if a ~= '' then
-        local ok, u = pcall(cmsgpack.unpack, a)
+        local ok, u = pcall(munpack, a)
         if not ok or type(u) ~= 'table' then return redis.error_reply('ERR tollgate apply: bad undo arguments') end
         undo(k, u)
       end
@@ -1153,7 +1164,7 @@ local function apply(keys, argv)
     for ki, st in pairs(fairs) do
       local a = argv[tail + ki]
       if a ~= '' then
-        local ok, u = pcall(cmsgpack.unpack, a)
+        local ok, u = pcall(munpack, a)
         local alt = ok and type(u) == 'table' and type(u[1]) == 'string' and type(u[2]) == 'string' and fairDecode(u[2])
         if not alt then return redis.error_reply('ERR tollgate apply: bad undo arguments') end
         if fairEncode(st) == u[1] then
@@ -1220,7 +1231,7 @@ local function apply(keys, argv)
           if keep == alt then
             out[1 + 4 * n + ki] = ''
           else
-            out[1 + 4 * n + ki] = cmsgpack.pack({keep, alt})
+            out[1 + 4 * n + ki] = mpack({keep, alt})
           end
         else
           out[1 + 4 * n + ki] = ''
