@@ -173,9 +173,14 @@ local function view(c, w, m)
   return cur, min(#c, 3 + m - (cur - high))
 end
 
+-- usage is the sum of the counted buckets, saturated at maxCount. Every
+-- count is >= 0, so clamping once at the end gives what clamping every
+-- partial sum did: the partial sums below maxCount are the same additions,
+-- and one that reaches it only grows (or is NaN in both).
 local function usage(c, top)
   local u = 0
-  for i = 3, top do u = min(u + c[i], maxCount) end
+  for i = 3, top do u = u + c[i] end
+  if u > maxCount then return maxCount end
   return u
 end
 
@@ -250,6 +255,14 @@ local function encodeWindow(c)
     c[i] = nil
   end
   return mpack(c)
+end
+
+-- windowReport is what a result says of window c after the Apply: its
+-- usage and reset after, as charge ch sees it.
+local function windowReport(c, ch)
+  local w, m = ch.p1, ch.p2
+  local cur, top = view(c, w, m)
+  return usage(c, top), resetAfter(c, top, cur, w, m, ch.kind == 'f')
 end
 
 -- Token buckets ---------------------------------------------------------
@@ -881,12 +894,20 @@ end
 
 -- expiry is the Unix ms from which k's counter is equivalent to a fresh
 -- one, as its last charge counts; nil when it is fresh already.
+local function tokenExpiry(c)
+  if c.debt <= 0 then return nil end
+  return c.at + ceil(c.debt)
+end
+
+local function windowExpiry(c, ch)
+  if c[1] ~= ch.p1 then return nil end
+  -- Until then the newest bucket may count, or h still moves cur.
+  return (c[2] + ch.p2 + 1) * c[1]
+end
+
 local function expiry(k)
   local c, ch = k.work, k.last
-  if k.type == 'token' then
-    if c.debt <= 0 then return nil end
-    return c.at + ceil(c.debt)
-  end
+  if k.type == 'token' then return tokenExpiry(c) end
   if k.type == 'mark' then return c.untl end
   if k.type == 'lease' then
     local d
@@ -895,9 +916,7 @@ local function expiry(k)
     end
     return d
   end
-  if c[1] ~= ch.p1 then return nil end
-  -- Until then the newest bucket may count, or h still moves cur.
-  return (c[2] + ch.p2 + 1) * c[1]
+  return windowExpiry(c, ch)
 end
 
 -- saveLeases writes the leases that changed. Members whose deadline has
@@ -939,26 +958,39 @@ local function saveMark(k)
   if k.exists then redis.call('DEL', k.key) end
 end
 
-local function save(k)
-  local c, s = k.work, k.stored
-  local exp = expiry(k)
-  if k.type == 'lease' then return saveLeases(k, exp) end
-  if k.type == 'mark' then return saveMark(k) end
+-- saveToken writes token bucket c at key when it differs from the stored
+-- one (at, debt), or deletes the key once the bucket is full.
+local function saveToken(key, c, at, debt, exists)
+  local exp = tokenExpiry(c)
   if exp == nil or exp <= now then
-    if k.exists then redis.call('DEL', k.key) end
+    if exists then redis.call('DEL', key) end
     return
   end
-  if k.type == 'token' then
-    if c.at ~= s.at or c.debt ~= s.debt then
-      redis.call('SET', k.key, tokenString(c), 'PX', fmtint(exp - now + ttlMargin))
-    end
+  if c.at ~= at or c.debt ~= debt then
+    redis.call('SET', key, tokenString(c), 'PX', fmtint(exp - now + ttlMargin))
+  end
+end
+
+-- saveWindow writes window c at key, last charged by ch, when its string
+-- differs from the stored raw (as the hash's fields did), or deletes the
+-- key once the window is fresh.
+local function saveWindow(key, c, ch, exists, raw)
+  local exp = windowExpiry(c, ch)
+  if exp == nil or exp <= now then
+    if exists then redis.call('DEL', key) end
     return
   end
-  -- A window: only when its string changed, as the hash's fields did.
   local v = encodeWindow(c)
-  if v ~= k.raw then
-    redis.call('SET', k.key, v, 'PX', fmtint(exp - now + ttlMargin))
+  if v ~= raw then
+    redis.call('SET', key, v, 'PX', fmtint(exp - now + ttlMargin))
   end
+end
+
+local function save(k)
+  if k.type == 'lease' then return saveLeases(k, expiry(k)) end
+  if k.type == 'mark' then return saveMark(k) end
+  if k.type == 'token' then return saveToken(k.key, k.work, k.stored.at, k.stored.debt, k.exists) end
+  return saveWindow(k.key, k.work, k.last, k.exists, k.raw)
 end
 
 -- Undo ------------------------------------------------------------------
@@ -1044,6 +1076,88 @@ local function undo(k, u)
   end
 end
 
+-- Plain calls ------------------------------------------------------------
+
+-- plain runs the call nearly every decision makes: mode "apply", no fair
+-- entry, and every charge a window or token bucket charge without flags
+-- on a key of its own (charge j on KEYS[j]). It does what apply does for
+-- such a call, with the same steps, denial, writes and results in the
+-- same order, but without per-key records, dispatch by type, or a copy
+-- of the stored state on the way to an admission (a denial reads it
+-- again). It returns nil, having written nothing, for any other call or
+-- a bad argument: apply then runs the call, and reports the error.
+local function plain(keys, argv, n)
+  for j = 1, n do
+    local b = 3 + 8 * (j - 1)
+    local kind = argv[b + 2]
+    if argv[b + 8] ~= '' or (kind ~= 's' and kind ~= 'f' and kind ~= 't') or tonumber(argv[b + 1]) ~= j or
+        keys[j] == nil then
+      return nil
+    end
+  end
+  -- stored: a window's string (nil: none) or the stored token bucket.
+  local chs, cs, stored, exists = {}, {}, {}, {}
+  local out, admitted = {1}, true
+  for j = 1, n do
+    local b = 3 + 8 * (j - 1)
+    local ch = {kind = argv[b + 2], amount = tonumber(argv[b + 3]), p1 = tonumber(argv[b + 4]),
+      p2 = tonumber(argv[b + 5]), p3 = tonumber(argv[b + 6]), cost = tonumber(argv[b + 7]),
+      shadow = false, force = false}
+    if ch.amount == nil or ch.p1 == nil or ch.p2 == nil or ch.p3 == nil or ch.cost == nil or ch.p1 <= 0 then
+      return nil
+    end
+    ch.cost = max(min(ch.cost, maxCount), -maxCount)
+    local c, fits, retry
+    if ch.kind == 't' then
+      local s
+      s, exists[j] = loadToken(keys[j])
+      stored[j], c = s, {at = s.at, debt = s.debt}
+      fits, retry = tokenStep(c, ch)
+    else
+      c, exists[j], stored[j] = loadWindow(keys[j])
+      fits, retry = windowStep(c, ch)
+    end
+    chs[j], cs[j] = ch, c
+    local o = 4 * j - 2
+    if fits then out[o] = 1 else out[o] = 0 end
+    out[o + 1] = retry
+    if ch.cost >= 0 and not fits then admitted = false end
+  end
+  if not admitted then
+    -- denial: each key from its stored state, refunds stepped, windows
+    -- touched.
+    out[1] = 0
+    for j = 1, n do
+      local ch, c = chs[j], nil
+      if ch.kind == 't' then
+        c = {at = stored[j].at, debt = stored[j].debt}
+        if ch.cost < 0 then tokenStep(c, ch) end
+      else
+        c = {0, 0}
+        if stored[j] ~= nil then c = munpack(stored[j]) end
+        if ch.cost < 0 then windowStep(c, ch) else touch(c, ch.p1, ch.p2) end
+      end
+      cs[j] = c
+    end
+  end
+  for j = 1, n do
+    if chs[j].kind == 't' then
+      saveToken(keys[j], cs[j], stored[j].at, stored[j].debt, exists[j])
+    else
+      saveWindow(keys[j], cs[j], chs[j], exists[j], stored[j])
+    end
+  end
+  for j = 1, n do
+    local ch, c, o = chs[j], cs[j], 4 * j - 2
+    if ch.kind == 't' then
+      out[o + 2], out[o + 3] = fmtfloat(debt(c)), 0
+    else
+      out[o + 2], out[o + 3] = windowReport(c, ch)
+    end
+  end
+  return out
+end
+
 -- Run -------------------------------------------------------------------
 
 local function apply(keys, argv)
@@ -1064,6 +1178,11 @@ local function apply(keys, argv)
   if mode == 'undo' then extra = #keys end
   if #argv ~= tail + extra then
     return redis.error_reply('ERR tollgate apply: bad argument count')
+  end
+
+  if mode == 'apply' and nf == 0 then
+    local out = plain(keys, argv, n)
+    if out ~= nil then return out end
   end
 
   local counters, order, charges = {}, {}, {}
@@ -1260,9 +1379,7 @@ local function apply(keys, argv)
     elseif ch.k.type == 'mark' then
       out[o + 2], out[o + 3] = 0, 0
     else
-      local w, m = ch.p1, ch.p2
-      local cur, top = view(c, w, m)
-      out[o + 2], out[o + 3] = usage(c, top), resetAfter(c, top, cur, w, m, ch.kind == 'f')
+      out[o + 2], out[o + 3] = windowReport(c, ch)
     end
   end
   return out

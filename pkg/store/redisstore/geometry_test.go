@@ -17,6 +17,7 @@ import (
 // bucket, the reset after and the expiry the script derives from the w
 // and M it is given.
 var geometryProbe = redis.NewScript(applyLua + `
+bind()
 now = tonumber(ARGV[1])
 local w, m, fixed = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == 'f'
 local c = {0, 0}
