@@ -19,6 +19,11 @@ type call struct {
 	charges int
 	// admitted is the reply's verdict, once decoded.
 	admitted bool
+	// keyBuf and argBuf back keys and args for a call of one charge
+	// without a fair gate, the common one: in the call's allocation
+	// rather than two of their own.
+	keyBuf [1]string
+	argBuf [argsHead + argsPerCharge + 1]any
 }
 
 const (
@@ -38,14 +43,13 @@ func newCall(mode string, now int64, charges []limit.Charge) (*call, error) {
 			fair++
 		}
 	}
-	c := &call{
-		mode:    mode,
-		now:     now,
-		charges: len(charges),
-		keys:    make([]string, 0, len(charges)+fair),
-		args:    make([]any, argsHead, argsHead+argsPerCharge*len(charges)+1+argsPerFair*fair),
+	c := &call{mode: mode, now: now, charges: len(charges)}
+	if nk, na := len(charges)+fair, argsHead+argsPerCharge*len(charges)+1+argsPerFair*fair; nk <= len(c.keyBuf) && na <= len(c.argBuf) {
+		c.keys, c.args = c.keyBuf[:0], c.argBuf[:argsHead]
+	} else {
+		c.keys, c.args = make([]string, 0, nk), make([]any, argsHead, na)
 	}
-	c.args[0], c.args[1], c.args[2] = mode, now, len(charges)
+	c.args[0], c.args[1], c.args[2] = boxed(mode), now, len(charges)
 	for i := range charges {
 		ch := &charges[i]
 		kind, p1, p2, p3, err := params(ch)
@@ -57,7 +61,7 @@ func newCall(mode string, now int64, charges []limit.Charge) (*call, error) {
 				return nil, fmt.Errorf("charges[%d]: %w", i, err)
 			}
 		}
-		c.args = append(c.args, c.key(ch.Key), kind, ch.Amount, p1, p2, p3, ch.Cost, flags(ch))
+		c.args = append(c.args, c.key(ch.Key), boxed(kind), ch.Amount, p1, p2, p3, ch.Cost, boxed(flags(ch)))
 	}
 	c.args = append(c.args, fair)
 	for i := range charges {
@@ -66,6 +70,43 @@ func newCall(mode string, now int64, charges []limit.Charge) (*call, error) {
 		}
 	}
 	return c, nil
+}
+
+// The script's string arguments, boxed once: a string put in an any
+// anew is copied to the heap each time, an allocation per argument.
+var (
+	argApply, argTry, argUndo, argVoid           any = "apply", "try", "undo", "void"
+	argS, argF, argT, argC, argO, argSF, argNone any = "s", "f", "t", "c", "o", "sf", ""
+)
+
+// boxed returns s in an any, without allocating for the modes, kinds and
+// flags the script knows.
+func boxed(s string) any {
+	switch s {
+	case "apply":
+		return argApply
+	case "try":
+		return argTry
+	case "undo":
+		return argUndo
+	case "void":
+		return argVoid
+	case "s":
+		return argS
+	case "f":
+		return argF
+	case "t":
+		return argT
+	case "c":
+		return argC
+	case "o":
+		return argO
+	case "sf":
+		return argSF
+	case "":
+		return argNone
+	}
+	return s
 }
 
 // key returns the KEYS index (from 1) of key, adding it if new.
