@@ -477,16 +477,16 @@ func (q *Queue) wait(ctx context.Context, domain, tier string, qt limit.QueueTie
 // gated reports whether only fair gates refused dec: every descriptor
 // over its limit was denied with room left (limit.Status.Gated).
 func gated(dec *Decision) bool {
-	any := false
+	refused := false
 	for _, st := range dec.Statuses {
 		if st.Code == limit.CodeOverLimit {
 			if !st.Gated {
 				return false
 			}
-			any = true
+			refused = true
 		}
 	}
-	return any
+	return refused
 }
 
 // until is how long from now a waiter refused by dec waits before it

@@ -13,9 +13,8 @@ import (
 
 // SpikeQueueFairShare turns on fair_share on the contended gpt-4o limit of
 // the spike-queue scenario (SpikeQueueRules' one fairShareLine) and the
-// fair-share laws (FairShareLaws). It is off until the fair-share config
-// (issue 16, item 1's wiring) is merged: a rules file with fair_share does
-// not parse before it, and the replicas would not start.
+// fair-share laws (FairShareLaws). false runs the same scenario without
+// fair share, the comparison docs/closed-loop-spike-queue.md describes.
 const SpikeQueueFairShare = true
 
 // The contended shared limit of spike-queue: the shipped gpt4o_global

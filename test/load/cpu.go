@@ -119,11 +119,9 @@ func (m *cpuMeter) use(a, b cpuSample, decisions int64) *CPUUse {
 
 // cpu reads used_cpu_sys + used_cpu_user, in seconds.
 func (m *redisMeter) cpu(ctx context.Context) (float64, error) {
-	ctx, cancel := context.WithTimeout(ctx, redisTimeout)
-	defer cancel()
-	info, err := m.c.Info(ctx, "cpu").Result()
+	info, err := m.info(ctx, "cpu")
 	if err != nil {
-		return 0, fmt.Errorf("redis %s: INFO cpu: %w", m.addr, err)
+		return 0, err
 	}
 	s, err := redisCPU(info)
 	if err != nil {

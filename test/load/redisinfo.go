@@ -59,17 +59,26 @@ func commandCalls(info string) (int64, error) {
 
 // commands reads the command calls so far.
 func (m *redisMeter) commands(ctx context.Context) (int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, redisTimeout)
-	defer cancel()
-	info, err := m.c.Info(ctx, "commandstats").Result()
+	info, err := m.info(ctx, "commandstats")
 	if err != nil {
-		return 0, fmt.Errorf("redis %s: INFO commandstats: %w", m.addr, err)
+		return 0, err
 	}
 	n, err := commandCalls(info)
 	if err != nil {
 		return 0, fmt.Errorf("redis %s: %w", m.addr, err)
 	}
 	return n, nil
+}
+
+// info reads one INFO section.
+func (m *redisMeter) info(ctx context.Context, section string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, redisTimeout)
+	defer cancel()
+	info, err := m.c.Info(ctx, section).Result()
+	if err != nil {
+		return "", fmt.Errorf("redis %s: INFO %s: %w", m.addr, section, err)
+	}
+	return info, nil
 }
 
 // NewKeys is how many keys the database gained.

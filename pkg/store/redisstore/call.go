@@ -49,7 +49,7 @@ func newCall(mode string, now int64, charges []limit.Charge) (*call, error) {
 	} else {
 		c.keys, c.args = make([]string, 0, nk), make([]any, argsHead, na)
 	}
-	c.args[0], c.args[1], c.args[2] = boxed(mode), now, len(charges)
+	c.args[0], c.args[1], c.args[2] = modeArg(mode), now, len(charges)
 	for i := range charges {
 		ch := &charges[i]
 		kind, p1, p2, p3, err := params(ch)
@@ -61,7 +61,7 @@ func newCall(mode string, now int64, charges []limit.Charge) (*call, error) {
 				return nil, fmt.Errorf("charges[%d]: %w", i, err)
 			}
 		}
-		c.args = append(c.args, c.key(ch.Key), boxed(kind), ch.Amount, p1, p2, p3, ch.Cost, boxed(flags(ch)))
+		c.args = append(c.args, c.key(ch.Key), kind, ch.Amount, p1, p2, p3, ch.Cost, flags(ch))
 	}
 	c.args = append(c.args, fair)
 	for i := range charges {
@@ -72,17 +72,18 @@ func newCall(mode string, now int64, charges []limit.Charge) (*call, error) {
 	return c, nil
 }
 
-// The script's string arguments, boxed once: a string put in an any
-// anew is copied to the heap each time, an allocation per argument.
+// The script's string arguments, each boxed once here: a string value
+// put in an any is copied to the heap each time, an allocation per
+// argument. params and flags return these; modeArg picks the mode's.
 var (
-	argApply, argTry, argUndo, argVoid           any = "apply", "try", "undo", "void"
-	argS, argF, argT, argC, argO, argSF, argNone any = "s", "f", "t", "c", "o", "sf", ""
+	argApply, argTry, argUndo, argVoid any = "apply", "try", "undo", "void"
+	kindS, kindF, kindT, kindC, kindO  any = "s", "f", "t", "c", "o"
+	flagS, flagF, flagSF, flagNone     any = "s", "f", "sf", ""
 )
 
-// boxed returns s in an any, without allocating for the modes, kinds and
-// flags the script knows.
-func boxed(s string) any {
-	switch s {
+// modeArg is mode as the script's first argument.
+func modeArg(mode string) any {
+	switch mode {
 	case "apply":
 		return argApply
 	case "try":
@@ -91,22 +92,8 @@ func boxed(s string) any {
 		return argUndo
 	case "void":
 		return argVoid
-	case "s":
-		return argS
-	case "f":
-		return argF
-	case "t":
-		return argT
-	case "c":
-		return argC
-	case "o":
-		return argO
-	case "sf":
-		return argSF
-	case "":
-		return argNone
 	}
-	return s
+	return mode
 }
 
 // key returns the KEYS index (from 1) of key, adding it if new.
@@ -183,16 +170,16 @@ func fairArgs(args []any, j, ki int, ch *limit.Charge) []any {
 }
 
 // flags are the script's spelling of Shadow and Force.
-func flags(ch *limit.Charge) string {
+func flags(ch *limit.Charge) any {
 	switch {
 	case ch.Shadow && ch.Force:
-		return "sf"
+		return flagSF
 	case ch.Shadow:
-		return "s"
+		return flagS
 	case ch.Force:
-		return "f"
+		return flagF
 	}
-	return ""
+	return flagNone
 }
 
 // params maps a charge to the script's kind and parameters (see
@@ -200,29 +187,29 @@ func flags(ch *limit.Charge) string {
 // limit.Geometry): a window under 1ms is 1ms, Buckets above
 // limit.MaxBuckets is limit.MaxBuckets, At counts on a sliding window
 // only.
-func params(ch *limit.Charge) (kind string, p1, p2 uint64, p3 any, err error) {
+func params(ch *limit.Charge) (kind any, p1, p2 uint64, p3 any, err error) {
 	W := uint64(limit.WindowMillis(ch))
 	switch ch.Algorithm {
 	case limit.SlidingWindow:
 		w, m := limit.Geometry(ch)
-		return "s", uint64(w), uint64(m), ch.At, nil
+		return kindS, uint64(w), uint64(m), ch.At, nil
 	case limit.FixedWindow:
-		return "f", W, 0, 0, nil
+		return kindF, W, 0, 0, nil
 	case limit.TokenBucket:
 		b := ch.Burst
 		if b == 0 {
 			b = ch.Amount
 		}
-		return "t", W, b, 0, nil
+		return kindT, W, b, 0, nil
 	case limit.Concurrency:
 		if ch.Cost != 0 && ch.Member == "" {
-			return "", 0, 0, nil, fmt.Errorf("concurrency charge of cost %d has no member", ch.Cost)
+			return nil, 0, 0, nil, fmt.Errorf("concurrency charge of cost %d has no member", ch.Cost)
 		}
-		return "c", W, 0, ch.Member, nil
+		return kindC, W, 0, ch.Member, nil
 	case limit.Once:
-		return "o", W, 0, 0, nil
+		return kindO, W, 0, 0, nil
 	}
-	return "", 0, 0, nil, fmt.Errorf("unknown algorithm %v", ch.Algorithm)
+	return nil, 0, 0, nil, fmt.Errorf("unknown algorithm %v", ch.Algorithm)
 }
 
 var errReply = errors.New("malformed reply from the apply script")
@@ -313,7 +300,7 @@ func (c *call) undoCall(rep []any) (u *call, ok bool, err error) {
 	}
 	u = &call{mode: "undo", now: c.now, charges: c.charges, keys: c.keys, args: make([]any, len(c.args), len(c.args)+len(tail))}
 	copy(u.args, c.args)
-	u.args[0] = "undo"
+	u.args[0] = argUndo
 	for i, v := range tail {
 		s, isString := v.(string)
 		if !isString {
