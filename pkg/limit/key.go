@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -194,6 +195,29 @@ func BreakerKey(descKey, name string) string {
 // BreakerOnceKey is the store key of the marker of a failure named once
 // on the breaker at key: key's hash tag, so that one script reaches both.
 func BreakerOnceKey(key, once string) string { return key + ":once:" + once }
+
+// CountKey is the key of the fixed window numbered idx (its start over
+// its width) of the fixed-window counter at key, where the Redis store
+// keeps that window's count: key, '#' and idx, on key's slot. A key with
+// no hash tag is braced whole ("{key}#idx"), which keeps its slot: the
+// slot of a key without a tag is that of the whole key. ok is false for a
+// key without a tag that braces cannot enclose (empty, or holding a '}').
+func CountKey(key string, idx int64) (k string, ok bool) {
+	b := make([]byte, 0, len(key)+24)
+	if HashTag(key) == key {
+		if key == "" || strings.IndexByte(key, '}') >= 0 {
+			return "", false
+		}
+		b = append(b, '{')
+		b = append(b, key...)
+		b = append(b, '}')
+	} else {
+		b = append(b, key...)
+	}
+	b = append(b, '#')
+	b = strconv.AppendInt(b, idx, 10)
+	return string(b), true
+}
 
 // FairStateKey is the fair-share state of the shared counter at key: key's
 // hash tag, so that the counter and its state are one slot and one script.

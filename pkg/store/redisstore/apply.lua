@@ -20,6 +20,8 @@
 --   key index into KEYS, kind, amount, p1, p2, p3, cost, flags
 --   kind "s", sliding window: p1 = bucket width w, p2 = M, p3 = At (0: unset)
 --   kind "f", fixed window:   p1 = window W,       p2 = 0, p3 = 0
+--   kind "i", fixed window counted in the key of its own window (below):
+--                             p1 = window W,       p2 = 0, p3 = 0
 --   kind "t", token bucket:   p1 = window W,       p2 = burst B, p3 = 0
 --   kind "c", concurrency:    p1 = lease W,        p2 = 0, p3 = member
 --   kind "o", once:           p1 = mark W,         p2 = 0, p3 = 0
@@ -34,6 +36,11 @@
 -- token bucket is the string "At:Debt": tat = At + Debt, At the integer
 -- ms of the last write, Debt the float ms the bucket was then short of
 -- full.
+-- A kind "i" fixed window is the decimal integer count of one window, at a
+-- key of that window's own (the caller names it, see counts below): it
+-- is charged as a fixed window of one bucket, the window now is in, and
+-- saved as its count, or deleted at 0, expiring a margin after the
+-- window ends.
 -- Concurrency leases are a sorted set, member -> deadline (ms): the live
 -- ones are those scored above now, and every write first drops the rest
 -- (ZREMRANGEBYSCORE), as limit.Counter drops them on every step. A Once
@@ -134,6 +141,29 @@ local function loadWindow(key)
   return c, true, raw
 end
 
+-- loadCount reads a kind "i" window of width w at key, the count of the
+-- window now is in, as a window counter (see loadWindow), and returns the
+-- key it read. When the next window's key exists (its name is key's with
+-- the next index), a replica whose clock is ahead has started it: the
+-- count is that window's, as a window's high-water mark makes it
+-- (view). A replica further behind than one window counts in its own.
+local function loadCount(key, w)
+  local pre, idx = string.match(key, '^(.*#)(-?%d+)$')
+  local cur = floor(now / w)
+  if pre ~= nil then
+    local nk = pre .. fmtint(tonumber(idx) + 1)
+    local raw = redis.pcall('GET', nk)
+    if raw ~= false then key, cur = nk, cur + 1 end
+  end
+  local raw = redis.pcall('GET', key)
+  if raw == false then return {0, 0}, false, nil, key end
+  local n = type(raw) == 'string' and tonumber(raw)
+  if not n or n < 0 or n ~= floor(n) or n > maxCount then fail(key, 'does not hold a count') end
+  local c = {w, cur}
+  if n > 0 then c[3] = n end
+  return c, true, raw, key
+end
+
 -- touch makes c a window of width w whose high-water mark is at least
 -- now's bucket, and drops the buckets older than high-M.
 local function touch(c, w, m)
@@ -214,7 +244,7 @@ local function windowStep(c, ch)
   local w, m = ch.p1, ch.p2
   touch(c, w, m)
   local cur, top = view(c, w, m)
-  local fixed = ch.kind == 'f'
+  local fixed = ch.kind ~= 's'
   local cost, amount = ch.cost, ch.amount
   if cost < 0 then
     local r = -cost
@@ -262,7 +292,7 @@ end
 local function windowReport(c, ch)
   local w, m = ch.p1, ch.p2
   local cur, top = view(c, w, m)
-  return usage(c, top), resetAfter(c, top, cur, w, m, ch.kind == 'f')
+  return usage(c, top), resetAfter(c, top, cur, w, m, ch.kind ~= 's')
 end
 
 -- Token buckets ---------------------------------------------------------
@@ -854,7 +884,7 @@ end
 
 -- Charges ---------------------------------------------------------------
 
-local types = {s = 'window', f = 'window', t = 'token', c = 'lease', o = 'mark'}
+local types = {s = 'window', f = 'window', i = 'window', t = 'token', c = 'lease', o = 'mark'}
 local loaders = {window = loadWindow, token = loadToken, lease = loadLeases, mark = loadMark}
 local steps = {window = windowStep, token = tokenStep, lease = leaseStep, mark = markStep}
 
@@ -986,7 +1016,23 @@ local function saveWindow(key, c, ch, exists, raw)
   end
 end
 
+-- saveCount writes kind "i" window c at key, last charged by ch: its
+-- count (0 for a window touched but not charged, as saveWindow keeps it),
+-- when it differs from the stored raw.
+local function saveCount(key, c, ch, exists, raw)
+  local exp = windowExpiry(c, ch)
+  if exp == nil or exp <= now then
+    if exists then redis.call('DEL', key) end
+    return
+  end
+  local v = fmtint(c[3] or 0)
+  if v ~= raw then
+    redis.call('SET', key, v, 'PX', fmtint(exp - now + ttlMargin))
+  end
+end
+
 local function save(k)
+  if k.count then return saveCount(k.key, k.work, k.last, k.exists, k.raw) end
   if k.type == 'lease' then return saveLeases(k, expiry(k)) end
   if k.type == 'mark' then return saveMark(k) end
   if k.type == 'token' then return saveToken(k.key, k.work, k.stored.at, k.stored.debt, k.exists) end
@@ -1158,6 +1204,92 @@ local function plain(keys, argv, n)
   return out
 end
 
+-- Counts ------------------------------------------------------------------
+
+-- counts runs a batch of decisions whose every charge is a kind "i" fixed
+-- window without flags or fair share, each on a key of its own: what
+-- apply does for such a decision (same admission, writes and results),
+-- with none of its tables, and many decisions in one call, one after
+-- another, each all or nothing. The caller derives every result from the
+-- counts the charges found, and the arithmetic is short enough to repeat
+-- there: a charge of cost > 0 fits when cost <= amount - count, a check
+-- (cost 0) when count < amount, a refund always.
+--
+-- KEYS: for each charge of each decision, in order, the key of the
+-- window now is in and the key of the next window (see loadCount).
+-- ARGV: for each decision, n its number of charges, then for each charge
+-- amount, cost (|cost| <= maxCount, amount <= maxCount) and the window's
+-- expiry (ms) should the charge create its key.
+-- Reply: for each charge, in order, the count it found (0 for no key), or
+-- -2 - count when it counted in the next window, which exists; or -1 for
+-- each charge of a decision one of whose keys holds no count, or one of
+-- whose arguments is not a number: that decision writes nothing.
+local function counts(keys, argv)
+  if sformat == nil then bind() end
+  local na, nk = #argv, #keys
+  -- Every decision's size is checked before anything is written.
+  local ai, ki = 1, 0
+  while ai <= na do
+    local n = tonumber(argv[ai])
+    if n == nil or n < 1 or n ~= floor(n) then return redis.error_reply('ERR tollgate counts: bad arguments') end
+    ai, ki = ai + 1 + 3 * n, ki + 2 * n
+  end
+  if ai ~= na + 1 or ki ~= nk then return redis.error_reply('ERR tollgate counts: bad argument count') end
+  local out, found, cost, at = {}, {}, {}, {}
+  ai, ki = 1, 1
+  local o = 1
+  while ai <= na do
+    local n = tonumber(argv[ai])
+    local fits, bad = true, false
+    for j = 1, n do
+      local b = ai + 3 * j - 2
+      local key = keys[ki + 2 * j - 1]
+      local raw = redis.pcall('GET', key)
+      if raw == false then
+        key = keys[ki + 2 * j - 2]
+        raw = redis.pcall('GET', key)
+      end
+      local c, amount, x = 0, tonumber(argv[b]), tonumber(argv[b + 1])
+      if raw ~= false then
+        c = type(raw) == 'string' and tonumber(raw)
+        if not c or c < 0 or c ~= floor(c) or c > maxCount then bad = true end
+      end
+      if amount == nil or x == nil then bad = true end
+      if not bad then
+        if x > 0 then
+          if x > amount or c > amount - x then fits = false end
+        elseif x == 0 then
+          if c >= amount then fits = false end
+        end
+      end
+      found[j], cost[j], at[j] = raw ~= false and c, x, key
+      if key == keys[ki + 2 * j - 1] then out[o + j - 1] = -2 - c else out[o + j - 1] = c end
+    end
+    if bad then
+      for j = 1, n do out[o + j - 1] = -1 end
+    else
+      for j = 1, n do
+        local key, x, c, b = at[j], cost[j], found[j], ai + 3 * j - 2
+        if not c then
+          -- No key: the charge's window starts with it, as the
+          -- window the step touched would be stored.
+          if x > 0 and fits then
+            redis.call('SET', key, argv[b + 1], 'PX', argv[b + 2])
+          else
+            redis.call('SET', key, '0', 'PX', argv[b + 2])
+          end
+        elseif x > 0 then
+          if fits then redis.call('INCRBY', key, argv[b + 1]) end
+        elseif x < 0 and c > 0 then
+          redis.call('INCRBY', key, fmtint(max(x, -c)))
+        end
+      end
+    end
+    ai, ki, o = ai + 1 + 3 * n, ki + 2 * n, o + n
+  end
+  return out
+end
+
 -- Run -------------------------------------------------------------------
 
 local function apply(keys, argv)
@@ -1210,13 +1342,18 @@ local function apply(keys, argv)
       return redis.error_reply('ERR tollgate apply: bad charge arguments')
     end
     local k = counters[ch.ki]
+    local count = ch.kind == 'i'
     if k == nil then
       local key = keys[ch.ki]
-      k = {key = key, type = t}
-      k.stored, k.exists, k.raw = loaders[t](key)
+      k = {key = key, type = t, count = count}
+      if count then
+        k.stored, k.exists, k.raw, k.key = loadCount(key, ch.p1)
+      else
+        k.stored, k.exists, k.raw = loaders[t](key)
+      end
       counters[ch.ki] = k
       order[#order + 1] = k
-    elseif k.type ~= t then
+    elseif k.type ~= t or k.count ~= count then
       return redis.error_reply('ERR tollgate apply: a key charged as a ' .. k.type .. ' and a ' .. t)
     end
     if t == 'mark' then marks = marks + 1 end
@@ -1245,7 +1382,7 @@ local function apply(keys, argv)
     }
     if fairMember(fc.member) then fc.h, fc.l = fairHL(fc.member) end
     local p, ttl = fc.p, tonumber(argv[b + 11])
-    if ch == nil or ch.fair ~= nil or (ch.kind ~= 's' and ch.kind ~= 'f' and ch.kind ~= 't') or ch.cost < 0 or ch.force or
+    if ch == nil or ch.fair ~= nil or (ch.kind ~= 's' and ch.kind ~= 'f' and ch.kind ~= 'i' and ch.kind ~= 't') or ch.cost < 0 or ch.force or
         fki == nil or keys[fki] == nil or counters[fki] ~= nil or p.minShare == nil or p.backlog == nil or
         p.quantum == nil or p.credit == nil or p.maxKeys == nil or fc.weight == nil or fc.cost == nil or
         ttl == nil or ttl < 1 or not fairMember(fc.member) then

@@ -124,6 +124,7 @@ func (b *batcher) work() {
 	defer b.wg.Done()
 	batch := make([]*pending, 0, b.max)
 	cmds := make([]*redis.Cmd, 0, b.max)
+	var m merged
 	for {
 		select {
 		case <-b.stop:
@@ -140,34 +141,107 @@ func (b *batcher) work() {
 				break fill
 			}
 		}
-		cmds = b.send(batch, cmds[:0])
+		cmds = b.send(batch, cmds[:0], &m)
 		clear(batch)
 		clear(cmds)
+		m.reset()
 	}
 }
 
+// merged is the one counts call a batch's counts calls (call.counts)
+// make: their keys and arguments end to end, and the calls in order. The
+// counts function runs the decisions one after another, each all or
+// nothing, and its reply is theirs end to end. A worker reuses its
+// merged from batch to batch.
+type merged struct {
+	keys  []string
+	args  []any
+	calls []*pending
+}
+
+func (m *merged) reset() {
+	clear(m.keys)
+	clear(m.args)
+	clear(m.calls)
+	m.keys, m.args, m.calls = m.keys[:0], m.args[:0], m.calls[:0]
+}
+
 // send runs batch as one pipeline, even a batch of one (one code path;
-// the same round trip as a lone FCALL), and hands each call its outcome. A call
-// the server did not run for want of the code (retryable) runs again
-// alone, through applier.run, which loads it.
-func (b *batcher) send(batch []*pending, cmds []*redis.Cmd) []*redis.Cmd {
+// the same round trip as a lone FCALL), and hands each call its outcome:
+// the counts calls as one FCALL of counts, each other call as its own
+// FCALL. A call the server did not run for want of the code (retryable)
+// runs again alone, through applier.run, which loads it.
+func (b *batcher) send(batch []*pending, cmds []*redis.Cmd, m *merged) []*redis.Cmd {
 	// No call's deadline bounds the pipeline: the client's read and
 	// write timeouts do. The first caller's values (a trace) go with it.
 	ctx := batch[0].ctx
 	pipe := b.c.Pipeline()
 	for _, p := range batch {
+		if p.call.counts {
+			m.calls = append(m.calls, p)
+			m.keys = append(m.keys, p.call.keys...)
+			m.args = append(m.args, p.call.args...)
+			continue
+		}
 		cmds = append(cmds, b.apply.cmd(p.ctx, pipe, p.call))
 	}
+	var counts *redis.Cmd
+	switch len(m.calls) {
+	case 0:
+	case 1:
+		counts = b.apply.cmd(ctx, pipe, m.calls[0].call)
+	default:
+		counts = b.apply.cmdKA(ctx, pipe, true, m.keys, m.args)
+	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
-	for i, p := range batch {
+	i := 0
+	for _, p := range batch {
+		if p.call.counts {
+			continue
+		}
 		cmd := cmds[i]
+		i++
 		if retryable(cmd.Err()) {
 			p.out <- b.outcome(b.apply.run(p.ctx, b.c, p.call))
 			continue
 		}
 		p.out <- b.outcome(cmd.Slice())
 	}
+	if counts != nil {
+		b.split(counts, m.calls)
+	}
 	return cmds
+}
+
+// split hands each call of a merged counts call its part of the reply.
+func (b *batcher) split(cmd *redis.Cmd, calls []*pending) {
+	rep, err := cmd.Slice()
+	if retryable(err) {
+		for _, p := range calls {
+			p.out <- b.outcome(b.apply.run(p.ctx, b.c, p.call))
+		}
+		return
+	}
+	if err == nil && len(rep) != countKeys(calls) {
+		err = malformed("%d counts for a batch of %d calls", len(rep), len(calls))
+	}
+	for _, p := range calls {
+		if err != nil {
+			p.out <- b.outcome(nil, err)
+			continue
+		}
+		n := p.call.charges
+		p.out <- b.outcome(rep[:n:n], nil)
+		rep = rep[n:]
+	}
+}
+
+func countKeys(calls []*pending) int {
+	n := 0
+	for _, p := range calls {
+		n += p.call.charges
+	}
+	return n
 }
 
 func (b *batcher) outcome(rep []any, err error) detached {

@@ -184,7 +184,7 @@ func TestBatchCallerGivesUp(t *testing.T) {
 		t.Fatalf("the decision that waited: %v", err)
 	}
 	// The call whose caller gave up runs: its key holds its charge.
-	for deadline := time.Now().Add(time.Second); admin.Exists(ctx, mine.Key).Val() == 0; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Second); admin.Exists(ctx, countKeyAt(t, mine, t0)).Val() == 0; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the abandoned call never ran")
 		}
@@ -248,4 +248,145 @@ func TestBatchClose(t *testing.T) {
 		t.Fatal("Apply on a closed store did not return")
 	}
 	goleak.VerifyNone(t, ignore)
+}
+
+// TestCountsMerged sends four fixed-window decisions as one batch: they
+// go to Redis as one FCALL of counts, run one after another, each all or
+// nothing, and a decision whose key holds no count fails alone.
+func TestCountsMerged(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	c, err := NewClient(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(c, WithBatch(8))
+	t.Cleanup(func() { _ = s.Close() })
+	if err := s.Ping(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	admin := srv.Client(t)
+	ctx := context.Background()
+	fixed := func(name string, amount uint64, cost int64) limit.Charge {
+		return limit.Charge{Key: key(limit.FixedWindow, time.Minute, name), Algorithm: limit.FixedWindow, Amount: amount, Window: time.Minute, Cost: cost}
+	}
+	broken := fixed("broken", 5, 1)
+	if err := admin.RPush(ctx, countKeyAt(t, broken, t0), "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	decisions := [][]limit.Charge{
+		{fixed("a", 1, 1)},                    // admitted: a is full
+		{fixed("b", 5, 2), fixed("a", 1, 1)},  // denied by a: b keeps nothing
+		{broken},                              // fails alone
+		{fixed("a", 1, -1), fixed("b", 5, 0)}, // a refund and a check: admitted
+	}
+	batch := make([]*pending, len(decisions))
+	for i, d := range decisions {
+		call, err := newCall("apply", t0.UnixMilli(), d)
+		if err != nil || !call.counts {
+			t.Fatalf("decision %d: newCall = %v, counts %v; want a counts call", i, err, call != nil && call.counts)
+		}
+		batch[i] = &pending{ctx: ctx, call: call, out: make(chan detached, 1)}
+	}
+	before := commandCalls(t, admin, "fcall")
+	var m merged
+	s.batch.send(batch, nil, &m)
+	if n := commandCalls(t, admin, "fcall") - before; n != 1 {
+		t.Errorf("%d FCALLs for a batch of four counts calls, want 1", n)
+	}
+	end := limit.Millis(time.Minute.Milliseconds() - t0.UnixMilli()%time.Minute.Milliseconds())
+	for i, want := range []struct {
+		admitted bool
+		res      []limit.Result
+		err      bool
+	}{
+		{true, []limit.Result{{Fits: true, Remaining: 0, ResetAfter: end}}, false},
+		{false, []limit.Result{{Fits: true, Remaining: 5, ResetAfter: end}, {Fits: false, Remaining: 0, ResetAfter: end, RetryAfter: end}}, false},
+		{false, nil, true},
+		{true, []limit.Result{{Fits: true, Remaining: 1, ResetAfter: end}, {Fits: true, Remaining: 5, ResetAfter: end}}, false},
+	} {
+		d := <-batch[i].out
+		if d.err != nil {
+			t.Fatalf("decision %d: %v", i, d.err)
+		}
+		res := make([]limit.Result, len(decisions[i]))
+		admitted, err := batch[i].call.decode(d.rep, decisions[i], res)
+		if want.err {
+			if err == nil || !strings.Contains(err.Error(), "holds no count") {
+				t.Errorf("decision %d: error %v, want one that says its key holds no count", i, err)
+			}
+			continue
+		}
+		if err != nil || admitted != want.admitted {
+			t.Errorf("decision %d: admitted %v, %v; want %v", i, admitted, err, want.admitted)
+		}
+		for j := range res {
+			if res[j] != want.res[j] {
+				t.Errorf("decision %d charge %d: %+v, want %+v", i, j, res[j], want.res[j])
+			}
+		}
+	}
+	if n, err := admin.Get(ctx, countKeyAt(t, fixed("a", 1, 1), t0)).Result(); err != nil || n != "0" {
+		t.Errorf("a's count = %q, %v; want 0 after its refund", n, err)
+	}
+}
+
+// TestCountsConcurrentExact runs fixed-window decisions from many
+// goroutines on a batching store: the batches merge them into counts
+// calls, and a shared limit still admits exactly its amount, all or
+// nothing with each decision's own counter.
+func TestCountsConcurrentExact(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	c, err := NewClient(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(c, WithBatch(32))
+	t.Cleanup(func() { _ = s.Close() })
+	if err := s.Ping(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	admin := srv.Client(t)
+	const workers, each, amount = 16, 50, 300
+	shared := limit.Charge{Key: key(limit.FixedWindow, time.Hour, "shared"), Algorithm: limit.FixedWindow, Amount: amount, Window: time.Hour, Cost: 1}
+	before := commandCalls(t, admin, "fcall")
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			own := limit.Charge{Key: key(limit.FixedWindow, time.Hour, fmt.Sprintf("own-%d", w)), Algorithm: limit.FixedWindow, Amount: each, Window: time.Hour, Cost: 1}
+			for range each {
+				ok, err := s.Apply(context.Background(), t0, []limit.Charge{own, shared}, make([]limit.Result, 2))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if ok {
+					admitted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := admitted.Load(); n != amount {
+		t.Errorf("%d decisions admitted on a shared limit of %d", n, amount)
+	}
+	if n, _ := admin.Get(context.Background(), countKeyAt(t, shared, t0)).Int64(); n != amount {
+		t.Errorf("shared count %d, want %d", n, amount)
+	}
+	var own int64
+	for w := range workers {
+		k := limit.Charge{Key: key(limit.FixedWindow, time.Hour, fmt.Sprintf("own-%d", w)), Algorithm: limit.FixedWindow, Window: time.Hour}
+		n, _ := admin.Get(context.Background(), countKeyAt(t, k, t0)).Int64()
+		own += n
+	}
+	if own != amount {
+		t.Errorf("the decisions' own counters hold %d, want the %d admitted", own, amount)
+	}
+	calls := commandCalls(t, admin, "fcall") - before
+	t.Logf("%d decisions in %d FCALLs", workers*each, calls)
+	if calls >= workers*each {
+		t.Errorf("%d FCALLs for %d concurrent decisions: none merged", calls, workers*each)
+	}
 }

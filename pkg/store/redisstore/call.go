@@ -12,18 +12,23 @@ import (
 // call is one run of apply.lua: its KEYS and ARGV, and what decoding its
 // reply needs.
 type call struct {
-	mode    string // "apply", "try", "undo" or "void"
-	keys    []string
+	mode    string   // "apply", "try", "undo" or "void"
+	keys    []string // counts: two per charge (see countsCall)
 	args    []any
 	now     int64
 	charges int
 	// admitted is the reply's verdict, once decoded.
 	admitted bool
+	// counts is set for a call that runs counts rather than apply (see
+	// countsCall); ends is then each charge's time to its window's end.
+	counts bool
+	ends   []int64
 	// keyBuf and argBuf back keys and args for a call of one charge
 	// without a fair gate, the common one: in the call's allocation
 	// rather than two of their own.
-	keyBuf [1]string
+	keyBuf [2]string
 	argBuf [argsHead + argsPerCharge + 1]any
+	endBuf [1]int64
 }
 
 const (
@@ -34,6 +39,11 @@ const (
 )
 
 func newCall(mode string, now int64, charges []limit.Charge) (*call, error) {
+	if mode == "apply" {
+		if c := countsCall(now, charges); c != nil {
+			return c, nil
+		}
+	}
 	// Count the fair charges first so that keys and args are allocated
 	// once at their final size: each fair charge adds a state key and its
 	// script entry, which outgrew the per-charge capacity and copied both.
@@ -61,7 +71,13 @@ func newCall(mode string, now int64, charges []limit.Charge) (*call, error) {
 				return nil, fmt.Errorf("charges[%d]: %w", i, err)
 			}
 		}
-		c.args = append(c.args, c.key(ch.Key), kind, ch.Amount, p1, p2, p3, ch.Cost, flags(ch))
+		key := ch.Key
+		if kind == kindF {
+			if k, ok := countKey(ch, now); ok {
+				kind, key = kindI, k
+			}
+		}
+		c.args = append(c.args, c.key(key), kind, ch.Amount, p1, p2, p3, ch.Cost, flags(ch))
 	}
 	c.args = append(c.args, fair)
 	for i := range charges {
@@ -76,10 +92,130 @@ func newCall(mode string, now int64, charges []limit.Charge) (*call, error) {
 // put in an any is copied to the heap each time, an allocation per
 // argument. params and flags return these; modeArg picks the mode's.
 var (
-	argApply, argTry, argUndo, argVoid any = "apply", "try", "undo", "void"
-	kindS, kindF, kindT, kindC, kindO  any = "s", "f", "t", "c", "o"
-	flagS, flagF, flagSF, flagNone     any = "s", "f", "sf", ""
+	argApply, argTry, argUndo, argVoid       any = "apply", "try", "undo", "void"
+	kindS, kindF, kindI, kindT, kindC, kindO any = "s", "f", "i", "t", "c", "o"
+	flagS, flagF, flagSF, flagNone           any = "s", "f", "sf", ""
 )
+
+// countKey is the key of the window of fixed-window charge ch that now is
+// in (limit.CountKey): apply.lua's kind "i", a count the counts function
+// reads with one GET and writes with one INCRBY, or a SET on the
+// window's first charge. ok is false for a key that cannot carry it,
+// whose window stays a kind "f" one.
+func countKey(ch *limit.Charge, now int64) (string, bool) {
+	return limit.CountKey(ch.Key, floorDiv(now, limit.WindowMillis(ch)))
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) != (b < 0) {
+		q--
+	}
+	return q
+}
+
+// ttlMargin is apply.lua's: a key lives this long (ms) past the time its
+// counter is equivalent to a fresh one.
+const ttlMargin = 1000
+
+// countsCall returns the counts call for a decision that counts can run:
+// every charge a fixed window on a key of its own that has a count key
+// (countKey), without Shadow, Force or a fair gate, its Amount at most
+// limit.MaxCount; nil for any other decision.
+func countsCall(now int64, charges []limit.Charge) *call {
+	for i := range charges {
+		ch := &charges[i]
+		if ch.Algorithm != limit.FixedWindow || ch.Shadow || ch.Force || fairGated(ch) || ch.Amount > limit.MaxCount {
+			return nil
+		}
+		for j := range i {
+			if charges[j].Key == ch.Key {
+				return nil
+			}
+		}
+	}
+	c := &call{mode: "apply", now: now, charges: len(charges), counts: true}
+	if len(charges) == 1 {
+		c.keys, c.args, c.ends = c.keyBuf[:0], c.argBuf[:1], c.endBuf[:0]
+	} else {
+		c.keys, c.args, c.ends = make([]string, 0, 2*len(charges)), make([]any, 1, 1+3*len(charges)), make([]int64, 0, len(charges))
+	}
+	c.args[0] = len(charges)
+	for i := range charges {
+		ch := &charges[i]
+		W := limit.WindowMillis(ch)
+		idx := floorDiv(now, W)
+		key, ok := limit.CountKey(ch.Key, idx)
+		if !ok {
+			return nil
+		}
+		next, _ := limit.CountKey(ch.Key, idx+1)
+		end := (idx+1)*W - now
+		c.ends = append(c.ends, end)
+		c.keys = append(c.keys, key, next)
+		c.args = append(c.args, ch.Amount, clampCost(ch.Cost), end+ttlMargin)
+	}
+	return c
+}
+
+// clampCost is the script's cost: |Cost| saturated at limit.MaxCount.
+func clampCost(x int64) int64 {
+	return max(min(x, limit.MaxCount), -limit.MaxCount)
+}
+
+// decodeCounts reads the part of a counts reply that is c's, one count
+// per charge (what the charge's window held), into res, as apply.lua's
+// fixed-window step and report would have: see counts.
+func (c *call) decodeCounts(rep []any, charges []limit.Charge, res []limit.Result) (bool, error) {
+	if len(rep) != len(charges) {
+		return false, malformed("%d counts for %d charges", len(rep), len(charges))
+	}
+	admitted := true
+	for i := range charges {
+		n, err := integer(rep[i])
+		if err != nil {
+			return false, malformed("charges[%d]: count: %v", i, err)
+		}
+		if n == -1 {
+			return false, fmt.Errorf("%w: charges[%d]: key %q holds no count", errReply, i, c.keys[2*i])
+		}
+		if n < -1 {
+			// Counted in the next window, which a clock ahead started.
+			n = -2 - n
+			c.ends[i] += limit.WindowMillis(&charges[i])
+			rep[i] = n
+		}
+		ch, r := &charges[i], &res[i]
+		x, amount := clampCost(ch.Cost), ch.Amount
+		switch {
+		case x > 0:
+			r.Fits = uint64(x) <= amount && uint64(n) <= amount-uint64(x)
+		case x == 0:
+			r.Fits = uint64(n) < amount
+		default:
+			r.Fits = true
+		}
+		r.RetryAfter = 0
+		if !r.Fits {
+			r.RetryAfter = limit.Millis(c.ends[i])
+			admitted = false
+		}
+	}
+	for i := range charges {
+		n, _ := integer(rep[i])
+		ch, r := &charges[i], &res[i]
+		switch x := clampCost(ch.Cost); {
+		case x > 0 && admitted:
+			n += x
+		case x < 0:
+			n = max(n+x, 0)
+		}
+		r.Remaining = ch.Amount - min(uint64(n), ch.Amount)
+		r.ResetAfter = limit.Millis(c.ends[i])
+	}
+	c.admitted = admitted
+	return admitted, nil
+}
 
 // modeArg is mode as the script's first argument.
 func modeArg(mode string) any {
@@ -220,6 +356,9 @@ func malformed(format string, args ...any) error {
 
 // decode reads an apply reply into res.
 func (c *call) decode(rep []any, charges []limit.Charge, res []limit.Result) (bool, error) {
+	if c.counts {
+		return c.decodeCounts(rep, charges, res)
+	}
 	if len(rep) < 1 {
 		return false, malformed("empty")
 	}

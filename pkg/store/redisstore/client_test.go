@@ -243,7 +243,7 @@ var aclRules = []string{
 	"resetkeys", "~tg:*", "resetchannels", "-@all",
 	"+ping", "+select", "+cluster|slots", "+command",
 	"+fcall", "+function|load", "+evalsha", "+eval",
-	"+get", "+set", "+del", "+pexpire",
+	"+get", "+set", "+del", "+incrby", "+pexpire",
 	"+hgetall", "+hset", "+hdel", "+hget", "+hincrby",
 	"+zadd", "+zrem", "+zrangebyscore", "+zremrangebyscore", "+zcount", "+zrange",
 }

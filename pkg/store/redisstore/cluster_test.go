@@ -133,7 +133,7 @@ func TestClusterDenialLeavesOtherSlotsUncharged(t *testing.T) {
 	if slot(bad.Key) == slot(a.Key) || slot(bad.Key) == slot(b.Key) {
 		t.Fatal("the bad key shares a slot")
 	}
-	if err := raw.Set(ctx, bad.Key, "x", 0).Err(); err != nil {
+	if err := raw.Set(ctx, countKeyAt(t, bad, now), "x", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if ok, err := s.Apply(ctx, now, []limit.Charge{with(a, 1), with(b, 1), bad}, make([]limit.Result, 3)); err == nil || ok {
@@ -261,7 +261,7 @@ func TestClusterMarksAndLeases(t *testing.T) {
 	// bucket moves the window's high-water mark.)
 	markB2 := markB
 	markB2.Key = key(limit.Once, 2*time.Hour, "b")
-	if err := raw.Set(ctx, bad.Key, "x", 0).Err(); err != nil {
+	if err := raw.Set(ctx, countKeyAt(t, bad, now), "x", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if ok, err := s.Apply(ctx, now, []limit.Charge{markB2, with(a, 1), bad}, make([]limit.Result, 3)); err == nil || ok {

@@ -28,9 +28,11 @@ import (
 // will not load one (an ACL without FUNCTION), turns the store to scripts
 // for good, which go-redis loads with EVAL on NOSCRIPT.
 type applier struct {
-	lib    string // the FUNCTION LOAD source
-	fn     string // the function's name
-	script *redis.Script
+	lib string // the FUNCTION LOAD source
+	// fn and script run apply; countsFn and countsScript run counts, the
+	// batch of plain fixed-window decisions (call.counts).
+	fn, countsFn         string
+	script, countsScript *redis.Script
 	// scripts is set once a server turned functions down.
 	scripts atomic.Bool
 }
@@ -39,19 +41,31 @@ func newApplier(body string) *applier {
 	sum := sha1.Sum([]byte(body)) //nolint:gosec // G401: see the import
 	v := hex.EncodeToString(sum[:8])
 	return &applier{
-		lib:    "#!lua name=tollgate_" + v + "\n" + body + "\nredis.register_function('tollgate_apply_" + v + "', apply)\n",
-		fn:     "tollgate_apply_" + v,
-		script: redis.NewScript(body + "\nreturn apply(KEYS, ARGV)\n"),
+		lib: "#!lua name=tollgate_" + v + "\n" + body + "\nredis.register_function('tollgate_apply_" + v + "', apply)\n" +
+			"redis.register_function('tollgate_counts_" + v + "', counts)\n",
+		fn:           "tollgate_apply_" + v,
+		countsFn:     "tollgate_counts_" + v,
+		script:       redis.NewScript(body + "\nreturn apply(KEYS, ARGV)\n"),
+		countsScript: redis.NewScript(body + "\nreturn counts(KEYS, ARGV)\n"),
 	}
 }
 
 // cmd queues or runs one call on c, a client or a pipeline: FCALL, or
 // EVALSHA once the store runs scripts.
 func (a *applier) cmd(ctx context.Context, c redis.Cmdable, call *call) *redis.Cmd {
-	if a.scripts.Load() {
-		return a.script.EvalSha(ctx, c, call.keys, call.args...)
+	return a.cmdKA(ctx, c, call.counts, call.keys, call.args)
+}
+
+// cmdKA queues or runs apply (counts: counts) on keys and args.
+func (a *applier) cmdKA(ctx context.Context, c redis.Cmdable, counts bool, keys []string, args []any) *redis.Cmd {
+	fn, script := a.fn, a.script
+	if counts {
+		fn, script = a.countsFn, a.countsScript
 	}
-	return c.FCall(ctx, a.fn, call.keys, call.args...)
+	if a.scripts.Load() {
+		return script.EvalSha(ctx, c, keys, args...)
+	}
+	return c.FCall(ctx, fn, keys, args...)
 }
 
 // functionMissing reports an FCALL the server did not run because it does
@@ -112,7 +126,11 @@ func (a *applier) run(ctx context.Context, c redis.UniversalClient, call *call) 
 	}
 	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
 		// EVAL runs the script and loads it.
-		cmd = a.script.Eval(ctx, c, call.keys, call.args...)
+		script := a.script
+		if call.counts {
+			script = a.countsScript
+		}
+		cmd = script.Eval(ctx, c, call.keys, call.args...)
 	}
 	return cmd.Slice()
 }

@@ -427,6 +427,9 @@ func TestApplyTTLValues(t *testing.T) {
 	shorter.Window, shorter.Member = time.Minute, "r2"
 	mark := limit.Charge{Key: key(limit.Once, time.Hour, "a"), Algorithm: limit.Once, Window: 30 * time.Minute, Cost: 1}
 	apply(t, s, t0, sliding, fixed, bucket, lease, shorter, mark)
+	// A fixed window alone runs the counts function: the same expiry.
+	alone := limit.Charge{Key: key(limit.FixedWindow, time.Hour, "alone"), Algorithm: limit.FixedWindow, Amount: 10, Window: time.Hour, Cost: 1}
+	apply(t, s, t0, alone)
 	// A key lives until it is equivalent to a fresh counter, plus a
 	// second for the clocks of Redis and the replicas. Sliding:
 	// w = ceil(3600000/7) = 514286, M = 7, so the bucket charged leaves
@@ -438,7 +441,8 @@ func TestApplyTTLValues(t *testing.T) {
 		want int64
 	}{
 		{sliding.Key, (now/514286+8)*514286 - now + 1000},
-		{fixed.Key, (now/3600000+1)*3600000 - now + 1000},
+		{countKeyAt(t, fixed, t0), (now/3600000+1)*3600000 - now + 1000},
+		{countKeyAt(t, alone, t0), (now/3600000+1)*3600000 - now + 1000},
 		{bucket.Key, 1080000 + 1000},
 		{lease.Key, 3600000 + 1000},
 		{mark.Key, 1800000 + 1000},
@@ -620,7 +624,13 @@ func TestApplyWrongType(t *testing.T) {
 		setup func(k string) error
 	}{
 		{"window on a string", limit.SlidingWindow, func(k string) error { return c.Set(ctx, k, "x", 0).Err() }},
-		{"window on a list", limit.FixedWindow, func(k string) error { return c.RPush(ctx, k, "x").Err() }},
+		{"window on a list", limit.SlidingWindow, func(k string) error { return c.RPush(ctx, k, "x").Err() }},
+		{"fixed window count on a list", limit.FixedWindow, func(k string) error { return c.RPush(ctx, countKeyAt(t, fixedAt(k), t0), "x").Err() }},
+		{"fixed window count not an integer", limit.FixedWindow, func(k string) error { return c.Set(ctx, countKeyAt(t, fixedAt(k), t0), "1.5", 0).Err() }},
+		{"fixed window count below zero", limit.FixedWindow, func(k string) error { return c.Set(ctx, countKeyAt(t, fixedAt(k), t0), "-1", 0).Err() }},
+		{"next fixed window count not a number", limit.FixedWindow, func(k string) error {
+			return c.Set(ctx, countKeyAt(t, fixedAt(k), t0.Add(time.Hour)), "x", 0).Err()
+		}},
 		{"window with a non-numeric field", limit.SlidingWindow, func(k string) error { return c.HSet(ctx, k, "x", "1").Err() }},
 		{"window with a non-numeric count", limit.SlidingWindow, func(k string) error { return c.HSet(ctx, k, "1", "y").Err() }},
 		{"token bucket on a hash", limit.TokenBucket, func(k string) error { return c.HSet(ctx, k, "1", "1").Err() }},
@@ -643,6 +653,13 @@ func TestApplyWrongType(t *testing.T) {
 			ok, err := s.Apply(ctx, t0, []limit.Charge{ch}, res)
 			if err == nil || ok {
 				t.Fatalf("Apply = %v, %v; want an error", ok, err)
+			}
+			if tt.alg == limit.FixedWindow {
+				// A shadow charge runs apply's general path, not counts.
+				ch.Shadow = true
+				if ok, err := s.Apply(ctx, t0, []limit.Charge{ch}, res); err == nil || ok {
+					t.Fatalf("Apply of a shadow charge = %v, %v; want an error", ok, err)
+				}
 			}
 		})
 	}
@@ -802,4 +819,20 @@ func TestPingLoadsTheLibrary(t *testing.T) {
 	if got := commandCalls(t, admin, "fcall") - before; got != 1 {
 		t.Errorf("the first decision after Ping ran %d FCALLs, want 1", got)
 	}
+}
+
+// countKeyAt is the key where the store counts fixed-window charge ch's
+// window at now (limit.CountKey).
+func countKeyAt(t testing.TB, ch limit.Charge, now time.Time) string {
+	t.Helper()
+	k, ok := countKey(&ch, now.UnixMilli())
+	if !ok {
+		t.Fatalf("%q has no count key", ch.Key)
+	}
+	return k
+}
+
+// fixedAt is TestApplyWrongType's fixed-window charge on key k.
+func fixedAt(k string) limit.Charge {
+	return limit.Charge{Key: k, Algorithm: limit.FixedWindow, Amount: 10, Window: time.Hour, Cost: 1}
 }
