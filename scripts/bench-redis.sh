@@ -18,6 +18,13 @@
 #   sliding, fixed, token        sliding_window, fixed_window, token_bucket,
 #                                leases on (the default)
 #   sliding-nl, fixed-nl, token-nl   the same with --lease-fraction 0
+#   any of them with -b after it (fixed-nl-b)   the same with --redis-batch
+#                    $BATCH (32): concurrent decisions share round trips
+#   matched          the baseline capped (tollgate-load -rate) at the most
+#                    decisions/s a Tollgate config of the same workload made
+#                    earlier in the same run: Redis's CPU per command grows
+#                    as the load falls (fewer commands per wake-up), so this
+#                    compares the two at the same load. Put it after them.
 # Runs alternate: for each run, each workload, each config in that order.
 # WARMUP (1s) precedes each measured run; WORKLOADS and CONFIGS pick a
 # subset; RESULTS=file keeps the per-run figures (TSV: workload, config,
@@ -39,6 +46,7 @@ RUNS=${RUNS:-3}
 DURATION=${DURATION:-10s}
 WARMUP=${WARMUP:-1s}
 TENANTS=${TENANTS:-1000000}
+BATCH=${BATCH:-32}
 WORKLOADS=${WORKLOADS:-hot distinct three}
 CONFIGS=${CONFIGS:-baseline sliding sliding-nl fixed fixed-nl token token-nl}
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || die "RUNS is $RUNS, want a positive number"
@@ -78,28 +86,36 @@ workload_args() {
 # one RUN WORKLOAD CONFIG: a measured run on a fresh redis-server; appends
 # a line to $TMP/results.tsv.
 one() {
-	local run=$1 wl=$2 cfg=$3 out=$TMP/$2-$3-$1.json alg lease=() target
+	local run=$1 wl=$2 cfg=$3 out=$TMP/$2-$3-$1.json alg lease=() batch=() target base
 	start_redis
 	local redis=127.0.0.1:$REDIS_PORT
 	if [[ $cfg == baseline ]]; then
 		target=(-api redis-baseline -redis-url "$redis" -window 1s)
+	elif [[ $cfg == matched ]]; then
+		local rate
+		rate=$(awk -F'\t' -v w="$wl" -v r="$run" '$1 == w && $3 == r && $2 != "baseline" && $2 != "matched" && $4 + 0 > m { m = $4 + 0 } END { if (m > 0) printf "%.0f", m }' "$TMP/results.tsv")
+		[[ -n $rate ]] || die "matched: no Tollgate config of $wl ran before it in run $run (put matched after them in CONFIGS)"
+		log "matched: the baseline at $rate decisions/s"
+		target=(-api redis-baseline -redis-url "$redis" -window 1s -rate "$rate")
 	else
-		case ${cfg%-nl} in
+		base=${cfg%-b}
+		[[ $base == "$cfg" ]] || batch=(--redis-batch "$BATCH")
+		case ${base%-nl} in
 		sliding) alg=sliding_window ;;
 		fixed) alg=fixed_window ;;
 		token) alg=token_bucket ;;
 		*) die "unknown config $cfg" ;;
 		esac
-		[[ $cfg == *-nl ]] && lease=(--lease-fraction 0)
+		[[ $base == *-nl ]] && lease=(--lease-fraction 0)
 		RULES=$TMP/rules-$alg start_tollgate "$TMP/tollgate" "$TMP/$wl-$cfg-$run.log" \
-			--redis-url "redis://$redis/0" ${lease[@]+"${lease[@]}"}
+			--redis-url "redis://$redis/0" ${lease[@]+"${lease[@]}"} ${batch[@]+"${batch[@]}"}
 		target=(-addr "$TG_GRPC" -server-pid "$TG_PID")
 	fi
 	# shellcheck disable=SC2046 # workload_args is a list of flags
 	"$TMP/tollgate-load" "${target[@]}" $(workload_args "$wl") -redis-info "$redis" \
 		-c 50 -conns 1 -d "$DURATION" -warmup "$WARMUP" -json >"$out" ||
 		die "tollgate-load $wl $cfg failed: $(cat "$out")"
-	[[ $cfg == baseline ]] || stop_tollgate
+	[[ $cfg == baseline || $cfg == matched ]] || stop_tollgate
 	stop_pid "$REDIS_PID"
 	forget_pid "$REDIS_PID"
 	local bad
@@ -139,18 +155,21 @@ END {
 	nw = split(order, W, " "); nc = split(corder, C, " ")
 	hot = "hot" SUBSEP "sliding"
 	hotsrv = (hot in srv) ? median(srv[hot]) : 0
-	printf "%-9s %-11s %12s %10s %11s %10s %9s %12s %12s\n", "workload", "config", "decisions/s", "Redis µs", "server µs", "Redis cmds", "load µs", "Redis/base", "server/hot"
+	printf "%-9s %-11s %12s %10s %11s %10s %9s %12s %13s %12s\n", "workload", "config", "decisions/s", "Redis µs", "server µs", "Redis cmds", "load µs", "Redis/base", "Redis/matched", "server/hot"
 	for (w = 1; w <= nw; w++) {
 		b = W[w] SUBSEP "baseline"
 		base = (b in red) ? median(red[b]) : 0
+		b = W[w] SUBSEP "matched"
+		mbase = (b in red) ? median(red[b]) : 0
 		for (c = 1; c <= nc; c++) {
 			k = W[w] SUBSEP C[c]
 			if (!(k in rps)) continue
 			r = median(red[k])
 			s = (k in srv) ? sprintf("%.2f", median(srv[k])) : "-"
 			rr = base > 0 ? sprintf("%.2fx", r / base) : "-"
+			mr = mbase > 0 ? sprintf("%.2fx", r / mbase) : "-"
 			sr = (k in srv && hotsrv > 0) ? sprintf("%.2fx", median(srv[k]) / hotsrv) : "-"
-			printf "%-9s %-11s %12.0f %10.2f %11s %10.3f %9.2f %12s %12s\n", W[w], C[c], median(rps[k]), r, s, median(cmd[k]), median(ld[k]), rr, sr
+			printf "%-9s %-11s %12.0f %10.2f %11s %10.3f %9.2f %12s %13s %12s\n", W[w], C[c], median(rps[k]), r, s, median(cmd[k]), median(ld[k]), rr, mr, sr
 		}
 	}
 }' "$TMP/results.tsv"

@@ -40,6 +40,12 @@ type Config struct {
 	Requests int64
 	// Warmup runs before the measured run; its calls are not counted.
 	Warmup time.Duration
+	// Rate caps the calls started per second, all workers together (0:
+	// none): the workers start calls at evenly spaced times, so that two
+	// servers, or a server and the baseline, can be compared at the same
+	// load. Redis's CPU per command depends on the load: fewer commands a
+	// wake-up cost more each.
+	Rate float64
 	// Timeout is the deadline of each call (Required, > 0).
 	Timeout time.Duration
 	// Domain is the request's domain (Required).
@@ -104,6 +110,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("-c is %d, want > 0", c.Concurrency)
 	case c.Conns <= 0:
 		return fmt.Errorf("-conns is %d, want > 0", c.Conns)
+	case !(c.Rate >= 0) || c.Rate > 1e8:
+		return fmt.Errorf("-rate is %v, want 0 (no cap) up to 1e8 calls/s", c.Rate)
 	case c.Duration < 0 || c.Requests < 0 || c.Warmup < 0:
 		return errors.New("-d, -n and -warmup must not be negative")
 	case c.Duration == 0 && c.Requests == 0:
@@ -195,6 +203,7 @@ func ParseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.Int64Var(&c.Requests, "n", 0, "measured calls at most (0: bounded by -d only)")
 	fs.DurationVar(&c.Warmup, "warmup", 0, "run this long first without counting")
 	fs.DurationVar(&c.Timeout, "timeout", time.Second, "deadline of each call")
+	fs.Float64Var(&c.Rate, "rate", 0, "start at most this many calls per second, all workers together, evenly spaced (0: no cap)")
 	fs.StringVar(&c.Domain, "domain", "", "rate limit `domain` (required)")
 	fs.Var(descriptorsFlag{&c.Descriptors}, "descriptor", "descriptor `k=v[,k=v...]`, repeatable (required)")
 	fs.IntVar(&c.Tenants, "tenants", 0, "spread over N tenants: replace the -spread-key value with tenant-0..N-1")

@@ -93,6 +93,9 @@ type runner struct {
 	base         context.Context
 	measureStart time.Time
 	stop         atomic.Bool
+	// next is the start time (Unix ns) of the next call when cfg.Rate caps
+	// the calls; every phase starts it afresh.
+	next atomic.Int64
 	// tickets is the number of measured calls left when cfg.Requests > 0.
 	tickets atomic.Int64
 	// turn is the next round-robin tenant, shared so that the workers
@@ -177,6 +180,7 @@ func run(ctx context.Context, cfg Config, atMeasure func()) (*Result, error) {
 			t := time.AfterFunc(d, func() { r.stop.Store(true) })
 			defer t.Stop()
 		}
+		r.next.Store(time.Now().UnixNano())
 		var wg sync.WaitGroup
 		for _, w := range workers {
 			wg.Go(func() { w.run(r) })
@@ -231,6 +235,9 @@ func run(ctx context.Context, cfg Config, atMeasure func()) (*Result, error) {
 func (w *worker) run(r *runner) {
 	limited := r.cfg.Requests > 0
 	for !r.stop.Load() {
+		if r.cfg.Rate > 0 && !r.pace() {
+			return
+		}
 		t0 := time.Now()
 		measured := !t0.Before(r.measureStart)
 		if measured && limited && r.tickets.Add(-1) < 0 {
@@ -266,6 +273,31 @@ func (w *worker) run(r *runner) {
 			w.record(code, err, lat)
 		}
 	}
+}
+
+// maxLag is how far behind its schedule a rate-capped run may fall before
+// the schedule moves up to now: a stall then costs the calls it missed
+// rather than a burst to catch up.
+const maxLag = 10 * time.Millisecond
+
+// pace waits for the next call's start time under cfg.Rate; false when
+// the run stopped meanwhile.
+func (r *runner) pace() bool {
+	iv := int64(float64(time.Second) / r.cfg.Rate)
+	at := r.next.Add(iv) - iv
+	now := time.Now().UnixNano()
+	if lag := now - at; lag > int64(maxLag) {
+		// Behind: start now, and the schedule from here.
+		r.next.CompareAndSwap(at+iv, now+iv)
+		return !r.stop.Load()
+	}
+	for wait := time.Duration(at - now); wait > 0; wait = time.Duration(at - time.Now().UnixNano()) {
+		if r.stop.Load() {
+			return false
+		}
+		time.Sleep(min(wait, 50*time.Millisecond))
+	}
+	return !r.stop.Load()
 }
 
 func (w *worker) pickTenant(r *runner) {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -299,4 +300,38 @@ func TestRunCheck(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// TestRateCapsTheCalls runs 1 s at -rate 200 with 8 workers on a server
+// that answers at once: about 200 calls, not the thousands the workers
+// would make uncapped, and an invalid rate is refused.
+func TestRateCapsTheCalls(t *testing.T) {
+	t.Parallel()
+	f, addr := startFake(t)
+	res := runFlags(t, "-addr", addr, "-c", "8", "-d", "1s", "-rate", "200", "-domain", "api", "-descriptor", "tenant=acme")
+	// The schedule starts with the run and a call starts at each 5 ms
+	// slot: 200 in 1 s, and calls the schedule skipped after a stall of
+	// over 10 ms are lost, not made up.
+	if res.Requests < 150 || res.Requests > 202 {
+		t.Errorf("%d calls in 1s at -rate 200, want about 200", res.Requests)
+	}
+	if got := f.calls.Load(); got != res.Requests {
+		t.Errorf("server saw %d calls, the run counted %d", got, res.Requests)
+	}
+	for _, bad := range []string{"-1", "NaN", "1e9"} {
+		c := Config{Addr: addr, Concurrency: 1, Conns: 1, Duration: time.Second, Timeout: time.Second, Domain: "api",
+			Descriptors: []Descriptor{{{Key: "k", Value: "v"}}}, API: APIRateLimit, Rate: parseFloat(t, bad)}
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "-rate") {
+			t.Errorf("-rate %s: Validate() = %v, want an error naming -rate", bad, err)
+		}
+	}
+}
+
+func parseFloat(t *testing.T, s string) float64 {
+	t.Helper()
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
 }
