@@ -1132,23 +1132,16 @@ end
 -- of the stored state on the way to an admission (a denial reads it
 -- again). It returns nil, having written nothing, for any other call or
 -- a bad argument: apply then runs the call, and reports the error.
-local function plain(keys, argv, n)
-  for j = 1, n do
-    local b = 3 + 8 * (j - 1)
-    local kind = argv[b + 2]
-    if argv[b + 8] ~= '' or (kind ~= 's' and kind ~= 'f' and kind ~= 't') or tonumber(argv[b + 1]) ~= j or
-        keys[j] == nil then
-      return nil
-    end
-  end
+local function plainRun(keys, ko, argv, a, stride, n)
   -- stored: a window's string (nil: none) or the stored token bucket.
   local chs, cs, stored, exists = {}, {}, {}, {}
   local out, admitted = {1}, true
   for j = 1, n do
-    local b = 3 + 8 * (j - 1)
-    local ch = {kind = argv[b + 2], amount = tonumber(argv[b + 3]), p1 = tonumber(argv[b + 4]),
-      p2 = tonumber(argv[b + 5]), p3 = tonumber(argv[b + 6]), cost = tonumber(argv[b + 7]),
+    local b = a + stride * (j - 1)
+    local ch = {kind = argv[b], amount = tonumber(argv[b + 1]), p1 = tonumber(argv[b + 2]),
+      p2 = tonumber(argv[b + 3]), p3 = tonumber(argv[b + 4]), cost = tonumber(argv[b + 5]),
       shadow = false, force = false}
+    if ch.kind ~= 's' and ch.kind ~= 'f' and ch.kind ~= 't' then return nil end
     if ch.amount == nil or ch.p1 == nil or ch.p2 == nil or ch.p3 == nil or ch.cost == nil or ch.p1 <= 0 then
       return nil
     end
@@ -1156,11 +1149,11 @@ local function plain(keys, argv, n)
     local c, fits, retry
     if ch.kind == 't' then
       local s
-      s, exists[j] = loadToken(keys[j])
+      s, exists[j] = loadToken(keys[ko + j])
       stored[j], c = s, {at = s.at, debt = s.debt}
       fits, retry = tokenStep(c, ch)
     else
-      c, exists[j], stored[j] = loadWindow(keys[j])
+      c, exists[j], stored[j] = loadWindow(keys[ko + j])
       fits, retry = windowStep(c, ch)
     end
     chs[j], cs[j] = ch, c
@@ -1188,9 +1181,9 @@ local function plain(keys, argv, n)
   end
   for j = 1, n do
     if chs[j].kind == 't' then
-      saveToken(keys[j], cs[j], stored[j].at, stored[j].debt, exists[j])
+      saveToken(keys[ko + j], cs[j], stored[j].at, stored[j].debt, exists[j])
     else
-      saveWindow(keys[j], cs[j], chs[j], exists[j], stored[j])
+      saveWindow(keys[ko + j], cs[j], chs[j], exists[j], stored[j])
     end
   end
   for j = 1, n do
@@ -1200,6 +1193,63 @@ local function plain(keys, argv, n)
     else
       out[o + 2], out[o + 3] = windowReport(c, ch)
     end
+  end
+  return out
+end
+
+-- plain is plainRun on apply's arguments, when the call is one.
+local function plain(keys, argv, n)
+  for j = 1, n do
+    local b = 3 + 8 * (j - 1)
+    if argv[b + 8] ~= '' or tonumber(argv[b + 1]) ~= j or keys[j] == nil then return nil end
+  end
+  return plainRun(keys, 0, argv, 5, 8, n)
+end
+
+-- plains runs a batch of plain decisions (as plain: every charge a
+-- window or token bucket charge without flags or fair share, each on a
+-- key of its own) one after another, each all or nothing: the batch of
+-- concurrent decisions a batching store merges into one call.
+--
+-- KEYS: every decision's keys, in order. ARGV: for each decision, n its
+-- number of charges, its now (ms), then for each charge kind, amount, p1,
+-- p2, p3 and cost, as apply's (see the head of the file).
+-- Reply: for each decision, apply's reply, 1 + 4n values; or, for a
+-- decision that failed (a key that holds no such counter, a bad
+-- argument), -1 and the error's message: that decision wrote nothing.
+local function plains(keys, argv)
+  if sformat == nil then bind() end
+  local na, nk = #argv, #keys
+  -- Every decision's size is checked before anything is written.
+  local ai, ki = 1, 0
+  while ai <= na do
+    local n = tonumber(argv[ai])
+    if n == nil or n < 1 or n ~= floor(n) or tonumber(argv[ai + 1]) == nil then
+      return redis.error_reply('ERR tollgate plains: bad arguments')
+    end
+    ai, ki = ai + 2 + 6 * n, ki + n
+  end
+  if ai ~= na + 1 or ki ~= nk then return redis.error_reply('ERR tollgate plains: bad argument count') end
+  mode = 'apply'
+  local out = {}
+  ai, ki = 1, 0
+  while ai <= na do
+    local n = tonumber(argv[ai])
+    now = tonumber(argv[ai + 1])
+    local ok, r = pcall(plainRun, keys, ki, argv, ai + 2, 6, n)
+    if not ok or r == nil then
+      out[#out + 1] = -1
+      if not ok and type(r) == 'table' and r.err then
+        out[#out + 1] = r.err
+      elseif not ok then
+        out[#out + 1] = 'ERR tollgate plains: ' .. tostring(r)
+      else
+        out[#out + 1] = 'ERR tollgate plains: bad charge arguments'
+      end
+    else
+      for i = 1, #r do out[#out + 1] = r[i] end
+    end
+    ai, ki = ai + 2 + 6 * n, ki + n
   end
   return out
 end

@@ -124,7 +124,7 @@ func (b *batcher) work() {
 	defer b.wg.Done()
 	batch := make([]*pending, 0, b.max)
 	cmds := make([]*redis.Cmd, 0, b.max)
-	var m merged
+	var m, p merged
 	for {
 		select {
 		case <-b.stop:
@@ -141,16 +141,17 @@ func (b *batcher) work() {
 				break fill
 			}
 		}
-		cmds = b.send(batch, cmds[:0], &m)
+		cmds = b.send(batch, cmds[:0], &m, &p)
 		clear(batch)
 		clear(cmds)
 		m.reset()
+		p.reset()
 	}
 }
 
-// merged is the one counts call a batch's counts calls (call.counts)
-// make: their keys and arguments end to end, and the calls in order. The
-// counts function runs the decisions one after another, each all or
+// merged is the one call a batch's counts calls, or its plains calls,
+// make (call.fn): their keys and arguments end to end, and the calls in
+// order. The function runs the decisions one after another, each all or
 // nothing, and its reply is theirs end to end. A worker reuses its
 // merged from batch to batch.
 type merged struct {
@@ -171,32 +172,27 @@ func (m *merged) reset() {
 // the counts calls as one FCALL of counts, each other call as its own
 // FCALL. A call the server did not run for want of the code (retryable)
 // runs again alone, through applier.run, which loads it.
-func (b *batcher) send(batch []*pending, cmds []*redis.Cmd, m *merged) []*redis.Cmd {
+func (b *batcher) send(batch []*pending, cmds []*redis.Cmd, m, pl *merged) []*redis.Cmd {
 	// No call's deadline bounds the pipeline: the client's read and
 	// write timeouts do. The first caller's values (a trace) go with it.
 	ctx := batch[0].ctx
 	pipe := b.c.Pipeline()
 	for _, p := range batch {
-		if p.call.counts {
-			m.calls = append(m.calls, p)
-			m.keys = append(m.keys, p.call.keys...)
-			m.args = append(m.args, p.call.args...)
-			continue
+		switch p.call.fn {
+		case fnCounts:
+			m.add(p)
+		case fnPlains:
+			pl.add(p)
+		default:
+			cmds = append(cmds, b.apply.cmd(p.ctx, pipe, p.call))
 		}
-		cmds = append(cmds, b.apply.cmd(p.ctx, pipe, p.call))
 	}
-	var counts *redis.Cmd
-	switch len(m.calls) {
-	case 0:
-	case 1:
-		counts = b.apply.cmd(ctx, pipe, m.calls[0].call)
-	default:
-		counts = b.apply.cmdKA(ctx, pipe, true, m.keys, m.args)
-	}
+	counts := m.cmd(ctx, pipe, b.apply, fnCounts)
+	plains := pl.cmd(ctx, pipe, b.apply, fnPlains)
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	i := 0
 	for _, p := range batch {
-		if p.call.counts {
+		if p.call.fn != fnApply {
 			continue
 		}
 		cmd := cmds[i]
@@ -210,10 +206,33 @@ func (b *batcher) send(batch []*pending, cmds []*redis.Cmd, m *merged) []*redis.
 	if counts != nil {
 		b.split(counts, m.calls)
 	}
+	if plains != nil {
+		b.split(plains, pl.calls)
+	}
 	return cmds
 }
 
-// split hands each call of a merged counts call its part of the reply.
+func (m *merged) add(p *pending) {
+	m.calls = append(m.calls, p)
+	m.keys = append(m.keys, p.call.keys...)
+	m.args = append(m.args, p.call.args...)
+}
+
+// cmd queues m's one call of fn on pipe: a lone call as it is; nil when
+// m is empty.
+func (m *merged) cmd(ctx context.Context, pipe redis.Pipeliner, a *applier, fn fnKind) *redis.Cmd {
+	switch len(m.calls) {
+	case 0:
+		return nil
+	case 1:
+		return a.cmd(ctx, pipe, m.calls[0].call)
+	}
+	return a.cmdKA(ctx, pipe, fn, m.keys, m.args)
+}
+
+// split hands each call of a merged call its part of the reply: for
+// counts one value per charge; for plains apply's 1 + 4 per charge, or
+// -1 and an error for a decision that failed.
 func (b *batcher) split(cmd *redis.Cmd, calls []*pending) {
 	rep, err := cmd.Slice()
 	if retryable(err) {
@@ -222,26 +241,27 @@ func (b *batcher) split(cmd *redis.Cmd, calls []*pending) {
 		}
 		return
 	}
-	if err == nil && len(rep) != countKeys(calls) {
-		err = malformed("%d counts for a batch of %d calls", len(rep), len(calls))
-	}
 	for _, p := range calls {
 		if err != nil {
 			p.out <- b.outcome(nil, err)
 			continue
 		}
 		n := p.call.charges
+		if p.call.fn == fnPlains {
+			if n = 1 + repPerCharge*n; len(rep) >= 2 {
+				if v, _ := integer(rep[0]); v == -1 {
+					n = 2
+				}
+			}
+		}
+		if len(rep) < n {
+			err = malformed("%d values for a batch of %d calls", len(rep), len(calls))
+			p.out <- b.outcome(nil, err)
+			continue
+		}
 		p.out <- b.outcome(rep[:n:n], nil)
 		rep = rep[n:]
 	}
-}
-
-func countKeys(calls []*pending) int {
-	n := 0
-	for _, p := range calls {
-		n += p.call.charges
-	}
-	return n
 }
 
 func (b *batcher) outcome(rep []any, err error) detached {

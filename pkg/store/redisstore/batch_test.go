@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tollgate-dev/tollgate/pkg/limit"
+	"github.com/tollgate-dev/tollgate/pkg/store/memstore"
 	"github.com/tollgate-dev/tollgate/test/redistest"
 )
 
@@ -283,14 +286,14 @@ func TestCountsMerged(t *testing.T) {
 	batch := make([]*pending, len(decisions))
 	for i, d := range decisions {
 		call, err := newCall("apply", t0.UnixMilli(), d)
-		if err != nil || !call.counts {
-			t.Fatalf("decision %d: newCall = %v, counts %v; want a counts call", i, err, call != nil && call.counts)
+		if err != nil || call.fn != fnCounts {
+			t.Fatalf("decision %d: newCall = %v, counts %v; want a counts call", i, err, call != nil && call.fn == fnCounts)
 		}
 		batch[i] = &pending{ctx: ctx, call: call, out: make(chan detached, 1)}
 	}
 	before := commandCalls(t, admin, "fcall")
-	var m merged
-	s.batch.send(batch, nil, &m)
+	var m, pl merged
+	s.batch.send(batch, nil, &m, &pl)
 	if n := commandCalls(t, admin, "fcall") - before; n != 1 {
 		t.Errorf("%d FCALLs for a batch of four counts calls, want 1", n)
 	}
@@ -388,5 +391,154 @@ func TestCountsConcurrentExact(t *testing.T) {
 	t.Logf("%d decisions in %d FCALLs", workers*each, calls)
 	if calls >= workers*each {
 		t.Errorf("%d FCALLs for %d concurrent decisions: none merged", calls, workers*each)
+	}
+}
+
+// TestMergedMatchesMemstore sends random decisions in batches of eight,
+// each batch one pipeline whose counts and plains calls merge into one
+// FCALL each, and checks every decision against memstore applying the
+// same decisions in the order Redis ran them: the other calls in the
+// batch's order, then the merged counts decisions, then the plains ones.
+func TestMergedMatchesMemstore(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	c, err := NewClient(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(c, WithBatch(8))
+	t.Cleanup(func() { _ = s.Close() })
+	if err := s.Ping(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	m := memstore.New()
+	r := rand.New(rand.NewPCG(7, 7))
+	now := t0
+	mergedBy := map[fnKind]int{}
+	for round := range 150 {
+		now = now.Add(time.Duration(r.IntN(40_000)) * time.Millisecond)
+		type decision struct {
+			charges []limit.Charge
+			now     time.Time
+			p       *pending
+		}
+		var byFn [3][]decision
+		for range 8 {
+			cs := randomCharges(r, now, true)
+			if r.IntN(3) == 0 {
+				// A fixed window alone or a pair: counts.
+				cs = []limit.Charge{{Key: key(limit.FixedWindow, time.Hour, strconv.Itoa(r.IntN(4))), Algorithm: limit.FixedWindow,
+					Amount: uint64(1 + r.IntN(30)), Window: time.Hour, Cost: int64(r.IntN(8)) - 1}}
+			}
+			call, err := newCall("apply", now.UnixMilli(), cs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			byFn[call.fn] = append(byFn[call.fn], decision{charges: cs})
+		}
+		// Each decision its own time, later in the order Redis runs them
+		// (memstore sweeps what has expired at a decision's time).
+		var batch []*pending
+		for _, ds := range byFn {
+			for i := range ds {
+				now = now.Add(time.Duration(r.IntN(500)) * time.Millisecond)
+				call, err := newCall("apply", now.UnixMilli(), ds[i].charges)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ds[i].now, ds[i].p = now, &pending{ctx: context.Background(), call: call, out: make(chan detached, 1)}
+				batch = append(batch, ds[i].p)
+			}
+			if len(ds) > 1 {
+				mergedBy[ds[0].p.call.fn]++
+			}
+		}
+		var mc, pl merged
+		s.batch.send(batch, nil, &mc, &pl)
+		for _, ds := range byFn {
+			for i, d := range ds {
+				want := make([]limit.Result, len(d.charges))
+				wantOK, _ := m.Apply(context.Background(), d.now, d.charges, want)
+				out := <-d.p.out
+				if out.err != nil {
+					t.Fatalf("round %d, %v call %d: %v", round, d.p.call.fn, i, out.err)
+				}
+				got := make([]limit.Result, len(d.charges))
+				ok, err := d.p.call.decode(out.rep, d.charges, got)
+				if err != nil || ok != wantOK {
+					t.Fatalf("round %d, %v call %d: admitted %v, %v; want %v\ncharges %+v", round, d.p.call.fn, i, ok, err, wantOK, d.charges)
+				}
+				for j := range got {
+					if got[j] != want[j] {
+						t.Fatalf("round %d, %v call %d: res[%d] = %+v, want %+v\ncharges %+v", round, d.p.call.fn, i, j, got[j], want[j], d.charges)
+					}
+				}
+			}
+		}
+	}
+	if mergedBy[fnCounts] == 0 || mergedBy[fnPlains] == 0 {
+		t.Errorf("batches that merged calls: %v; want some of counts and of plains", mergedBy)
+	}
+}
+
+// TestPlainsFailAlone merges three sliding-window decisions into one
+// plains call; the middle one's key holds a list: it fails alone, with
+// the script's error, and the others are admitted and written.
+func TestPlainsFailAlone(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	c, err := NewClient(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(c, WithBatch(8))
+	t.Cleanup(func() { _ = s.Close() })
+	if err := s.Ping(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	admin := srv.Client(t)
+	ctx := context.Background()
+	sliding := func(name string) limit.Charge {
+		return limit.Charge{Key: key(limit.SlidingWindow, time.Minute, name), Algorithm: limit.SlidingWindow, Amount: 5, Window: time.Minute, Cost: 2}
+	}
+	if err := admin.RPush(ctx, sliding("broken").Key, "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	decisions := [][]limit.Charge{{sliding("a")}, {sliding("broken"), sliding("c")}, {sliding("c")}}
+	batch := make([]*pending, len(decisions))
+	for i, d := range decisions {
+		call, err := newCall("apply", t0.UnixMilli(), d)
+		if err != nil || call.fn != fnPlains {
+			t.Fatalf("decision %d: newCall = %v; want a plains call", i, err)
+		}
+		batch[i] = &pending{ctx: ctx, call: call, out: make(chan detached, 1)}
+	}
+	before := commandCalls(t, admin, "fcall")
+	var m, pl merged
+	s.batch.send(batch, nil, &m, &pl)
+	if n := commandCalls(t, admin, "fcall") - before; n != 1 {
+		t.Errorf("%d FCALLs for a batch of three plains calls, want 1", n)
+	}
+	for i := range decisions {
+		d := <-batch[i].out
+		if d.err != nil {
+			t.Fatalf("decision %d: %v", i, d.err)
+		}
+		res := make([]limit.Result, len(decisions[i]))
+		ok, err := batch[i].call.decode(d.rep, decisions[i], res)
+		if i == 1 {
+			if err == nil || !strings.Contains(err.Error(), "does not hold a window") {
+				t.Errorf("decision on the broken key: %v, %v; want the script's error", ok, err)
+			}
+			continue
+		}
+		if err != nil || !ok {
+			t.Errorf("decision %d: %v, %v; want admitted", i, ok, err)
+		}
+	}
+	// c was charged once, by the third decision: the second wrote nothing.
+	res := make([]limit.Result, 1)
+	if _, err := s.Apply(ctx, t0, []limit.Charge{{Key: sliding("c").Key, Algorithm: limit.SlidingWindow, Amount: 5, Window: time.Minute}}, res); err != nil || res[0].Remaining != 3 {
+		t.Errorf("c after the batch: %+v, %v; want 3 remaining", res[0], err)
 	}
 }

@@ -19,10 +19,11 @@ type call struct {
 	charges int
 	// admitted is the reply's verdict, once decoded.
 	admitted bool
-	// counts is set for a call that runs counts rather than apply (see
-	// countsCall); ends is then each charge's time to its window's end.
-	counts bool
-	ends   []int64
+	// fn is the function the call runs: apply, counts (countsCall; ends
+	// is then each charge's time to its window's end) or plains
+	// (plainsCall).
+	fn   fnKind
+	ends []int64
 	// keyBuf and argBuf back keys and args for a call of one charge
 	// without a fair gate, the common one: in the call's allocation
 	// rather than two of their own.
@@ -30,6 +31,15 @@ type call struct {
 	argBuf [argsHead + argsPerCharge + 1]any
 	endBuf [1]int64
 }
+
+// fnKind names one of the library's functions (see apply.lua).
+type fnKind uint8
+
+const (
+	fnApply fnKind = iota
+	fnCounts
+	fnPlains
+)
 
 const (
 	argsHead      = 3
@@ -41,6 +51,9 @@ const (
 func newCall(mode string, now int64, charges []limit.Charge) (*call, error) {
 	if mode == "apply" {
 		if c := countsCall(now, charges); c != nil {
+			return c, nil
+		}
+		if c := plainsCall(now, charges); c != nil {
 			return c, nil
 		}
 	}
@@ -134,7 +147,7 @@ func countsCall(now int64, charges []limit.Charge) *call {
 			}
 		}
 	}
-	c := &call{mode: "apply", now: now, charges: len(charges), counts: true}
+	c := &call{mode: "apply", now: now, charges: len(charges), fn: fnCounts}
 	if len(charges) == 1 {
 		c.keys, c.args, c.ends = c.keyBuf[:0], c.argBuf[:1], c.endBuf[:0]
 	} else {
@@ -157,6 +170,54 @@ func countsCall(now int64, charges []limit.Charge) *call {
 	}
 	return c
 }
+
+// plainsCall returns the plains call for a decision that plains can
+// run: every charge a sliding window, a fixed window without a count key
+// (countKey) or a token bucket, on a key of its own, without Shadow,
+// Force or a fair gate; nil for any other decision. (A decision with both
+// count keys and other charges runs apply.)
+func plainsCall(now int64, charges []limit.Charge) *call {
+	for i := range charges {
+		ch := &charges[i]
+		switch ch.Algorithm {
+		case limit.SlidingWindow, limit.TokenBucket:
+		case limit.FixedWindow:
+			if _, ok := countKey(ch, now); ok {
+				return nil
+			}
+		default:
+			return nil
+		}
+		if ch.Shadow || ch.Force || fairGated(ch) {
+			return nil
+		}
+		for j := range i {
+			if charges[j].Key == ch.Key {
+				return nil
+			}
+		}
+	}
+	c := &call{mode: "apply", now: now, charges: len(charges), fn: fnPlains}
+	if na := 2 + argsPlain*len(charges); len(charges) <= len(c.keyBuf) && na <= len(c.argBuf) {
+		c.keys, c.args = c.keyBuf[:0], c.argBuf[:2]
+	} else {
+		c.keys, c.args = make([]string, 0, len(charges)), make([]any, 2, na)
+	}
+	c.args[0], c.args[1] = len(charges), now
+	for i := range charges {
+		ch := &charges[i]
+		kind, p1, p2, p3, err := params(ch)
+		if err != nil {
+			return nil
+		}
+		c.keys = append(c.keys, ch.Key)
+		c.args = append(c.args, kind, ch.Amount, p1, p2, p3, ch.Cost)
+	}
+	return c
+}
+
+// argsPlain is how many arguments plains takes per charge.
+const argsPlain = 6
 
 // clampCost is the script's cost: |Cost| saturated at limit.MaxCount.
 func clampCost(x int64) int64 {
@@ -356,8 +417,15 @@ func malformed(format string, args ...any) error {
 
 // decode reads an apply reply into res.
 func (c *call) decode(rep []any, charges []limit.Charge, res []limit.Result) (bool, error) {
-	if c.counts {
+	switch c.fn {
+	case fnCounts:
 		return c.decodeCounts(rep, charges, res)
+	case fnPlains:
+		if len(rep) == 2 {
+			if n, _ := integer(rep[0]); n == -1 {
+				return false, fmt.Errorf("run apply script: %v", rep[1])
+			}
+		}
 	}
 	if len(rep) < 1 {
 		return false, malformed("empty")

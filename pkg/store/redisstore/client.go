@@ -515,7 +515,10 @@ func (s *Store) Warm(ctx context.Context) error {
 		// FCALL, EVALSHA and EVAL) still runs the script, by EVAL on its
 		// first NOSCRIPT; failing the warm-up would keep the replica from
 		// ever serving.
-		_ = s.apply.script.Load(ctx, s.c).Err()
+		for _, fn := range []fnKind{fnApply, fnCounts, fnPlains} {
+			_, script := s.apply.code(fn)
+			_ = script.Load(ctx, s.c).Err()
+		}
 	}
 	s.loaded.Store(true)
 	return nil

@@ -30,9 +30,11 @@ import (
 type applier struct {
 	lib string // the FUNCTION LOAD source
 	// fn and script run apply; countsFn and countsScript run counts, the
-	// batch of plain fixed-window decisions (call.counts).
-	fn, countsFn         string
-	script, countsScript *redis.Script
+	// batch of plain fixed-window decisions (call.kind fnCounts);
+	// plainsFn and plainsScript run plains, the batch of other plain
+	// decisions (fnPlains).
+	fn, countsFn, plainsFn             string
+	script, countsScript, plainsScript *redis.Script
 	// scripts is set once a server turned functions down.
 	scripts atomic.Bool
 }
@@ -42,30 +44,41 @@ func newApplier(body string) *applier {
 	v := hex.EncodeToString(sum[:8])
 	return &applier{
 		lib: "#!lua name=tollgate_" + v + "\n" + body + "\nredis.register_function('tollgate_apply_" + v + "', apply)\n" +
-			"redis.register_function('tollgate_counts_" + v + "', counts)\n",
+			"redis.register_function('tollgate_counts_" + v + "', counts)\n" +
+			"redis.register_function('tollgate_plains_" + v + "', plains)\n",
 		fn:           "tollgate_apply_" + v,
 		countsFn:     "tollgate_counts_" + v,
+		plainsFn:     "tollgate_plains_" + v,
 		script:       redis.NewScript(body + "\nreturn apply(KEYS, ARGV)\n"),
 		countsScript: redis.NewScript(body + "\nreturn counts(KEYS, ARGV)\n"),
+		plainsScript: redis.NewScript(body + "\nreturn plains(KEYS, ARGV)\n"),
 	}
 }
 
 // cmd queues or runs one call on c, a client or a pipeline: FCALL, or
 // EVALSHA once the store runs scripts.
 func (a *applier) cmd(ctx context.Context, c redis.Cmdable, call *call) *redis.Cmd {
-	return a.cmdKA(ctx, c, call.counts, call.keys, call.args)
+	return a.cmdKA(ctx, c, call.fn, call.keys, call.args)
 }
 
-// cmdKA queues or runs apply (counts: counts) on keys and args.
-func (a *applier) cmdKA(ctx context.Context, c redis.Cmdable, counts bool, keys []string, args []any) *redis.Cmd {
-	fn, script := a.fn, a.script
-	if counts {
-		fn, script = a.countsFn, a.countsScript
+// code is the function and the script that run fn.
+func (a *applier) code(fn fnKind) (string, *redis.Script) {
+	switch fn {
+	case fnCounts:
+		return a.countsFn, a.countsScript
+	case fnPlains:
+		return a.plainsFn, a.plainsScript
 	}
+	return a.fn, a.script
+}
+
+// cmdKA queues or runs fn on keys and args.
+func (a *applier) cmdKA(ctx context.Context, c redis.Cmdable, fn fnKind, keys []string, args []any) *redis.Cmd {
+	name, script := a.code(fn)
 	if a.scripts.Load() {
 		return script.EvalSha(ctx, c, keys, args...)
 	}
-	return c.FCall(ctx, fn, keys, args...)
+	return c.FCall(ctx, name, keys, args...)
 }
 
 // functionMissing reports an FCALL the server did not run because it does
@@ -126,10 +139,7 @@ func (a *applier) run(ctx context.Context, c redis.UniversalClient, call *call) 
 	}
 	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
 		// EVAL runs the script and loads it.
-		script := a.script
-		if call.counts {
-			script = a.countsScript
-		}
+		_, script := a.code(call.fn)
 		cmd = script.Eval(ctx, c, call.keys, call.args...)
 	}
 	return cmd.Slice()
