@@ -278,10 +278,10 @@ func TestCountsMerged(t *testing.T) {
 		t.Fatal(err)
 	}
 	decisions := [][]limit.Charge{
-		{fixed("a", 1, 1)},                    // admitted: a is full
-		{fixed("b", 5, 2), fixed("a", 1, 1)},  // denied by a: b keeps nothing
-		{broken},                              // fails alone
-		{fixed("a", 1, -1), fixed("b", 5, 0)}, // a refund and a check: admitted
+		{fixed("a", 1, 1)},                           // admitted: a is full
+		{fixed("b", 5, 2), fixed("a", 1, 1)},         // denied by a: b keeps nothing
+		{fixed("d", 5, 1), fixed("e", 5, 1), broken}, // fails alone, and takes back d and e
+		{fixed("a", 1, -1), fixed("b", 5, 0)},        // a refund and a check: admitted
 	}
 	batch := make([]*pending, len(decisions))
 	for i, d := range decisions {
@@ -327,6 +327,11 @@ func TestCountsMerged(t *testing.T) {
 			if res[j] != want.res[j] {
 				t.Errorf("decision %d charge %d: %+v, want %+v", i, j, res[j], want.res[j])
 			}
+		}
+	}
+	for _, name := range []string{"d", "e"} {
+		if n := admin.Exists(ctx, countKeyAt(t, fixed(name, 5, 1), t0)).Val(); n != 0 {
+			t.Errorf("the failed decision left %s's count", name)
 		}
 	}
 	if n, err := admin.Get(ctx, countKeyAt(t, fixed("a", 1, 1), t0)).Result(); err != nil || n != "0" {
