@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 
@@ -30,8 +31,10 @@ func (r *recoveries) retry() {
 type redisFlags struct {
 	tlsCA, tlsCert, tlsKey, tlsServerName string
 	passwordFile                          string
-	// batch is --redis-batch: the most decisions per pipeline, 0 off.
-	batch int
+	// batch is --redis-batch: the most decisions per pipeline, 0 off;
+	// batchSet says the command line or the environment set it.
+	batch    int
+	batchSet bool
 
 	// password is from passwordFile or TOLLGATE_REDIS_PASSWORD, set by
 	// check; nil leaves the URL's.
@@ -48,7 +51,8 @@ func (r *redisFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&r.tlsKey, "redis-tls-key", "", "PEM private key of --redis-tls-cert")
 	fs.StringVar(&r.passwordFile, "redis-password-file", "", "file holding the Redis password (white space around it cut off), in place of one in --redis-url; "+redisPasswordEnv+" is the other way; read at start")
 	fs.StringVar(&r.tlsServerName, "redis-tls-server-name", "", "name every Redis server's certificate must carry; empty checks each against the host it is dialled on")
-	fs.IntVar(&r.batch, "redis-batch", 0, "most concurrent decisions sent to Redis in one pipeline, each still its own atomic script call: less Redis CPU per decision under load; 0 or 1 sends each alone; not for redis+cluster:// (ignored)")
+	r.batch = DefaultRedisBatch
+	fs.Var(batchFlag{r}, "redis-batch", "most concurrent decisions sent to Redis in one round trip, merged into one script call where they can be, each still all or nothing: less Redis and server CPU per decision under load; 0 or 1 sends each alone; not for redis+cluster:// (ignored)")
 }
 
 // check rejects settings that cannot mean what they seem to. A rediss URL
@@ -70,7 +74,7 @@ func (r *redisFlags) check(redisURL string, lookupEnv func(string) (string, bool
 		return errors.New("the Redis password is given twice: --redis-password-file and " + redisPasswordEnv)
 	case r.batch < 0 || r.batch > maxRedisBatch:
 		return fmt.Errorf("--redis-batch %d: want 0 (off) to %d", r.batch, maxRedisBatch)
-	case redisURL == "" && r.batch > 0:
+	case redisURL == "" && r.batchSet && r.batch > 1:
 		return errors.New("--redis-batch needs --redis-url: without it counters stay in memory")
 	}
 	switch {
@@ -107,6 +111,29 @@ func urlHasPassword(raw string) bool {
 	}
 	at := strings.LastIndexByte(rest, '@')
 	return at >= 0 && strings.Contains(rest[:at], ":")
+}
+
+// DefaultRedisBatch is --redis-batch's default: concurrent decisions
+// share round trips and script calls (docs/benchmarks.md, issue 17).
+const DefaultRedisBatch = 32
+
+// batchFlag is --redis-batch, an int that records being set.
+type batchFlag struct{ r *redisFlags }
+
+func (b batchFlag) String() string {
+	if b.r == nil {
+		return strconv.Itoa(DefaultRedisBatch)
+	}
+	return strconv.Itoa(b.r.batch)
+}
+
+func (b batchFlag) Set(v string) error {
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil {
+		return fmt.Errorf("%q is not a whole number", v)
+	}
+	b.r.batch, b.r.batchSet = n, true
+	return nil
 }
 
 // maxRedisBatch bounds --redis-batch: a pipeline's replies are read

@@ -26,12 +26,15 @@ func TestRedisBatchFlag(t *testing.T) {
 		want    int
 		wantErr bool
 	}{
-		{name: "default off", give: []string{"--redis-url", url}},
+		{name: "default", give: []string{"--redis-url", url}, want: DefaultRedisBatch},
+		{name: "off", give: []string{"--redis-url", url, "--redis-batch", "0"}},
 		{name: "on", give: []string{"--redis-url", url, "--redis-batch", "8"}, want: 8},
 		{name: "1 is off", give: []string{"--redis-url", url, "--redis-batch", "1"}},
 		{name: "negative", give: []string{"--redis-url", url, "--redis-batch", "-1"}, wantErr: true},
 		{name: "too large", give: []string{"--redis-url", url, "--redis-batch", "1001"}, wantErr: true},
 		{name: "without Redis", give: []string{"--redis-batch", "8"}, wantErr: true},
+		{name: "off without Redis", give: []string{"--redis-batch", "0"}},
+		{name: "not a number", give: []string{"--redis-url", url, "--redis-batch", "many"}, wantErr: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -41,7 +44,7 @@ func TestRedisBatchFlag(t *testing.T) {
 			if (err != nil) != tt.wantErr {
 				t.Fatalf("parseServeFlags(%q) = %v, want error %v", tt.give, err, tt.wantErr)
 			}
-			if err != nil {
+			if err != nil || f.redisURL == "" {
 				return
 			}
 			st, _, closeStore, err := openStore(f.redisURL, f.redis.storeOptions(), f.redis.options()...)
