@@ -18,8 +18,9 @@
 #   sliding, fixed, token        sliding_window, fixed_window, token_bucket,
 #                                leases on (the default)
 #   sliding-nl, fixed-nl, token-nl   the same with --lease-fraction 0
-#   any of them with -b after it (fixed-nl-b)   the same with --redis-batch
-#                    $BATCH (32): concurrent decisions share round trips
+#   any of them with -ub after it (fixed-nl-ub)   the same unbatched,
+#                    --redis-batch 0 (the default batches: concurrent decisions
+#                    share round trips and script calls)
 #   matched          the baseline capped (tollgate-load -rate) at the most
 #                    decisions/s a Tollgate config of the same workload made
 #                    earlier in the same run: Redis's CPU per command grows
@@ -46,7 +47,6 @@ RUNS=${RUNS:-3}
 DURATION=${DURATION:-10s}
 WARMUP=${WARMUP:-1s}
 TENANTS=${TENANTS:-1000000}
-BATCH=${BATCH:-32}
 WORKLOADS=${WORKLOADS:-hot distinct three}
 CONFIGS=${CONFIGS:-baseline sliding sliding-nl fixed fixed-nl token token-nl}
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || die "RUNS is $RUNS, want a positive number"
@@ -98,8 +98,8 @@ one() {
 		log "matched: the baseline at $rate decisions/s"
 		target=(-api redis-baseline -redis-url "$redis" -window 1s -rate "$rate")
 	else
-		base=${cfg%-b}
-		[[ $base == "$cfg" ]] || batch=(--redis-batch "$BATCH")
+		base=${cfg%-ub}
+		[[ $base == "$cfg" ]] || batch=(--redis-batch 0)
 		case ${base%-nl} in
 		sliding) alg=sliding_window ;;
 		fixed) alg=fixed_window ;;

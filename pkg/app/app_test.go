@@ -137,6 +137,9 @@ func indexOf(lines []string, want string) int {
 var defaultPressure = pressureFlags{interval: time.Second, ttl: 5 * time.Second, combine: "max", maxErrorRate: 0.2, promInterval: 15 * time.Second,
 	window: 10 * time.Second, maxOverload: 0.1}
 
+// defaultRedis are the Redis flags' defaults.
+var defaultRedis = redisFlags{batch: DefaultRedisBatch}
+
 // defaultLease are the lease flags' defaults.
 var defaultLease = leaseFlags{minLimit: 1000, fraction: 0.1, maxLife: time.Second}
 
@@ -151,7 +154,7 @@ func TestServeFlagsFromEnv(t *testing.T) {
 	}{
 		{
 			name: "defaults",
-			want: serveFlags{config: "config", grpcAddr: ":8081", adminAddr: ":8080", logLevel: "info", logFormat: "json", pressure: defaultPressure, lease: defaultLease, failure: defaultFailure},
+			want: serveFlags{config: "config", grpcAddr: ":8081", adminAddr: ":8080", logLevel: "info", logFormat: "json", redis: defaultRedis, pressure: defaultPressure, lease: defaultLease, failure: defaultFailure},
 		},
 		{
 			name: "every flag from the environment",
@@ -159,13 +162,13 @@ func TestServeFlagsFromEnv(t *testing.T) {
 				"TOLLGATE_CONFIG": "/etc/tollgate", "TOLLGATE_GRPC_ADDR": ":9001", "TOLLGATE_ADMIN_ADDR": ":9000",
 				"TOLLGATE_REDIS_URL": "redis://r:6379", "TOLLGATE_LOG_LEVEL": "debug", "TOLLGATE_LOG_FORMAT": "console",
 			},
-			want: serveFlags{config: "/etc/tollgate", grpcAddr: ":9001", adminAddr: ":9000", redisURL: "redis://r:6379", logLevel: "debug", logFormat: "console", pressure: defaultPressure, lease: defaultLease, failure: defaultFailure},
+			want: serveFlags{config: "/etc/tollgate", grpcAddr: ":9001", adminAddr: ":9000", redisURL: "redis://r:6379", logLevel: "debug", logFormat: "console", redis: defaultRedis, pressure: defaultPressure, lease: defaultLease, failure: defaultFailure},
 		},
 		{
 			name: "a flag beats its variable",
 			give: []string{"--grpc-addr", "127.0.0.1:7000", "--redis-url="},
 			env:  map[string]string{"TOLLGATE_GRPC_ADDR": ":9001", "TOLLGATE_REDIS_URL": "redis://r:6379", "TOLLGATE_LOG_LEVEL": "warn"},
-			want: serveFlags{config: "config", grpcAddr: "127.0.0.1:7000", adminAddr: ":8080", logLevel: "warn", logFormat: "json", pressure: defaultPressure, lease: defaultLease, failure: defaultFailure},
+			want: serveFlags{config: "config", grpcAddr: "127.0.0.1:7000", adminAddr: ":8080", logLevel: "warn", logFormat: "json", redis: defaultRedis, pressure: defaultPressure, lease: defaultLease, failure: defaultFailure},
 		},
 		{
 			name: "pressure flags from the environment",
@@ -176,7 +179,7 @@ func TestServeFlagsFromEnv(t *testing.T) {
 				"TOLLGATE_PRESSURE_WINDOW": "5s", "TOLLGATE_PRESSURE_MAX_OVERLOAD_RATE": "0.3",
 				"TOLLGATE_PRESSURE_PROM_URL": "http://p:9090", "TOLLGATE_PRESSURE_PROM_QUERY": "vector(0)", "TOLLGATE_PRESSURE_PROM_INTERVAL": "30s",
 			},
-			want: serveFlags{config: "config", grpcAddr: ":8081", adminAddr: ":8080", logLevel: "info", logFormat: "json", pressure: pressureFlags{
+			want: serveFlags{config: "config", grpcAddr: ":8081", adminAddr: ":8080", logLevel: "info", logFormat: "json", redis: defaultRedis, pressure: pressureFlags{
 				replicaID: "pod-1", interval: 2 * time.Second, ttl: 10 * time.Second, combine: "mean", capacity: 64, latencySLA: 3 * time.Second,
 				maxErrorRate: 0.5, errors: true, promURL: "http://p:9090", promQuery: "vector(0)", promInterval: 30 * time.Second,
 				window: 5 * time.Second, maxOverload: 0.3,
@@ -185,13 +188,13 @@ func TestServeFlagsFromEnv(t *testing.T) {
 		{
 			name: "lease flags from the environment",
 			env:  map[string]string{"TOLLGATE_LEASE_MIN_LIMIT": "50", "TOLLGATE_LEASE_FRACTION": "0.25", "TOLLGATE_LEASE_MAX_LIFE": "200ms"},
-			want: serveFlags{config: "config", grpcAddr: ":8081", adminAddr: ":8080", logLevel: "info", logFormat: "json", pressure: defaultPressure,
+			want: serveFlags{config: "config", grpcAddr: ":8081", adminAddr: ":8080", logLevel: "info", logFormat: "json", redis: defaultRedis, pressure: defaultPressure,
 				lease: leaseFlags{minLimit: 50, fraction: 0.25, maxLife: 200 * time.Millisecond}, failure: defaultFailure},
 		},
 		{
 			name: "other variables are ignored",
 			env:  map[string]string{"GRPC_ADDR": ":1", "TOLLGATE_GRPC-ADDR": ":2", "tollgate_grpc_addr": ":3"},
-			want: serveFlags{config: "config", grpcAddr: ":8081", adminAddr: ":8080", logLevel: "info", logFormat: "json", pressure: defaultPressure, lease: defaultLease, failure: defaultFailure},
+			want: serveFlags{config: "config", grpcAddr: ":8081", adminAddr: ":8080", logLevel: "info", logFormat: "json", redis: defaultRedis, pressure: defaultPressure, lease: defaultLease, failure: defaultFailure},
 		},
 	}
 	for _, tt := range tests {

@@ -4,10 +4,18 @@
 // memstore to the millisecond.
 //
 // Every decision on a single node or Sentinel, and every decision whose
-// keys share a Redis Cluster slot, is one FCALL (one EVALSHA on a server
-// without functions: see applier): all or nothing by Redis's own
-// atomicity. limit.Key gives the counters of one descriptor
-// family one hash tag, so most decisions are one slot.
+// keys share a Redis Cluster slot, is run by one call of a function of
+// apply.lua's library (FCALL; EVALSHA on a server without functions: see
+// applier): all or nothing by Redis's own atomicity. limit.Key gives the
+// counters of one descriptor family one hash tag, so most decisions are
+// one slot. The library has three functions: apply runs any decision;
+// counts runs a decision of fixed windows only (no flags, no fair gate)
+// with a GET and an INCRBY or SET per charge and nothing else; plains
+// runs a decision of sliding windows, fixed windows without a count key
+// and token buckets (no flags, no fair gate), apply's plain path with
+// fewer arguments. counts and plains take many decisions per call, run
+// one after another, each all or nothing: a batching store (WithBatch)
+// merges its queued decisions into one call of each.
 //
 // A cluster decision whose keys span slots runs the script once per slot,
 // concurrently, and when a slot denies, a second call takes back what the
@@ -32,6 +40,18 @@
 // earlier versions is read as one and written back as a string; a
 // replica of such a version that meets a rewritten window fails its
 // decision (WRONGTYPE) until it is upgraded too.
+//
+// A fixed window is kept in a key of its own per window (limit.CountKey:
+// the counter's key, '#' and the window's index), as its decimal count,
+// expiring a second after the window ends: a GET reads it, an INCRBY
+// charges it, a SET PX starts it. Each decision also reads the next
+// window's key: a replica whose clock is behind counts in the window a
+// replica ahead has started, as a window's high-water mark does (memstore
+// and limit.Counter). Versions before this one kept a fixed window in
+// the counter's key as a one-bucket MessagePack window: during a rolling
+// update from one, old and new replicas count a fixed window apart, so its
+// windows during the rollout may admit up to twice their limit (sliding
+// windows and token buckets keep their layout).
 //
 // Concurrency leases are a sorted set per key (member -> deadline), Once
 // marks a string holding the mark's deadline. A Once mark that does not
