@@ -10,11 +10,13 @@ import (
 
 // BatchWorkers is how many pipelines a batching store has in flight at
 // once (see WithBatch). Redis runs one command at a time: a second
-// pipeline keeps it busy while the first one's replies travel back and are
-// read, and a few more cover a worker descheduled on a busy machine. More
-// would only split the queue into smaller batches, which is what batching
-// is meant to avoid.
-const BatchWorkers = 4
+// pipeline fills while the first one's replies travel back and are read.
+// More only split the queue into smaller batches: at c=50 on one box, one
+// worker sent 13 decisions a call, two 8, four 5, and Redis's and the
+// server's CPU per decision and the p99 rose in that order
+// (docs/benchmarks.md). One would serialise the round trips: at most
+// WithBatch's n decisions per round trip, a ceiling with a distant Redis.
+const BatchWorkers = 2
 
 // StoreOption configures New.
 type StoreOption func(*Store)
@@ -101,6 +103,18 @@ func (b *batcher) do(ctx context.Context, call *call) ([]any, error) {
 		return nil, errClosed
 	case <-ctx.Done():
 		return nil, fmt.Errorf("run apply script: %w", ctx.Err())
+	}
+	select {
+	case <-b.stop:
+	default:
+		// Queued before close began: a worker or close's drain answers
+		// it, so done need not be waited on (a channel fewer to lock).
+		select {
+		case d := <-p.out:
+			return d.rep, d.err
+		case <-ctx.Done():
+			return nil, fmt.Errorf("run apply script: %w", ctx.Err())
+		}
 	}
 	select {
 	case d := <-p.out:
