@@ -1003,40 +1003,26 @@ end
 
 -- saveWindow writes window c at key, last charged by ch, when its string
 -- differs from the stored raw (as the hash's fields did), or deletes the
--- key once the window is fresh.
-local function saveWindow(key, c, ch, exists, raw)
+-- key once the window is fresh. A kind "i" window (count) is written as
+-- its count, 0 for a window touched but not charged.
+local function saveWindow(key, c, ch, exists, raw, count)
   local exp = windowExpiry(c, ch)
   if exp == nil or exp <= now then
     if exists then redis.call('DEL', key) end
     return
   end
-  local v = encodeWindow(c)
-  if v ~= raw then
-    redis.call('SET', key, v, 'PX', fmtint(exp - now + ttlMargin))
-  end
-end
-
--- saveCount writes kind "i" window c at key, last charged by ch: its
--- count (0 for a window touched but not charged, as saveWindow keeps it),
--- when it differs from the stored raw.
-local function saveCount(key, c, ch, exists, raw)
-  local exp = windowExpiry(c, ch)
-  if exp == nil or exp <= now then
-    if exists then redis.call('DEL', key) end
-    return
-  end
-  local v = fmtint(c[3] or 0)
+  local v
+  if count then v = fmtint(c[3] or 0) else v = encodeWindow(c) end
   if v ~= raw then
     redis.call('SET', key, v, 'PX', fmtint(exp - now + ttlMargin))
   end
 end
 
 local function save(k)
-  if k.count then return saveCount(k.key, k.work, k.last, k.exists, k.raw) end
   if k.type == 'lease' then return saveLeases(k, expiry(k)) end
   if k.type == 'mark' then return saveMark(k) end
   if k.type == 'token' then return saveToken(k.key, k.work, k.stored.at, k.stored.debt, k.exists) end
-  return saveWindow(k.key, k.work, k.last, k.exists, k.raw)
+  return saveWindow(k.key, k.work, k.last, k.exists, k.raw, k.count)
 end
 
 -- Undo ------------------------------------------------------------------
@@ -1206,6 +1192,22 @@ local function plain(keys, argv, n)
   return plainRun(keys, 0, argv, 5, 8, n)
 end
 
+-- sizesOK checks, before a batch function writes anything, that argv
+-- and keys hold whole decisions: each a count n >= 1, head - 1 more
+-- values (head >= 1), then per values and keysPer keys a charge.
+local function sizesOK(keys, argv, head, per, keysPer)
+  local na, ai, ki = #argv, 1, 0
+  while ai <= na do
+    local n = tonumber(argv[ai])
+    if n == nil or n < 1 or n ~= floor(n) then return false end
+    for h = 1, head - 1 do
+      if tonumber(argv[ai + h]) == nil then return false end
+    end
+    ai, ki = ai + head + per * n, ki + keysPer * n
+  end
+  return ai == na + 1 and ki == #keys
+end
+
 -- plains runs a batch of plain decisions (as plain: every charge a
 -- window or token bucket charge without flags or fair share, each on a
 -- key of its own) one after another, each all or nothing: the batch of
@@ -1219,20 +1221,11 @@ end
 -- argument), -1 and the error's message: that decision wrote nothing.
 local function plains(keys, argv)
   if sformat == nil then bind() end
-  local na, nk = #argv, #keys
-  -- Every decision's size is checked before anything is written.
-  local ai, ki = 1, 0
-  while ai <= na do
-    local n = tonumber(argv[ai])
-    if n == nil or n < 1 or n ~= floor(n) or tonumber(argv[ai + 1]) == nil then
-      return redis.error_reply('ERR tollgate plains: bad arguments')
-    end
-    ai, ki = ai + 2 + 6 * n, ki + n
-  end
-  if ai ~= na + 1 or ki ~= nk then return redis.error_reply('ERR tollgate plains: bad argument count') end
+  if not sizesOK(keys, argv, 2, 6, 1) then return redis.error_reply('ERR tollgate plains: bad arguments') end
+  local na = #argv
   mode = 'apply'
   local out = {}
-  ai, ki = 1, 0
+  local ai, ki = 1, 0
   while ai <= na do
     local n = tonumber(argv[ai])
     now = tonumber(argv[ai + 1])
@@ -1276,17 +1269,9 @@ end
 -- whose arguments is not a number: that decision writes nothing.
 local function counts(keys, argv)
   if sformat == nil then bind() end
-  local na, nk = #argv, #keys
-  -- Every decision's size is checked before anything is written.
-  local ai, ki = 1, 0
-  while ai <= na do
-    local n = tonumber(argv[ai])
-    if n == nil or n < 1 or n ~= floor(n) then return redis.error_reply('ERR tollgate counts: bad arguments') end
-    ai, ki = ai + 1 + 3 * n, ki + 2 * n
-  end
-  if ai ~= na + 1 or ki ~= nk then return redis.error_reply('ERR tollgate counts: bad argument count') end
+  if not sizesOK(keys, argv, 1, 3, 2) then return redis.error_reply('ERR tollgate counts: bad arguments') end
+  local na, ai, ki = #argv, 1, 1
   local out, found, cost, at = {}, {}, {}, {}
-  ai, ki = 1, 1
   local o = 1
   while ai <= na do
     local n = tonumber(argv[ai])

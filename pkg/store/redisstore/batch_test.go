@@ -258,17 +258,7 @@ func TestBatchClose(t *testing.T) {
 // nothing, and a decision whose key holds no count fails alone.
 func TestCountsMerged(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	c, err := NewClient(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := New(c, WithBatch(8))
-	t.Cleanup(func() { _ = s.Close() })
-	if err := s.Ping(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	admin := srv.Client(t)
+	s, admin := batching(t, 8)
 	ctx := context.Background()
 	fixed := func(name string, amount uint64, cost int64) limit.Charge {
 		return limit.Charge{Key: key(limit.FixedWindow, time.Minute, name), Algorithm: limit.FixedWindow, Amount: amount, Window: time.Minute, Cost: cost}
@@ -283,20 +273,7 @@ func TestCountsMerged(t *testing.T) {
 		{fixed("d", 5, 1), fixed("e", 5, 1), broken}, // fails alone, and takes back d and e
 		{fixed("a", 1, -1), fixed("b", 5, 0)},        // a refund and a check: admitted
 	}
-	batch := make([]*pending, len(decisions))
-	for i, d := range decisions {
-		call, err := newCall("apply", t0.UnixMilli(), d)
-		if err != nil || call.fn != fnCounts {
-			t.Fatalf("decision %d: newCall = %v, counts %v; want a counts call", i, err, call != nil && call.fn == fnCounts)
-		}
-		batch[i] = &pending{ctx: ctx, call: call, out: make(chan detached, 1)}
-	}
-	before := commandCalls(t, admin, "fcall")
-	var m, pl merged
-	s.batch.send(batch, nil, &m, &pl)
-	if n := commandCalls(t, admin, "fcall") - before; n != 1 {
-		t.Errorf("%d FCALLs for a batch of four counts calls, want 1", n)
-	}
+	batch := sendMerged(t, s, admin, fnCounts, decisions)
 	end := limit.Millis(time.Minute.Milliseconds() - t0.UnixMilli()%time.Minute.Milliseconds())
 	for i, want := range []struct {
 		admitted bool
@@ -345,17 +322,7 @@ func TestCountsMerged(t *testing.T) {
 // nothing with each decision's own counter.
 func TestCountsConcurrentExact(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	c, err := NewClient(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := New(c, WithBatch(32))
-	t.Cleanup(func() { _ = s.Close() })
-	if err := s.Ping(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	admin := srv.Client(t)
+	s, admin := batching(t, 32)
 	const workers, each, amount = 16, 50, 300
 	shared := limit.Charge{Key: key(limit.FixedWindow, time.Hour, "shared"), Algorithm: limit.FixedWindow, Amount: amount, Window: time.Hour, Cost: 1}
 	before := commandCalls(t, admin, "fcall")
@@ -406,16 +373,7 @@ func TestCountsConcurrentExact(t *testing.T) {
 // batch's order, then the merged counts decisions, then the plains ones.
 func TestMergedMatchesMemstore(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	c, err := NewClient(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := New(c, WithBatch(8))
-	t.Cleanup(func() { _ = s.Close() })
-	if err := s.Ping(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	s, _ := batching(t, 8)
 	m := memstore.New()
 	r := rand.New(rand.NewPCG(7, 7))
 	now := t0
@@ -491,17 +449,7 @@ func TestMergedMatchesMemstore(t *testing.T) {
 // the script's error, and the others are admitted and written.
 func TestPlainsFailAlone(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	c, err := NewClient(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := New(c, WithBatch(8))
-	t.Cleanup(func() { _ = s.Close() })
-	if err := s.Ping(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	admin := srv.Client(t)
+	s, admin := batching(t, 8)
 	ctx := context.Background()
 	sliding := func(name string) limit.Charge {
 		return limit.Charge{Key: key(limit.SlidingWindow, time.Minute, name), Algorithm: limit.SlidingWindow, Amount: 5, Window: time.Minute, Cost: 2}
@@ -510,20 +458,7 @@ func TestPlainsFailAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	decisions := [][]limit.Charge{{sliding("a")}, {sliding("broken"), sliding("c")}, {sliding("c")}}
-	batch := make([]*pending, len(decisions))
-	for i, d := range decisions {
-		call, err := newCall("apply", t0.UnixMilli(), d)
-		if err != nil || call.fn != fnPlains {
-			t.Fatalf("decision %d: newCall = %v; want a plains call", i, err)
-		}
-		batch[i] = &pending{ctx: ctx, call: call, out: make(chan detached, 1)}
-	}
-	before := commandCalls(t, admin, "fcall")
-	var m, pl merged
-	s.batch.send(batch, nil, &m, &pl)
-	if n := commandCalls(t, admin, "fcall") - before; n != 1 {
-		t.Errorf("%d FCALLs for a batch of three plains calls, want 1", n)
-	}
+	batch := sendMerged(t, s, admin, fnPlains, decisions)
 	for i := range decisions {
 		d := <-batch[i].out
 		if d.err != nil {
@@ -546,4 +481,43 @@ func TestPlainsFailAlone(t *testing.T) {
 	if _, err := s.Apply(ctx, t0, []limit.Charge{{Key: sliding("c").Key, Algorithm: limit.SlidingWindow, Amount: 5, Window: time.Minute}}, res); err != nil || res[0].Remaining != 3 {
 		t.Errorf("c after the batch: %+v, %v; want 3 remaining", res[0], err)
 	}
+}
+
+// batching starts a redis-server and returns a store on it that batches
+// up to n calls, and a plain client for looking at the keys.
+func batching(t *testing.T, n int) (*Store, *redis.Client) {
+	t.Helper()
+	srv := redistest.Start(t)
+	c, err := NewClient(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(c, WithBatch(n))
+	t.Cleanup(func() { _ = s.Close() })
+	if err := s.Ping(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return s, srv.Client(t)
+}
+
+// sendMerged sends decisions at t0, each a call of fn, as one batch of s,
+// checks that they went as one FCALL, and returns their pendings, whose
+// outcomes are waiting.
+func sendMerged(t *testing.T, s *Store, admin *redis.Client, fn fnKind, decisions [][]limit.Charge) []*pending {
+	t.Helper()
+	batch := make([]*pending, len(decisions))
+	for i, d := range decisions {
+		call, err := newCall("apply", t0.UnixMilli(), d)
+		if err != nil || call.fn != fn {
+			t.Fatalf("decision %d: newCall = %v; want a call of function %d", i, err, fn)
+		}
+		batch[i] = &pending{ctx: context.Background(), call: call, out: make(chan detached, 1)}
+	}
+	before := commandCalls(t, admin, "fcall")
+	var m, pl merged
+	s.batch.send(batch, nil, &m, &pl)
+	if n := commandCalls(t, admin, "fcall") - before; n != 1 {
+		t.Errorf("%d FCALLs for a batch of %d calls, want 1", n, len(decisions))
+	}
+	return batch
 }
