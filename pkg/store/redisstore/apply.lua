@@ -1110,6 +1110,13 @@ end
 
 -- Plain calls ------------------------------------------------------------
 
+-- Scratch tables plainRun reuses from decision to decision (Redis runs one
+-- call at a time, and every entry is set before it is read): per charge
+-- its parsed arguments, its working counter, its stored state and whether
+-- its key existed. A table made per decision costs its allocation and its
+-- share of the garbage collection.
+local pChs, pCs, pStored, pExists = {}, {}, {}, {}
+
 -- plain runs the call nearly every decision makes: mode "apply", no fair
 -- entry, and every charge a window or token bucket charge without flags
 -- on a key of its own (charge j on KEYS[j]). It does what apply does for
@@ -1118,15 +1125,20 @@ end
 -- of the stored state on the way to an admission (a denial reads it
 -- again). It returns nil, having written nothing, for any other call or
 -- a bad argument: apply then runs the call, and reports the error.
-local function plainRun(keys, ko, argv, a, stride, n)
+local function plainRun(keys, ko, argv, a, stride, n, out, ob)
   -- stored: a window's string (nil: none) or the stored token bucket.
-  local chs, cs, stored, exists = {}, {}, {}, {}
-  local out, admitted = {1}, true
+  local chs, cs, stored, exists = pChs, pCs, pStored, pExists
+  local admitted = true
+  out[ob + 1] = 1
   for j = 1, n do
     local b = a + stride * (j - 1)
-    local ch = {kind = argv[b], amount = tonumber(argv[b + 1]), p1 = tonumber(argv[b + 2]),
-      p2 = tonumber(argv[b + 3]), p3 = tonumber(argv[b + 4]), cost = tonumber(argv[b + 5]),
-      shadow = false, force = false}
+    local ch = chs[j]
+    if ch == nil then
+      ch = {}
+      chs[j] = ch
+    end
+    ch.kind, ch.amount, ch.p1, ch.p2 = argv[b], tonumber(argv[b + 1]), tonumber(argv[b + 2]), tonumber(argv[b + 3])
+    ch.p3, ch.cost, ch.shadow, ch.force = tonumber(argv[b + 4]), tonumber(argv[b + 5]), false, false
     if ch.kind ~= 's' and ch.kind ~= 'f' and ch.kind ~= 't' then return nil end
     if ch.amount == nil or ch.p1 == nil or ch.p2 == nil or ch.p3 == nil or ch.cost == nil or ch.p1 <= 0 then
       return nil
@@ -1142,8 +1154,8 @@ local function plainRun(keys, ko, argv, a, stride, n)
       c, exists[j], stored[j] = loadWindow(keys[ko + j])
       fits, retry = windowStep(c, ch)
     end
-    chs[j], cs[j] = ch, c
-    local o = 4 * j - 2
+    cs[j] = c
+    local o = ob + 4 * j - 2
     if fits then out[o] = 1 else out[o] = 0 end
     out[o + 1] = retry
     if ch.cost >= 0 and not fits then admitted = false end
@@ -1151,7 +1163,7 @@ local function plainRun(keys, ko, argv, a, stride, n)
   if not admitted then
     -- denial: each key from its stored state, refunds stepped, windows
     -- touched.
-    out[1] = 0
+    out[ob + 1] = 0
     for j = 1, n do
       local ch, c = chs[j], nil
       if ch.kind == 't' then
@@ -1173,7 +1185,7 @@ local function plainRun(keys, ko, argv, a, stride, n)
     end
   end
   for j = 1, n do
-    local ch, c, o = chs[j], cs[j], 4 * j - 2
+    local ch, c, o = chs[j], cs[j], ob + 4 * j - 2
     if ch.kind == 't' then
       out[o + 2], out[o + 3] = fmtfloat(debt(c)), 0
     else
@@ -1189,7 +1201,7 @@ local function plain(keys, argv, n)
     local b = 3 + 8 * (j - 1)
     if argv[b + 8] ~= '' or tonumber(argv[b + 1]) ~= j or keys[j] == nil then return nil end
   end
-  return plainRun(keys, 0, argv, 5, 8, n)
+  return plainRun(keys, 0, argv, 5, 8, n, {}, 0)
 end
 
 -- sizesOK checks, before a batch function writes anything, that argv
@@ -1229,8 +1241,10 @@ local function plains(keys, argv)
   while ai <= na do
     local n = tonumber(argv[ai])
     now = tonumber(argv[ai + 1])
-    local ok, r = pcall(plainRun, keys, ki, argv, ai + 2, 6, n)
+    local ob = #out
+    local ok, r = pcall(plainRun, keys, ki, argv, ai + 2, 6, n, out, ob)
     if not ok or r == nil then
+      for i = #out, ob + 1, -1 do out[i] = nil end
       out[#out + 1] = -1
       if not ok and type(r) == 'table' and r.err then
         out[#out + 1] = r.err
@@ -1239,8 +1253,6 @@ local function plains(keys, argv)
       else
         out[#out + 1] = 'ERR tollgate plains: bad charge arguments'
       end
-    else
-      for i = 1, #r do out[#out + 1] = r[i] end
     end
     ai, ki = ai + 2 + 6 * n, ki + n
   end

@@ -57,6 +57,11 @@ func newCall(mode string, now int64, charges []limit.Charge) (*call, error) {
 			return c, nil
 		}
 	}
+	return applyCall(mode, now, charges)
+}
+
+// applyCall is the call of apply, the function that runs any decision.
+func applyCall(mode string, now int64, charges []limit.Charge) (*call, error) {
 	// Count the fair charges first so that keys and args are allocated
 	// once at their final size: each fair charge adds a state key and its
 	// script entry, which outgrew the per-charge capacity and copied both.

@@ -77,6 +77,9 @@ return 1`)},
 		{"plain: +load+step", cut("  if not admitted then\n    -- denial", "  do return 1 end\n  if not admitted then\n    -- denial")},
 		{"plain: +report (no save)", cut("      saveWindow(keys[j], cs[j], chs[j], exists[j], stored[j])\n", "")},
 		{"apply: full", src},
+		// The library as the store runs it: counts for the fixed
+		// windows, plains for the others.
+		{"library", src},
 	}
 	variants = slices.DeleteFunc(variants, func(v struct{ name, body string }) bool { return v.body == "" })
 	if fs := os.Getenv("BASE"); fs != "" {
@@ -110,6 +113,10 @@ return 1`)},
 	ctx := context.Background()
 	for i, v := range variants {
 		lib := "#!lua name=prof" + strconv.Itoa(i) + "\n" + v.body + "\nredis.register_function('prof" + strconv.Itoa(i) + "', apply)\n"
+		if v.name == "library" || os.Getenv("BASE") != "" {
+			lib += "redis.register_function('prof" + strconv.Itoa(i) + "_counts', counts)\n" +
+				"redis.register_function('prof" + strconv.Itoa(i) + "_plains', plains)\n"
+		}
 		if err := c.FunctionLoad(ctx, lib).Err(); err != nil {
 			t.Fatalf("%s: %v", v.name, err)
 		}
@@ -144,11 +151,17 @@ return 1`)},
 					if !sc.warm {
 						k = fmt.Sprintf("%s-%d-%d-%d", key, r, i, j)
 					}
-					cl, err := newCall("apply", now.UnixMilli(), []limit.Charge{{Key: k, Algorithm: sc.alg, Amount: 1 << 40, Window: window, Cost: 1}})
+					charges := []limit.Charge{{Key: k, Algorithm: sc.alg, Amount: 1 << 40, Window: window, Cost: 1}}
+					build := applyCall
+					if v.name == "library" || os.Getenv("BASE") != "" {
+						build = newCall
+					}
+					cl, err := build("apply", now.UnixMilli(), charges)
 					if err != nil {
 						t.Fatal(err)
 					}
-					pipe.FCall(ctx, "prof"+strconv.Itoa(i), cl.keys, cl.args...)
+					fn := "prof" + strconv.Itoa(i) + [...]string{fnApply: "", fnCounts: "_counts", fnPlains: "_plains"}[cl.fn]
+					pipe.FCall(ctx, fn, cl.keys, cl.args...)
 					if pipe.Len() == 10 || j == calls-1 {
 						if _, err := pipe.Exec(ctx); err != nil {
 							t.Fatalf("%s %s: %v", sc.name, v.name, err)
