@@ -593,8 +593,8 @@ func TestOnceSeenKeysNotLeased(t *testing.T) {
 	if got := inner.calls.Load(); got != n {
 		t.Errorf("%d store calls for %d once-seen keys, want %d", got, n, n)
 	}
-	if st := s.Stats(); st.Granted != 0 || st.Keys > 1000 {
-		t.Errorf("stats %+v: want no lease, at most MaxEntries keys", st)
+	if st := s.Stats(); st.Granted != 0 || st.Keys != 0 {
+		t.Errorf("stats %+v: want no lease and no entry: a key seen once is remembered without one", st)
 	}
 	// A hot key arriving while the table is full of once-seen keys is
 	// still leased.
@@ -604,6 +604,16 @@ func TestOnceSeenKeysNotLeased(t *testing.T) {
 	}
 	if st := s.Stats(); st.Granted == 0 || st.Local < 90 {
 		t.Errorf("hot key after a full table: %+v, want leases", st)
+	}
+	// As before the once-seen table, a key's second decision within a
+	// lease's life asks for a lease.
+	second := limit.Charge{Key: "second", Algorithm: limit.SlidingWindow, Amount: 1_000_000, Window: time.Hour, Cost: 1}
+	before := s.Stats().Granted
+	for i := range 2 {
+		_, _ = s.Apply(ctx, t0.Add(ms(n+200+int64(i))), []limit.Charge{second}, res)
+	}
+	if st := s.Stats(); st.Granted != before+1 || st.Keys != 2 {
+		t.Errorf("a key decided on twice: %+v, want one more lease (%d) and its entry beside the hot key's", st, before+1)
 	}
 }
 
