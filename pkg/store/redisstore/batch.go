@@ -183,8 +183,8 @@ func (m *merged) reset() {
 
 // send runs batch as one pipeline, even a batch of one (one code path;
 // the same round trip as a lone FCALL), and hands each call its outcome:
-// the counts calls as one FCALL of counts, each other call as its own
-// FCALL. A call the server did not run for want of the code (retryable)
+// the counts calls as one FCALL of counts, the plains calls as one of
+// plains, each other call as its own FCALL. A call the server did not run for want of the code (retryable)
 // runs again alone, through applier.run, which loads it.
 func (b *batcher) send(batch []*pending, cmds []*redis.Cmd, m, pl *merged) []*redis.Cmd {
 	// No call's deadline bounds the pipeline: the client's read and
