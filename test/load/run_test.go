@@ -311,8 +311,9 @@ func TestRateCapsTheCalls(t *testing.T) {
 	res := runFlags(t, "-addr", addr, "-c", "8", "-d", "1s", "-rate", "200", "-domain", "api", "-descriptor", "tenant=acme")
 	// The schedule starts with the run and a call starts at each 5 ms
 	// slot: 200 in 1 s, and calls the schedule skipped after a stall of
-	// over 10 ms are lost, not made up.
-	if res.Requests < 150 || res.Requests > 202 {
+	// over 10 ms are lost, not made up (a loaded machine under -race
+	// stalls: the floor is loose, the cap is not).
+	if res.Requests < 100 || res.Requests > 202 {
 		t.Errorf("%d calls in 1s at -rate 200, want about 200", res.Requests)
 	}
 	if got := f.calls.Load(); got != res.Requests {
