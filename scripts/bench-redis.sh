@@ -2,7 +2,7 @@
 # bench-redis.sh: CPU per decision of Tollgate on Redis against a plain
 # INCRBY baseline (issue 17), in one run, medians of RUNS runs.
 #
-#   RUNS=3 DURATION=10s scripts/bench-redis.sh        # the defaults, ~14 min
+#   RUNS=3 DURATION=10s scripts/bench-redis.sh        # the defaults, ~15 min
 #   RUNS=1 DURATION=3s scripts/bench-redis.sh         # quick, ~4 min
 #
 # Workloads (ShouldRateLimit, domain bench, c=50 over one connection):
@@ -48,7 +48,7 @@ DURATION=${DURATION:-10s}
 WARMUP=${WARMUP:-1s}
 TENANTS=${TENANTS:-1000000}
 WORKLOADS=${WORKLOADS:-hot distinct three}
-CONFIGS=${CONFIGS:-baseline sliding sliding-nl fixed fixed-nl token token-nl}
+CONFIGS=${CONFIGS:-baseline sliding sliding-nl fixed fixed-nl token token-nl matched}
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || die "RUNS is $RUNS, want a positive number"
 
 BUILT=$(describe WORKTREE)
