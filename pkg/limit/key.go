@@ -196,18 +196,19 @@ func BreakerKey(descKey, name string) string {
 // on the breaker at key: key's hash tag, so that one script reaches both.
 func BreakerOnceKey(key, once string) string { return key + ":once:" + once }
 
-// CountKey is the key of the fixed window numbered idx (its start over
-// its width) of the fixed-window counter at key, where the Redis store
-// keeps that window's count: key, '#' and idx, on key's slot. A key with
-// no hash tag is braced whole ("{key}#idx"), which keeps its slot: the
-// slot of a key without a tag is that of the whole key. ok is false for a
-// key without a tag that braces cannot enclose (empty, or holding a '}').
-func CountKey(key string, idx int64) (k string, ok bool) {
+// CountKey is the key where the Redis store counts the fixed window of
+// charge ch that at (Unix ms) is in: ch.Key, '#' and the window's index
+// (its start over its width), on ch.Key's slot. A key with no hash tag is
+// braced whole ("{key}#idx"), which keeps its slot: the slot of a key
+// without a tag is that of the whole key. ok is false when ch.Key is not
+// Countable.
+func CountKey(ch *Charge, at int64) (k string, ok bool) {
+	key := ch.Key
+	if !Countable(key) {
+		return "", false
+	}
 	b := make([]byte, 0, len(key)+24)
 	if HashTag(key) == key {
-		if key == "" || strings.IndexByte(key, '}') >= 0 {
-			return "", false
-		}
 		b = append(b, '{')
 		b = append(b, key...)
 		b = append(b, '}')
@@ -215,8 +216,15 @@ func CountKey(key string, idx int64) (k string, ok bool) {
 		b = append(b, key...)
 	}
 	b = append(b, '#')
-	b = strconv.AppendInt(b, idx, 10)
+	b = strconv.AppendInt(b, floorDiv(at, WindowMillis(ch)), 10)
 	return string(b), true
+}
+
+// Countable reports whether key can carry count keys (CountKey) on its
+// own slot: it has a hash tag, or braces can enclose it (it is not empty
+// and holds no '}').
+func Countable(key string) bool {
+	return HashTag(key) != key || (key != "" && strings.IndexByte(key, '}') < 0)
 }
 
 // FairStateKey is the fair-share state of the shared counter at key: key's

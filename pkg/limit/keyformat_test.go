@@ -33,8 +33,8 @@ func TestKeyFormatPinned(t *testing.T) {
 		{name: "reservation once mark", give: OnceKey("llm", e[:1], "req-1"), want: "tg:{5a0ffbada6d12d76}:o:3:llm5:req-1"},
 		{name: "reservation once mark, no entries", give: OnceKey("llm", nil, "req-1"), want: "tg:{125b69191db94ab8}:o:3:llm5:req-1"},
 		{name: "fair-share state", give: FairStateKey(Key(Requests, SlidingWindow, time.Minute, "llm", e[1:])), want: "tg:{319f649f6afc5d06}:rs60000:3:llm5:model6:gpt-4o:fair"},
-		{name: "fixed window count", give: countKey(Key(Tokens, FixedWindow, time.Minute, "llm", e), 29402500), want: "tg:{5a0ffbada6d12d76}:tf60000:3:llm6:tenant4:acme5:model6:gpt-4o#29402500"},
-		{name: "fixed window count, untagged key", give: countKey("f", -2), want: "{f}#-2"},
+		{name: "fixed window count", give: countKey(Key(Tokens, FixedWindow, time.Minute, "llm", e), time.Minute, 29402500*60000+59999), want: "tg:{5a0ffbada6d12d76}:tf60000:3:llm6:tenant4:acme5:model6:gpt-4o#29402500"},
+		{name: "fixed window count, untagged key", give: countKey("f", time.Second, -1500), want: "{f}#-2"},
 		{name: "fair-share member", give: FairMember("acme"), want: "0724d383f4f6de0f"},
 		{name: "fair-share overflow member", give: FairMember(""), want: ""},
 		{name: "breaker", give: breaker, want: "tg:{045521d06c094a87}:b:11:tenant=acme8:upstream"},
@@ -52,8 +52,8 @@ func TestKeyFormatPinned(t *testing.T) {
 	}
 }
 
-func countKey(key string, idx int64) string {
-	k, ok := CountKey(key, idx)
+func countKey(key string, window time.Duration, at int64) string {
+	k, ok := CountKey(&Charge{Key: key, Algorithm: FixedWindow, Window: window}, at)
 	if !ok {
 		return "(none)"
 	}
@@ -66,8 +66,8 @@ func countKey(key string, idx int64) string {
 func TestCountKeySlot(t *testing.T) {
 	t.Parallel()
 	for _, key := range []string{"f", "a{b", "tg:{5a0ffbada6d12d76}:rf60000:3:llm", "x{y}z{w}"} {
-		k, ok := CountKey(key, 7)
-		if !ok {
+		k, ok := CountKey(&Charge{Key: key, Window: time.Second}, 7000)
+		if !ok || !Countable(key) {
 			t.Errorf("CountKey(%q): none", key)
 			continue
 		}
@@ -76,7 +76,7 @@ func TestCountKeySlot(t *testing.T) {
 		}
 	}
 	for _, key := range []string{"", "a}b", "{}x"} {
-		if k, ok := CountKey(key, 7); ok {
+		if k, ok := CountKey(&Charge{Key: key, Window: time.Second}, 7000); ok || Countable(key) {
 			t.Errorf("CountKey(%q) = %q, want none", key, k)
 		}
 	}

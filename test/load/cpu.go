@@ -119,15 +119,7 @@ func (m *cpuMeter) use(a, b cpuSample, decisions int64) *CPUUse {
 
 // cpu reads used_cpu_sys + used_cpu_user, in seconds.
 func (m *redisMeter) cpu(ctx context.Context) (float64, error) {
-	info, err := m.info(ctx, "cpu")
-	if err != nil {
-		return 0, err
-	}
-	s, err := redisCPU(info)
-	if err != nil {
-		return 0, fmt.Errorf("redis %s: %w", m.addr, err)
-	}
-	return s, nil
+	return infoValue(ctx, m, "cpu", redisCPU)
 }
 
 // redisCPU sums used_cpu_sys and used_cpu_user of an INFO cpu reply: the

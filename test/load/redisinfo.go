@@ -59,15 +59,21 @@ func commandCalls(info string) (int64, error) {
 
 // commands reads the command calls so far.
 func (m *redisMeter) commands(ctx context.Context) (int64, error) {
-	info, err := m.info(ctx, "commandstats")
+	return infoValue(ctx, m, "commandstats", commandCalls)
+}
+
+// infoValue reads one INFO section and parses it.
+func infoValue[T any](ctx context.Context, m *redisMeter, section string, parse func(string) (T, error)) (T, error) {
+	var zero T
+	info, err := m.info(ctx, section)
 	if err != nil {
-		return 0, err
+		return zero, err
 	}
-	n, err := commandCalls(info)
+	v, err := parse(info)
 	if err != nil {
-		return 0, fmt.Errorf("redis %s: %w", m.addr, err)
+		return zero, fmt.Errorf("redis %s: %w", m.addr, err)
 	}
-	return n, nil
+	return v, nil
 }
 
 // info reads one INFO section.

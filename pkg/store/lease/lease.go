@@ -178,12 +178,12 @@ type shard struct {
 // onceSlots is how many keys seen once a shard remembers (32 bytes each).
 const onceSlots = 1024
 
-// onceSeen is a key seen once: h its hash (onceHash), seen, last and
-// room as an entry's.
+// onceSeen is a key seen once: h its hash (onceHash), at when (an
+// entry's seen and last), room as an entry's.
 type onceSeen struct {
-	h          uint64
-	seen, last int64
-	room       uint64
+	h    uint64
+	at   int64
+	room uint64
 }
 
 // onceHash is a 64-bit FNV-1a of a charge's key and limit; never 0 (the
@@ -201,31 +201,23 @@ func onceHash(c *limit.Charge) uint64 {
 	return max(h, 1)
 }
 
-// seenOnce returns the entry a key seen once within maxLife before now
-// becomes, added to the shard, and clears its slot; nil when the key was
-// not seen so, or the shard is full of leased keys. The caller holds
-// sh.mu and has found no entry for c.Key.
-func (sh *shard) seenOnce(c *limit.Charge, now, maxLife int64, perShard int) *entry {
-	h := onceHash(c)
+// seenOnce returns the entry charge c's key, of hash h (onceHash), seen
+// once within maxLife before now, becomes, added to the shard, and clears
+// its slot; nil when the key was not seen so, or the shard is full of
+// leased keys. The caller holds sh.mu and has found no entry for c.Key.
+func (sh *shard) seenOnce(c *limit.Charge, h uint64, now, maxLife int64, perShard int) *entry {
 	o := &sh.once[h%onceSlots]
-	if o.h != h || now-o.last >= maxLife {
+	if o.h != h || now-o.at >= maxLife {
 		return nil
 	}
 	if len(sh.m) >= perShard && !sh.evictIdle() {
 		return nil
 	}
 	e := &entry{alg: c.Algorithm, amount: c.Amount, window: c.Window, buckets: c.Buckets, next: firstLease,
-		room: o.room, seen: o.seen, last: o.last}
+		room: o.room, seen: o.at, last: o.at}
 	sh.m[c.Key] = e
 	*o = onceSeen{}
 	return e
-}
-
-// rememberOnce records a decision on a key with no entry, at now, the
-// store having said room.
-func (sh *shard) rememberOnce(c *limit.Charge, now int64, room uint64) {
-	h := onceHash(c)
-	sh.once[h%onceSlots] = onceSeen{h: h, seen: now, last: now, room: room}
 }
 
 // entry is what the Store knows about one key.
@@ -556,7 +548,7 @@ func (s *Store) extraFor(now int64, charges []limit.Charge, i int) (x int64, mar
 	defer sh.mu.Unlock()
 	e := sh.m[c.Key]
 	if e == nil {
-		e = sh.seenOnce(c, now, s.opts.MaxLife.Milliseconds(), s.perShard)
+		e = sh.seenOnce(c, onceHash(c), now, s.opts.MaxLife.Milliseconds(), s.perShard)
 	}
 	// Only a key used again within a lease's life is leased: a key seen
 	// once (a long tail of tenants) would cost a refund per decision.
@@ -634,13 +626,13 @@ func (s *Store) observe(now int64, charges []limit.Charge, res []limit.Result, e
 		sh.mu.Lock()
 		e := sh.m[c.Key]
 		if e == nil {
-			e = sh.seenOnce(c, now, s.opts.MaxLife.Milliseconds(), s.perShard)
-		}
-		if e == nil && x == 0 {
-			// Seen once: remembered without an entry (shard.once).
-			sh.rememberOnce(c, now, res[i].Remaining)
-			sh.mu.Unlock()
-			continue
+			h := onceHash(c)
+			if e = sh.seenOnce(c, h, now, s.opts.MaxLife.Milliseconds(), s.perShard); e == nil && x == 0 {
+				// Seen once: remembered without an entry (shard.once).
+				sh.once[h%onceSlots] = onceSeen{h: h, at: now, room: res[i].Remaining}
+				sh.mu.Unlock()
+				continue
+			}
 		}
 		if e == nil || !e.sameLimit(c) {
 			if e == nil && len(sh.m) >= s.perShard && !sh.evictIdle() {

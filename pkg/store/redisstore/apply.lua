@@ -141,6 +141,14 @@ local function loadWindow(key)
   return c, true, raw
 end
 
+-- parseCount is the count a kind "i" key holds (GET's reply raw); nil
+-- when raw is not one.
+local function parseCount(raw)
+  local n = type(raw) == 'string' and tonumber(raw)
+  if not n or n < 0 or n ~= floor(n) or n > maxCount then return nil end
+  return n
+end
+
 -- loadCount reads a kind "i" window of width w at key, the count of the
 -- window now is in, as a window counter (see loadWindow), and returns the
 -- key it read. When the next window's key exists (its name is key's with
@@ -157,8 +165,8 @@ local function loadCount(key, w)
   end
   local raw = redis.pcall('GET', key)
   if raw == false then return {0, 0}, false, nil, key end
-  local n = type(raw) == 'string' and tonumber(raw)
-  if not n or n < 0 or n ~= floor(n) or n > maxCount then fail(key, 'does not hold a count') end
+  local n = parseCount(raw)
+  if n == nil then fail(key, 'does not hold a count') end
   local c = {w, cur}
   if n > 0 then c[3] = n end
   return c, true, raw, key
@@ -888,6 +896,17 @@ local types = {s = 'window', f = 'window', i = 'window', t = 'token', c = 'lease
 local loaders = {window = loadWindow, token = loadToken, lease = loadLeases, mark = loadMark}
 local steps = {window = windowStep, token = tokenStep, lease = leaseStep, mark = markStep}
 
+-- report is what a result says of counter c of type t after the Apply,
+-- as charge ch sees it: a window's usage and reset after, a token
+-- bucket's debt at now and 0, live leases and the time to the earliest
+-- deadline, or 0 and 0 for a mark.
+local function report(t, c, ch)
+  if t == 'token' then return fmtfloat(debt(c)), 0 end
+  if t == 'lease' then return #c.l, firstDeadline(c) end
+  if t == 'mark' then return 0, 0 end
+  return windowReport(c, ch)
+end
+
 local function step(ch)
   return steps[ch.k.type](ch.k.work, ch)
 end
@@ -1117,21 +1136,25 @@ end
 -- share of the garbage collection.
 local pChs, pCs, pStored, pExists = {}, {}, {}, {}
 
--- plain runs the call nearly every decision makes: mode "apply", no fair
--- entry, and every charge a window or token bucket charge without flags
--- on a key of its own (charge j on KEYS[j]). It does what apply does for
--- such a call, with the same steps, denial, writes and results in the
--- same order, but without per-key records, dispatch by type, or a copy
--- of the stored state on the way to an admission (a denial reads it
--- again). It returns nil, having written nothing, for any other call or
--- a bad argument: apply then runs the call, and reports the error.
-local function plainRun(keys, ko, argv, a, stride, n, out, ob)
+-- argsPlain is how many arguments plains takes per charge.
+local argsPlain = 6
+
+-- plainRun runs one of plains' decisions, the one nearly every decision
+-- is: every charge a window or token bucket charge without flags on a
+-- key of its own, no fair entry, mode "apply". Its n charges' keys are
+-- KEYS[ko + 1 ..], their six arguments each from ARGV[a]; it writes its
+-- reply, as apply's, into out after index ob. It does what apply does
+-- for such a call, with the same steps, denial, writes and results in
+-- the same order, but without per-key records, dispatch by type, or a
+-- copy of the stored state on the way to an admission (a denial reads it
+-- again). It returns nil, having written nothing, for a bad argument.
+local function plainRun(keys, ko, argv, a, n, out, ob)
   -- stored: a window's string (nil: none) or the stored token bucket.
   local chs, cs, stored, exists = pChs, pCs, pStored, pExists
   local admitted = true
   out[ob + 1] = 1
   for j = 1, n do
-    local b = a + stride * (j - 1)
+    local b = a + argsPlain * (j - 1)
     local ch = chs[j]
     if ch == nil then
       ch = {}
@@ -1185,23 +1208,10 @@ local function plainRun(keys, ko, argv, a, stride, n, out, ob)
     end
   end
   for j = 1, n do
-    local ch, c, o = chs[j], cs[j], ob + 4 * j - 2
-    if ch.kind == 't' then
-      out[o + 2], out[o + 3] = fmtfloat(debt(c)), 0
-    else
-      out[o + 2], out[o + 3] = windowReport(c, ch)
-    end
+    local ch, o = chs[j], ob + 4 * j - 2
+    out[o + 2], out[o + 3] = report(types[ch.kind], cs[j], ch)
   end
   return out
-end
-
--- plain is plainRun on apply's arguments, when the call is one.
-local function plain(keys, argv, n)
-  for j = 1, n do
-    local b = 3 + 8 * (j - 1)
-    if argv[b + 8] ~= '' or tonumber(argv[b + 1]) ~= j or keys[j] == nil then return nil end
-  end
-  return plainRun(keys, 0, argv, 5, 8, n, {}, 0)
 end
 
 -- sizesOK checks, before a batch function writes anything, that argv
@@ -1220,10 +1230,12 @@ local function sizesOK(keys, argv, head, per, keysPer)
   return ai == na + 1 and ki == #keys
 end
 
--- plains runs a batch of plain decisions (as plain: every charge a
+-- plains runs a batch of plain decisions (see plainRun: every charge a
 -- window or token bucket charge without flags or fair share, each on a
 -- key of its own) one after another, each all or nothing: the batch of
--- concurrent decisions a batching store merges into one call.
+-- concurrent decisions a batching store merges into one call, or one
+-- decision alone. apply runs such a decision the same way, by its general
+-- path; the store never sends it one.
 --
 -- KEYS: every decision's keys, in order. ARGV: for each decision, n its
 -- number of charges, its now (ms), then for each charge kind, amount, p1,
@@ -1233,7 +1245,7 @@ end
 -- argument), -1 and the error's message: that decision wrote nothing.
 local function plains(keys, argv)
   if sformat == nil then bind() end
-  if not sizesOK(keys, argv, 2, 6, 1) then return redis.error_reply('ERR tollgate plains: bad arguments') end
+  if not sizesOK(keys, argv, 2, argsPlain, 1) then return redis.error_reply('ERR tollgate plains: bad arguments') end
   local na = #argv
   mode = 'apply'
   local out = {}
@@ -1242,7 +1254,7 @@ local function plains(keys, argv)
     local n = tonumber(argv[ai])
     now = tonumber(argv[ai + 1])
     local ob = #out
-    local ok, r = pcall(plainRun, keys, ki, argv, ai + 2, 6, n, out, ob)
+    local ok, r = pcall(plainRun, keys, ki, argv, ai + 2, n, out, ob)
     if not ok or r == nil then
       for i = #out, ob + 1, -1 do out[i] = nil end
       out[#out + 1] = -1
@@ -1254,7 +1266,7 @@ local function plains(keys, argv)
         out[#out + 1] = 'ERR tollgate plains: bad charge arguments'
       end
     end
-    ai, ki = ai + 2 + 6 * n, ki + n
+    ai, ki = ai + 2 + argsPlain * n, ki + n
   end
   return out
 end
@@ -1298,8 +1310,8 @@ local function counts(keys, argv)
       end
       local c, amount, x = 0, tonumber(argv[b]), tonumber(argv[b + 1])
       if raw ~= false then
-        c = type(raw) == 'string' and tonumber(raw)
-        if not c or c < 0 or c ~= floor(c) or c > maxCount then bad = true end
+        c = parseCount(raw)
+        if c == nil then bad, c = true, 0 end
       end
       if amount == nil or x == nil then bad = true end
       if not bad then
@@ -1357,11 +1369,6 @@ local function apply(keys, argv)
   if mode == 'undo' then extra = #keys end
   if #argv ~= tail + extra then
     return redis.error_reply('ERR tollgate apply: bad argument count')
-  end
-
-  if mode == 'apply' and nf == 0 then
-    local out = plain(keys, argv, n)
-    if out ~= nil then return out end
   end
 
   local counters, order, charges = {}, {}, {}
@@ -1555,16 +1562,7 @@ local function apply(keys, argv)
   -- Every result describes its counter after the whole Apply.
   for j, ch in ipairs(charges) do
     local o = 4 * j - 2
-    local c = ch.k.work
-    if ch.k.type == 'token' then
-      out[o + 2], out[o + 3] = fmtfloat(debt(c)), 0
-    elseif ch.k.type == 'lease' then
-      out[o + 2], out[o + 3] = #c.l, firstDeadline(c)
-    elseif ch.k.type == 'mark' then
-      out[o + 2], out[o + 3] = 0, 0
-    else
-      out[o + 2], out[o + 3] = windowReport(c, ch)
-    end
+    out[o + 2], out[o + 3] = report(ch.k.type, ch.k.work, ch)
   end
   return out
 end

@@ -232,14 +232,10 @@ func (m *merged) add(p *pending) {
 	m.args = append(m.args, p.call.args...)
 }
 
-// cmd queues m's one call of fn on pipe: a lone call as it is; nil when
-// m is empty.
+// cmd queues m's one call of fn on pipe; nil when m is empty.
 func (m *merged) cmd(ctx context.Context, pipe redis.Pipeliner, a *applier, fn fnKind) *redis.Cmd {
-	switch len(m.calls) {
-	case 0:
+	if len(m.calls) == 0 {
 		return nil
-	case 1:
-		return a.cmd(ctx, pipe, m.calls[0].call)
 	}
 	return a.cmdKA(ctx, pipe, fn, m.keys, m.args)
 }

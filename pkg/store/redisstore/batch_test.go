@@ -267,11 +267,18 @@ func TestCountsMerged(t *testing.T) {
 	if err := admin.RPush(ctx, countKeyAt(t, broken, t0), "x").Err(); err != nil {
 		t.Fatal(err)
 	}
+	// A next window's key that holds no count (the one a clock ahead
+	// would have started) fails its decision alone too.
+	brokenNext := fixed("broken-next", 5, 1)
+	if err := admin.Set(ctx, countKeyAt(t, brokenNext, t0.Add(time.Minute)), "x", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
 	decisions := [][]limit.Charge{
 		{fixed("a", 1, 1)},                           // admitted: a is full
 		{fixed("b", 5, 2), fixed("a", 1, 1)},         // denied by a: b keeps nothing
 		{fixed("d", 5, 1), fixed("e", 5, 1), broken}, // fails alone, and takes back d and e
-		{fixed("a", 1, -1), fixed("b", 5, 0)},        // a refund and a check: admitted
+		{brokenNext},                          // fails alone
+		{fixed("a", 1, -1), fixed("b", 5, 0)}, // a refund and a check: admitted
 	}
 	batch := sendMerged(t, s, admin, fnCounts, decisions)
 	end := limit.Millis(time.Minute.Milliseconds() - t0.UnixMilli()%time.Minute.Milliseconds())
@@ -282,6 +289,7 @@ func TestCountsMerged(t *testing.T) {
 	}{
 		{true, []limit.Result{{Fits: true, Remaining: 0, ResetAfter: end}}, false},
 		{false, []limit.Result{{Fits: true, Remaining: 5, ResetAfter: end}, {Fits: false, Remaining: 0, ResetAfter: end, RetryAfter: end}}, false},
+		{false, nil, true},
 		{false, nil, true},
 		{true, []limit.Result{{Fits: true, Remaining: 1, ResetAfter: end}, {Fits: true, Remaining: 5, ResetAfter: end}}, false},
 	} {

@@ -20,8 +20,8 @@ type call struct {
 	// admitted is the reply's verdict, once decoded.
 	admitted bool
 	// fn is the function the call runs: apply, counts (countsCall; ends
-	// is then each charge's time to its window's end) or plains
-	// (plainsCall).
+	// is then each charge's time to its window's end, should it count in
+	// the window now is in) or plains (plainsCall).
 	fn   fnKind
 	ends []int64
 	// keyBuf and argBuf back keys and args for a call of one charge
@@ -39,7 +39,11 @@ const (
 	fnApply fnKind = iota
 	fnCounts
 	fnPlains
+	fnKinds
 )
+
+// fnNames are the functions' names in apply.lua.
+var fnNames = [fnKinds]string{fnApply: "apply", fnCounts: "counts", fnPlains: "plains"}
 
 const (
 	argsHead      = 3
@@ -50,14 +54,57 @@ const (
 
 func newCall(mode string, now int64, charges []limit.Charge) (*call, error) {
 	if mode == "apply" {
-		if c := countsCall(now, charges); c != nil {
-			return c, nil
-		}
-		if c := plainsCall(now, charges); c != nil {
-			return c, nil
+		switch leanFn(charges) {
+		case fnCounts:
+			return countsCall(now, charges), nil
+		case fnPlains:
+			return plainsCall(now, charges)
 		}
 	}
 	return applyCall(mode, now, charges)
+}
+
+// leanFn is the lean function that can run a decision: counts when every
+// charge is a fixed window on a Countable key with Amount at most
+// limit.MaxCount; plains when every charge is a sliding window, a token
+// bucket or a fixed window on a key that is not Countable; fnApply for
+// any other decision, and for any with a charge with Shadow, Force or a
+// fair gate, or two charges on one key. (A Countable fixed window is
+// always counted in its count key: a decision with one and charges of
+// other kinds runs apply, which knows that layout too.)
+func leanFn(charges []limit.Charge) fnKind {
+	counts, plains := true, true
+	for i := range charges {
+		ch := &charges[i]
+		if ch.Shadow || ch.Force || fairGated(ch) {
+			return fnApply
+		}
+		for j := range i {
+			if charges[j].Key == ch.Key {
+				return fnApply
+			}
+		}
+		switch ch.Algorithm {
+		case limit.SlidingWindow, limit.TokenBucket:
+			counts = false
+		case limit.FixedWindow:
+			if limit.Countable(ch.Key) {
+				plains = false
+				counts = counts && ch.Amount <= limit.MaxCount
+			} else {
+				counts = false
+			}
+		default:
+			return fnApply
+		}
+	}
+	switch {
+	case counts:
+		return fnCounts
+	case plains:
+		return fnPlains
+	}
+	return fnApply
 }
 
 // applyCall is the call of apply, the function that runs any decision.
@@ -91,7 +138,7 @@ func applyCall(mode string, now int64, charges []limit.Charge) (*call, error) {
 		}
 		key := ch.Key
 		if kind == kindF {
-			if k, ok := countKey(ch, now); ok {
+			if k, ok := limit.CountKey(ch, now); ok {
 				kind, key = kindI, k
 			}
 		}
@@ -115,43 +162,14 @@ var (
 	flagS, flagF, flagSF, flagNone           any = "s", "f", "sf", ""
 )
 
-// countKey is the key of the window of fixed-window charge ch that now is
-// in (limit.CountKey): apply.lua's kind "i", a count the counts function
-// reads with one GET and writes with one INCRBY, or a SET on the
-// window's first charge. ok is false for a key that cannot carry it,
-// whose window stays a kind "f" one.
-func countKey(ch *limit.Charge, now int64) (string, bool) {
-	return limit.CountKey(ch.Key, floorDiv(now, limit.WindowMillis(ch)))
-}
-
-func floorDiv(a, b int64) int64 {
-	q := a / b
-	if a%b != 0 && (a < 0) != (b < 0) {
-		q--
-	}
-	return q
-}
-
 // ttlMargin is apply.lua's: a key lives this long (ms) past the time its
 // counter is equivalent to a fresh one.
 const ttlMargin = 1000
 
-// countsCall returns the counts call for a decision that counts can run:
-// every charge a fixed window on a key of its own that has a count key
-// (countKey), without Shadow, Force or a fair gate, its Amount at most
-// limit.MaxCount; nil for any other decision.
+// countsCall returns the call of counts for a decision leanFn gives to
+// it: per charge, the count keys (limit.CountKey) of the window now is
+// in and of the next one, and amount, cost and the key's expiry.
 func countsCall(now int64, charges []limit.Charge) *call {
-	for i := range charges {
-		ch := &charges[i]
-		if ch.Algorithm != limit.FixedWindow || ch.Shadow || ch.Force || fairGated(ch) || ch.Amount > limit.MaxCount {
-			return nil
-		}
-		for j := range i {
-			if charges[j].Key == ch.Key {
-				return nil
-			}
-		}
-	}
 	c := &call{mode: "apply", now: now, charges: len(charges), fn: fnCounts}
 	if len(charges) == 1 {
 		c.keys, c.args, c.ends = c.keyBuf[:0], c.argBuf[:1], c.endBuf[:0]
@@ -161,47 +179,18 @@ func countsCall(now int64, charges []limit.Charge) *call {
 	c.args[0] = len(charges)
 	for i := range charges {
 		ch := &charges[i]
-		W := limit.WindowMillis(ch)
-		idx := floorDiv(now, W)
-		key, ok := limit.CountKey(ch.Key, idx)
-		if !ok {
-			return nil
-		}
-		next, _ := limit.CountKey(ch.Key, idx+1)
-		end := (idx+1)*W - now
-		c.ends = append(c.ends, end)
+		end := limit.BucketEnd(ch, now) // a fixed window is one bucket
+		key, _ := limit.CountKey(ch, now)
+		next, _ := limit.CountKey(ch, end)
+		c.ends = append(c.ends, end-now)
 		c.keys = append(c.keys, key, next)
-		c.args = append(c.args, ch.Amount, clampCost(ch.Cost), end+ttlMargin)
+		c.args = append(c.args, ch.Amount, clampCost(ch.Cost), end-now+ttlMargin)
 	}
 	return c
 }
 
-// plainsCall returns the plains call for a decision that plains can
-// run: every charge a sliding window, a fixed window without a count key
-// (countKey) or a token bucket, on a key of its own, without Shadow,
-// Force or a fair gate; nil for any other decision. (A decision with both
-// count keys and other charges runs apply.)
-func plainsCall(now int64, charges []limit.Charge) *call {
-	for i := range charges {
-		ch := &charges[i]
-		switch ch.Algorithm {
-		case limit.SlidingWindow, limit.TokenBucket:
-		case limit.FixedWindow:
-			if _, ok := countKey(ch, now); ok {
-				return nil
-			}
-		default:
-			return nil
-		}
-		if ch.Shadow || ch.Force || fairGated(ch) {
-			return nil
-		}
-		for j := range i {
-			if charges[j].Key == ch.Key {
-				return nil
-			}
-		}
-	}
+// plainsCall returns the call of plains for a decision leanFn gives to it.
+func plainsCall(now int64, charges []limit.Charge) (*call, error) {
 	c := &call{mode: "apply", now: now, charges: len(charges), fn: fnPlains}
 	if na := 2 + argsPlain*len(charges); len(charges) <= len(c.keyBuf) && na <= len(c.argBuf) {
 		c.keys, c.args = c.keyBuf[:0], c.argBuf[:2]
@@ -213,12 +202,12 @@ func plainsCall(now int64, charges []limit.Charge) *call {
 		ch := &charges[i]
 		kind, p1, p2, p3, err := params(ch)
 		if err != nil {
-			return nil
+			return nil, fmt.Errorf("charges[%d]: %w", i, err)
 		}
 		c.keys = append(c.keys, ch.Key)
 		c.args = append(c.args, kind, ch.Amount, p1, p2, p3, ch.Cost)
 	}
-	return c
+	return c, nil
 }
 
 // argsPlain is how many arguments plains takes per charge.
@@ -238,18 +227,9 @@ func (c *call) decodeCounts(rep []any, charges []limit.Charge, res []limit.Resul
 	}
 	admitted := true
 	for i := range charges {
-		n, err := integer(rep[i])
+		n, end, err := c.found(rep, charges, i)
 		if err != nil {
-			return false, malformed("charges[%d]: count: %v", i, err)
-		}
-		if n == -1 {
-			return false, fmt.Errorf("%w: charges[%d]: key %q holds no count", errReply, i, c.keys[2*i])
-		}
-		if n < -1 {
-			// Counted in the next window, which a clock ahead started.
-			n = -2 - n
-			c.ends[i] += limit.WindowMillis(&charges[i])
-			rep[i] = n
+			return false, err
 		}
 		ch, r := &charges[i], &res[i]
 		x, amount := clampCost(ch.Cost), ch.Amount
@@ -263,12 +243,12 @@ func (c *call) decodeCounts(rep []any, charges []limit.Charge, res []limit.Resul
 		}
 		r.RetryAfter = 0
 		if !r.Fits {
-			r.RetryAfter = limit.Millis(c.ends[i])
+			r.RetryAfter = limit.Millis(end)
 			admitted = false
 		}
 	}
 	for i := range charges {
-		n, _ := integer(rep[i])
+		n, end, _ := c.found(rep, charges, i)
 		ch, r := &charges[i], &res[i]
 		switch x := clampCost(ch.Cost); {
 		case x > 0 && admitted:
@@ -277,10 +257,26 @@ func (c *call) decodeCounts(rep []any, charges []limit.Charge, res []limit.Resul
 			n = max(n+x, 0)
 		}
 		r.Remaining = ch.Amount - min(uint64(n), ch.Amount)
-		r.ResetAfter = limit.Millis(c.ends[i])
+		r.ResetAfter = limit.Millis(end)
 	}
 	c.admitted = admitted
 	return admitted, nil
+}
+
+// found reads counts' value for charges[i]: the count the charge found,
+// and the time (ms) to the end of the window it counted in, the next one
+// when a clock ahead had started it (-2 - count).
+func (c *call) found(rep []any, charges []limit.Charge, i int) (n, end int64, err error) {
+	n, err = integer(rep[i])
+	switch {
+	case err != nil:
+		return 0, 0, malformed("charges[%d]: count: %v", i, err)
+	case n == -1:
+		return 0, 0, fmt.Errorf("%w: charges[%d]: key %q holds no count", errReply, i, c.keys[2*i])
+	case n < -1:
+		return -2 - n, c.ends[i] + limit.WindowMillis(&charges[i]), nil
+	}
+	return n, c.ends[i], nil
 }
 
 // modeArg is mode as the script's first argument.

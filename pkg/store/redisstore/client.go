@@ -510,13 +510,12 @@ func (s *Store) Warm(ctx context.Context) error {
 		}
 	}
 	s.apply.load(ctx, s.c)
-	if s.apply.scripts.Load() {
+	if s.apply.useScripts.Load() {
 		// Best effort: an ACL without SCRIPT LOAD (the README's grants
 		// FCALL, EVALSHA and EVAL) still runs the script, by EVAL on its
 		// first NOSCRIPT; failing the warm-up would keep the replica from
 		// ever serving.
-		for _, fn := range []fnKind{fnApply, fnCounts, fnPlains} {
-			_, script := s.apply.code(fn)
+		for _, script := range s.apply.scripts {
 			_ = script.Load(ctx, s.c).Err()
 		}
 	}

@@ -308,7 +308,7 @@ func TestTLSWithACLUser(t *testing.T) {
 		// After the others, not beside them: more parallel calls on a busy
 		// machine push the breaker suite's calls past the read timeout.
 		t.Run("shared", func(t *testing.T) { runShared(t, c) })
-		if s.apply.scripts.Load() {
+		if s.apply.useScripts.Load() {
 			t.Error("the store turned to scripts: the ACL user could not load the function")
 		}
 		checkACLLog(t, servers...)

@@ -339,7 +339,7 @@ func TestClusterRestartedMaster(t *testing.T) {
 		t.Errorf("after the restart, %v left, want %v", got, want)
 	}
 	libs, err := c.Servers()[1].Client(t).FunctionList(ctx, redis.FunctionListQuery{}).Result()
-	if err != nil || len(libs) != 1 || libs[0].Name != "tollgate_"+strings.TrimPrefix(s.apply.fn, "tollgate_apply_") {
+	if err != nil || len(libs) != 1 || libs[0].Name != "tollgate_"+strings.TrimPrefix(s.apply.names[fnApply], "tollgate_apply_") {
 		t.Errorf("the restarted master holds the libraries %+v (%v), want the store's", libs, err)
 	}
 }

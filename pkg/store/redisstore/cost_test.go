@@ -89,7 +89,7 @@ func BenchmarkApplyCost(b *testing.B) {
 				s := newStore(c)
 				b.Cleanup(func() { _ = s.Close() })
 				// As on a server without functions.
-				s.apply.scripts.Store(code == "evalsha")
+				s.apply.useScripts.Store(code == "evalsha")
 				admin := srv.Client(b)
 				ctx := context.Background()
 				now := t0

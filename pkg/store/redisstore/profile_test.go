@@ -73,9 +73,6 @@ return 1`)},
 		{"apply: parse+load+reset", cut("  local out = {1}\n", "  reset(order) do return 1 end\n  local out = {1}\n")},
 		{"apply: no save, no report", strings.Replace(cut("    for _, k in ipairs(order) do save(k) end\n", ""), "  for j, ch in ipairs(charges) do\n    local o = 4 * j - 2\n    local c = ch.k.work\n", "  for j, ch in ipairs({}) do\n    local o = 4 * j - 2\n    local c = ch.k.work\n", 1)},
 		{"apply: no save", cut("    for _, k in ipairs(order) do save(k) end\n", "")},
-		{"plain: shape check", cut("  -- stored: a window's string (nil: none) or the stored token bucket.\n", "  do return 1 end\n")},
-		{"plain: +load+step", cut("  if not admitted then\n    -- denial", "  do return 1 end\n  if not admitted then\n    -- denial")},
-		{"plain: +report (no save)", cut("      saveWindow(keys[j], cs[j], chs[j], exists[j], stored[j])\n", "")},
 		{"apply: full", src},
 		// The library as the store runs it: counts for the fixed
 		// windows, plains for the others.

@@ -29,30 +29,24 @@ import (
 // for good, which go-redis loads with EVAL on NOSCRIPT.
 type applier struct {
 	lib string // the FUNCTION LOAD source
-	// fn and script run apply; countsFn and countsScript run counts, the
-	// batch of plain fixed-window decisions (call.kind fnCounts);
-	// plainsFn and plainsScript run plains, the batch of other plain
-	// decisions (fnPlains).
-	fn, countsFn, plainsFn             string
-	script, countsScript, plainsScript *redis.Script
-	// scripts is set once a server turned functions down.
-	scripts atomic.Bool
+	// names and scripts run each of the library's functions, by fnKind:
+	// apply, counts and plains (see call.go's leanFn).
+	names   [fnKinds]string
+	scripts [fnKinds]*redis.Script
+	// useScripts is set once a server turned functions down.
+	useScripts atomic.Bool
 }
 
 func newApplier(body string) *applier {
 	sum := sha1.Sum([]byte(body)) //nolint:gosec // G401: see the import
 	v := hex.EncodeToString(sum[:8])
-	return &applier{
-		lib: "#!lua name=tollgate_" + v + "\n" + body + "\nredis.register_function('tollgate_apply_" + v + "', apply)\n" +
-			"redis.register_function('tollgate_counts_" + v + "', counts)\n" +
-			"redis.register_function('tollgate_plains_" + v + "', plains)\n",
-		fn:           "tollgate_apply_" + v,
-		countsFn:     "tollgate_counts_" + v,
-		plainsFn:     "tollgate_plains_" + v,
-		script:       redis.NewScript(body + "\nreturn apply(KEYS, ARGV)\n"),
-		countsScript: redis.NewScript(body + "\nreturn counts(KEYS, ARGV)\n"),
-		plainsScript: redis.NewScript(body + "\nreturn plains(KEYS, ARGV)\n"),
+	a := &applier{lib: "#!lua name=tollgate_" + v + "\n" + body + "\n"}
+	for fn, lua := range fnNames {
+		a.names[fn] = "tollgate_" + lua + "_" + v
+		a.lib += "redis.register_function('" + a.names[fn] + "', " + lua + ")\n"
+		a.scripts[fn] = redis.NewScript(body + "\nreturn " + lua + "(KEYS, ARGV)\n")
 	}
+	return a
 }
 
 // cmd queues or runs one call on c, a client or a pipeline: FCALL, or
@@ -61,24 +55,12 @@ func (a *applier) cmd(ctx context.Context, c redis.Cmdable, call *call) *redis.C
 	return a.cmdKA(ctx, c, call.fn, call.keys, call.args)
 }
 
-// code is the function and the script that run fn.
-func (a *applier) code(fn fnKind) (string, *redis.Script) {
-	switch fn {
-	case fnCounts:
-		return a.countsFn, a.countsScript
-	case fnPlains:
-		return a.plainsFn, a.plainsScript
-	}
-	return a.fn, a.script
-}
-
 // cmdKA queues or runs fn on keys and args.
 func (a *applier) cmdKA(ctx context.Context, c redis.Cmdable, fn fnKind, keys []string, args []any) *redis.Cmd {
-	name, script := a.code(fn)
-	if a.scripts.Load() {
-		return script.EvalSha(ctx, c, keys, args...)
+	if a.useScripts.Load() {
+		return a.scripts[fn].EvalSha(ctx, c, keys, args...)
 	}
-	return c.FCall(ctx, name, keys, args...)
+	return c.FCall(ctx, a.names[fn], keys, args...)
 }
 
 // functionMissing reports an FCALL the server did not run because it does
@@ -121,7 +103,7 @@ func (a *applier) loadOn(ctx context.Context, c redis.Cmdable) {
 	loaded := redis.HasErrorPrefix(err, "Library '") && strings.HasSuffix(err.Error(), "already exists") // by another replica
 	if errors.As(err, &rerr) && !loaded {
 		// An answer: this server will not load the library.
-		a.scripts.Store(true)
+		a.useScripts.Store(true)
 	}
 }
 
@@ -131,7 +113,7 @@ func (a *applier) run(ctx context.Context, c redis.UniversalClient, call *call) 
 	cmd := a.cmd(ctx, c, call)
 	switch err := cmd.Err(); {
 	case noFunctions(err):
-		a.scripts.Store(true)
+		a.useScripts.Store(true)
 		cmd = a.cmd(ctx, c, call)
 	case functionMissing(err):
 		a.load(ctx, c)
@@ -139,8 +121,7 @@ func (a *applier) run(ctx context.Context, c redis.UniversalClient, call *call) 
 	}
 	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
 		// EVAL runs the script and loads it.
-		_, script := a.code(call.fn)
-		cmd = script.Eval(ctx, c, call.keys, call.args...)
+		cmd = a.scripts[call.fn].Eval(ctx, c, call.keys, call.args...)
 	}
 	return cmd.Slice()
 }

@@ -12,8 +12,9 @@
 // counts runs a decision of fixed windows only (no flags, no fair gate)
 // with a GET and an INCRBY or SET per charge and nothing else; plains
 // runs a decision of sliding windows, fixed windows without a count key
-// and token buckets (no flags, no fair gate), apply's plain path with
-// fewer arguments. counts and plains take many decisions per call, run
+// and token buckets (no flags, no fair gate) with apply's steps but
+// none of its per-key records, from fewer arguments (call.go's leanFn
+// picks the function). counts and plains take many decisions per call, run
 // one after another, each all or nothing: a batching store (WithBatch)
 // merges its queued decisions into one call of each.
 //
@@ -185,10 +186,9 @@ func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge
 	return call.decode(rep, charges, res)
 }
 
+// run runs call on the client, unbatched (runFor sends a batching
+// store's calls to its batcher).
 func (s *Store) run(ctx context.Context, call *call) ([]any, error) {
-	if s.batch != nil {
-		return s.batch.do(ctx, call)
-	}
 	rep, err := s.apply.run(ctx, s.c, call)
 	if err != nil {
 		return nil, fmt.Errorf("run apply script: %w", err)

@@ -825,7 +825,7 @@ func TestPingLoadsTheLibrary(t *testing.T) {
 // window at now (limit.CountKey).
 func countKeyAt(t testing.TB, ch limit.Charge, now time.Time) string {
 	t.Helper()
-	k, ok := countKey(&ch, now.UnixMilli())
+	k, ok := limit.CountKey(&ch, now.UnixMilli())
 	if !ok {
 		t.Fatalf("%q has no count key", ch.Key)
 	}
