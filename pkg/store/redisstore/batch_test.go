@@ -46,13 +46,21 @@ func newStore(c redis.UniversalClient) *Store {
 	return New(c)
 }
 
-// pipelines counts the pipelines a client sends and the FCALLs in them.
+// pipelines counts the pipelines a client sends and the FCALLs in them,
+// and the FCALLs it sends alone (lone).
 type pipelines struct {
-	n, fcalls, largest atomic.Int64
+	n, fcalls, largest, lone atomic.Int64
 }
 
-func (h *pipelines) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (h *pipelines) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *pipelines) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *pipelines) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "fcall" {
+			h.lone.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
 func (h *pipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		h.n.Add(1)
@@ -75,7 +83,8 @@ func (h *pipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 
 // TestBatchSharesPipelines: decisions queued while Redis is busy go in
 // pipelines of up to the batch size, each still its own atomic FCALL, and
-// a key they share admits exactly its limit.
+// a key they share admits exactly its limit. At most BatchWorkers of them
+// run alone (batcher.direct: the store was idle when they came).
 func TestBatchSharesPipelines(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
@@ -90,8 +99,17 @@ func TestBatchSharesPipelines(t *testing.T) {
 	if err := s.Ping(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// An idle store sends a lone decision as it comes, not through a
+	// worker's pipeline.
+	h.n.Store(0)
+	alone := limit.Charge{Key: key(limit.FixedWindow, time.Hour, "alone"), Algorithm: limit.FixedWindow, Amount: 20, Window: time.Hour, Cost: 1}
+	apply(t, s, t0, alone)
+	if n, lone := h.n.Load(), h.lone.Load(); n != 0 || lone != 1 {
+		t.Errorf("a decision on an idle store: %d pipelines and %d FCALLs alone, want 0 and 1", n, lone)
+	}
 	h.n.Store(0)
 	h.fcalls.Store(0)
+	h.lone.Store(0)
 	before := commandCalls(t, admin, "fcall")
 	// The workers' first pipelines wait out the pause; the rest queue
 	// behind them.
@@ -124,8 +142,8 @@ func TestBatchSharesPipelines(t *testing.T) {
 	if got := admitted.Load(); got != 20 {
 		t.Errorf("%d of %d decisions admitted on a shared limit of 20", got, decisions)
 	}
-	if got := h.fcalls.Load(); got != decisions {
-		t.Errorf("%d FCALLs in pipelines for %d decisions", got, decisions)
+	if got, lone := h.fcalls.Load(), h.lone.Load(); got+lone != decisions || lone > BatchWorkers {
+		t.Errorf("%d FCALLs in pipelines and %d alone for %d decisions, want at most %d alone", got, lone, decisions, BatchWorkers)
 	}
 	if got := commandCalls(t, admin, "fcall") - before; got != decisions {
 		t.Errorf("server counted %d FCALL for %d decisions", got, decisions)
@@ -168,11 +186,22 @@ func TestBatchCallerGivesUp(t *testing.T) {
 	}
 	mine := limit.Charge{Key: key(limit.FixedWindow, time.Hour, "gives-up"), Algorithm: limit.FixedWindow, Amount: 10, Window: time.Hour, Cost: 1}
 	other := limit.Charge{Key: key(limit.FixedWindow, time.Hour, "waits"), Algorithm: limit.FixedWindow, Amount: 10, Window: time.Hour, Cost: 1}
-	waited := make(chan error, 1)
-	go func() {
-		_, err := s.Apply(ctx, t0, []limit.Charge{other}, make([]limit.Result, 1))
-		waited <- err
-	}()
+	// BatchWorkers decisions run alone (batcher.direct) and wait out the
+	// pause, so that mine is queued.
+	waited := make(chan error, BatchWorkers)
+	for i := range BatchWorkers {
+		go func() {
+			ch := other
+			ch.Key += strconv.Itoa(i)
+			_, err := s.Apply(ctx, t0, []limit.Charge{ch}, make([]limit.Result, 1))
+			waited <- err
+		}()
+	}
+	for deadline := time.Now().Add(5 * time.Second); s.batch.senders.Load() < BatchWorkers; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d decisions in flight", s.batch.senders.Load(), BatchWorkers)
+		}
+	}
 	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -183,8 +212,10 @@ func TestBatchCallerGivesUp(t *testing.T) {
 	if d := time.Since(start); d > 100*time.Millisecond {
 		t.Errorf("Apply returned %v after its 20ms deadline, want at once", d)
 	}
-	if err := <-waited; err != nil {
-		t.Fatalf("the decision that waited: %v", err)
+	for range BatchWorkers {
+		if err := <-waited; err != nil {
+			t.Fatalf("a decision that waited: %v", err)
+		}
 	}
 	// The call whose caller gave up runs: its key holds its charge.
 	for deadline := time.Now().Add(time.Second); admin.Exists(ctx, countKeyAt(t, mine, t0)).Val() == 0; time.Sleep(5 * time.Millisecond) {

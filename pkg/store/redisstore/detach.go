@@ -35,13 +35,19 @@ type detached struct {
 // reply); only the connection is kept. A store that answers in time pays
 // nothing for it: one comparison with the decision's time.
 //
-// A batching store (WithBatch) always runs its calls so: the batcher's
-// pipelines never end with a decision.
+// A batching store (WithBatch) runs its queued calls so: the batcher's
+// pipelines never end with a decision. A call it lets run directly (an
+// idle store: batcher.direct) runs as an unbatching store's does, and
+// while calls outlive their decisions, every call is queued.
 func (s *Store) runFor(ctx context.Context, now time.Time, call *call) ([]any, error) {
+	fast := now.UnixNano() >= s.slowUntil.Load()
 	if s.batch != nil {
-		return s.batch.do(ctx, call)
+		if !fast || !s.batch.direct() {
+			return s.batch.do(ctx, call)
+		}
+		defer s.batch.release()
 	}
-	if now.UnixNano() >= s.slowUntil.Load() {
+	if fast {
 		rep, err := s.run(ctx, call)
 		if err != nil && missed(ctx, err) {
 			s.slowUntil.Store(now.Add(slowFor).UnixNano())
