@@ -84,6 +84,7 @@ RUNS ?= 3
 DURATION ?= 10s
 LOAD_ARGS ?=
 TENANTS ?= 1000000
+RATE ?=
 GHZ_VERSION ?= v0.121.0
 
 .PHONY: bench-compare
@@ -92,8 +93,8 @@ bench-compare: redis ## Load-test two builds in alternating runs, print HEAD/BAS
 	  scripts/bench-compare.sh
 
 .PHONY: bench-redis
-bench-redis: redis ## CPU per decision (Redis, server) of Tollgate's algorithms, leases on and off, against a plain INCRBY+PEXPIRE baseline: RUNS=3 DURATION=10s (~13 min; RUNS=1 DURATION=3s for a quick look).
-	RUNS='$(RUNS)' DURATION='$(DURATION)' scripts/bench-redis.sh
+bench-redis: redis ## CPU per decision (Redis, server) of Tollgate's algorithms, leases on and off, against a plain INCRBY+PEXPIRE baseline: RUNS=3 DURATION=10s, RATE=N paces every config at N/s (~13 min; RUNS=1 DURATION=3s for a quick look).
+	RUNS='$(RUNS)' DURATION='$(DURATION)' RATE='$(RATE)' scripts/bench-redis.sh
 
 .PHONY: bench-targets
 bench-targets: redis ## Issue 5's load targets on the working tree, medians of RUNS=3 runs of DURATION=10s (quiet machine).

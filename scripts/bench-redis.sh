@@ -26,6 +26,15 @@
 #                    earlier in the same run: Redis's CPU per command grows
 #                    as the load falls (fewer commands per wake-up), so this
 #                    compares the two at the same load. Put it after them.
+# RATE=N paces every config, the baseline included, at N decisions/s
+# (tollgate-load -rate: calls start evenly spaced), so that each column
+# compares CPU per decision at one load. Uncapped, each config runs as
+# fast as it can, and CPU per decision grows as the rate falls, Redis's
+# (fewer commands per wake-up) and the server's (fewer RPCs per HTTP/2
+# write and per scheduler wake-up): at 15,000/s paced, the leased hot key
+# cost the server 54 µs a decision, as much as distinct keys did, and 30
+# uncapped at 28,000/s. Pick N below every config's uncapped rate (a
+# config that falls more than 3% short is named in the log).
 # Runs alternate: for each run, each workload, each config in that order.
 # WARMUP (1s) precedes each measured run; WORKLOADS and CONFIGS pick a
 # subset; RESULTS=file keeps the per-run figures (TSV: workload, config,
@@ -48,7 +57,15 @@ DURATION=${DURATION:-10s}
 WARMUP=${WARMUP:-1s}
 TENANTS=${TENANTS:-1000000}
 WORKLOADS=${WORKLOADS:-hot distinct three}
-CONFIGS=${CONFIGS:-baseline sliding sliding-nl fixed fixed-nl token token-nl matched}
+RATE=${RATE:-}
+[[ -z $RATE || $RATE =~ ^[1-9][0-9]*$ ]] || die "RATE is $RATE, want a positive number of decisions a second"
+pace=()
+[[ -z $RATE ]] || pace=(-rate "$RATE")
+if [[ -n ${RATE:-} ]]; then
+	CONFIGS=${CONFIGS:-baseline sliding sliding-nl fixed fixed-nl token token-nl}
+else
+	CONFIGS=${CONFIGS:-baseline sliding sliding-nl fixed fixed-nl token token-nl matched}
+fi
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || die "RUNS is $RUNS, want a positive number"
 
 BUILT=$(describe WORKTREE)
@@ -91,6 +108,8 @@ one() {
 	local redis=127.0.0.1:$REDIS_PORT
 	if [[ $cfg == baseline ]]; then
 		target=(-api redis-baseline -redis-url "$redis" -window 1s)
+	elif [[ $cfg == matched && -n $RATE ]]; then
+		die "matched: every config runs at RATE=$RATE already; leave matched out of CONFIGS"
 	elif [[ $cfg == matched ]]; then
 		local rate
 		rate=$(awk -F'\t' -v w="$wl" -v r="$run" '$1 == w && $3 == r && $2 != "baseline" && $2 != "matched" && $4 + 0 > m { m = $4 + 0 } END { if (m > 0) printf "%.0f", m }' "$TMP/results.tsv")
@@ -113,7 +132,7 @@ one() {
 	fi
 	# shellcheck disable=SC2046 # workload_args is a list of flags
 	"$TMP/tollgate-load" "${target[@]}" $(workload_args "$wl") -redis-info "$redis" \
-		-c 50 -conns 1 -d "$DURATION" -warmup "$WARMUP" -json >"$out" ||
+		-c 50 -conns 1 -d "$DURATION" -warmup "$WARMUP" ${pace[@]+"${pace[@]}"} -json >"$out" ||
 		die "tollgate-load $wl $cfg failed: $(cat "$out")"
 	[[ $cfg == baseline || $cfg == matched ]] || stop_tollgate
 	stop_pid "$REDIS_PID"
@@ -121,6 +140,8 @@ one() {
 	local bad
 	bad=$(jq -r '.errors_total + .over_limit + .unknown' "$out")
 	((bad == 0)) || log "$wl $cfg run $run: $bad calls not OK (errors, over limit or unknown)"
+	[[ -z $RATE ]] || jq -e --argjson r "$RATE" '.requests_per_second >= 0.97 * $r' "$out" >/dev/null ||
+		log "$wl $cfg run $run: $(jq -r '.requests_per_second | floor' "$out") decisions/s, short of RATE=$RATE: its figures are at a lower load"
 	jq -r --arg r "$run" --arg w "$wl" --arg c "$cfg" \
 		'[$w, $c, $r, .requests_per_second, .cpu.redis_us_per_decision, (.cpu.server_us_per_decision // "-"),
 		  .cpu.redis_commands_per_decision, .cpu.load_us_per_decision] | @tsv' "$out" >>"$TMP/results.tsv"
@@ -137,8 +158,8 @@ for ((i = 1; i <= RUNS; i++)); do
 done
 [[ -z ${RESULTS:-} ]] || cp "$TMP/results.tsv" "$RESULTS"
 
-printf '\n%s\n%s runs of %s (+%s warm-up) each, c=50 over one connection, fresh redis-server per run, -tenants %s\n' \
-	"$BUILT" "$RUNS" "$DURATION" "$WARMUP" "$TENANTS"
+printf '\n%s\n%s runs of %s (+%s warm-up) each, c=50 over one connection, fresh redis-server per run, -tenants %s, %s\n' \
+	"$BUILT" "$RUNS" "$DURATION" "$WARMUP" "$TENANTS" "$(if [[ -n $RATE ]]; then echo "paced at $RATE decisions/s"; else echo uncapped; fi)"
 # Medians per workload and config, then the ratios.
 awk -F'\t' -v order="$WORKLOADS" -v corder="$CONFIGS" '
 function median(s,   n, a, i, j, t) {

@@ -560,3 +560,65 @@ func sendMerged(t *testing.T, s *Store, admin *redis.Client, fn fnKind, decision
 	}
 	return batch
 }
+
+// BenchmarkApplyBatched: 50 callers at once, each decision on a key of
+// its own (a fixed window, a sliding window), on a batching store: the
+// queued path's allocations per decision, and Redis's time per decision.
+func BenchmarkApplyBatched(b *testing.B) {
+	for _, alg := range []limit.Algorithm{limit.FixedWindow, limit.SlidingWindow} {
+		b.Run(alg.String(), func(b *testing.B) {
+			srv := redistest.Start(b)
+			c, err := NewClient(srv.URL())
+			if err != nil {
+				b.Fatal(err)
+			}
+			s := New(c, WithBatch(32))
+			b.Cleanup(func() { _ = s.Close() })
+			ctx := context.Background()
+			if err := s.Warm(ctx); err != nil {
+				b.Fatal(err)
+			}
+			admin := srv.Client(b)
+			before := redisCPU(b, admin)
+			var seq atomic.Int64
+			b.ReportAllocs()
+			b.SetParallelism(25)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				res := make([]limit.Result, 1)
+				cs := make([]limit.Charge, 1)
+				for pb.Next() {
+					cs[0] = limit.Charge{Key: key(alg, time.Minute, strconv.FormatInt(seq.Add(1), 10)), Algorithm: alg, Amount: 100, Window: time.Minute, Cost: 1}
+					if _, err := s.Apply(ctx, t0, cs, res); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			b.ReportMetric(float64((redisCPU(b, admin)-before).Microseconds())/float64(b.N), "redis-µs/op")
+		})
+	}
+}
+
+// redisCPU is the CPU time the server has used (INFO cpu).
+func redisCPU(tb testing.TB, admin *redis.Client) time.Duration {
+	tb.Helper()
+	info, err := admin.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var total float64
+	for line := range strings.Lines(info) {
+		for _, f := range []string{"used_cpu_sys:", "used_cpu_user:"} {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), f); ok {
+				x, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					tb.Fatal(err)
+				}
+				total += x
+			}
+		}
+	}
+	return time.Duration(total * float64(time.Second))
+}
