@@ -203,21 +203,43 @@ func BreakerOnceKey(key, once string) string { return key + ":once:" + once }
 // without a tag is that of the whole key. ok is false when ch.Key is not
 // Countable.
 func CountKey(ch *Charge, at int64) (k string, ok bool) {
-	key := ch.Key
-	if !Countable(key) {
+	if !Countable(ch.Key) {
 		return "", false
 	}
-	b := make([]byte, 0, len(key)+24)
-	if HashTag(key) == key {
-		b = append(b, '{')
-		b = append(b, key...)
-		b = append(b, '}')
-	} else {
-		b = append(b, key...)
+	var sb strings.Builder
+	sb.Grow(len(ch.Key) + 23)
+	writeCountKey(&sb, ch.Key, floorDiv(at, WindowMillis(ch)))
+	return sb.String(), true
+}
+
+// CountKeys are the count keys (CountKey) of the window at is in and of
+// the next one, in one allocation.
+func CountKeys(ch *Charge, at int64) (cur, next string, ok bool) {
+	if !Countable(ch.Key) {
+		return "", "", false
 	}
-	b = append(b, '#')
-	b = strconv.AppendInt(b, floorDiv(at, WindowMillis(ch)), 10)
-	return string(b), true
+	idx := floorDiv(at, WindowMillis(ch))
+	var sb strings.Builder
+	sb.Grow(2 * (len(ch.Key) + 23))
+	writeCountKey(&sb, ch.Key, idx)
+	n := sb.Len()
+	writeCountKey(&sb, ch.Key, idx+1)
+	s := sb.String()
+	return s[:n], s[n:], true
+}
+
+// writeCountKey writes the count key of key's window idx to sb.
+func writeCountKey(sb *strings.Builder, key string, idx int64) {
+	if HashTag(key) == key {
+		sb.WriteByte('{')
+		sb.WriteString(key)
+		sb.WriteByte('}')
+	} else {
+		sb.WriteString(key)
+	}
+	sb.WriteByte('#')
+	var d [20]byte
+	sb.Write(strconv.AppendInt(d[:0], idx, 10))
 }
 
 // Countable reports whether key can carry count keys (CountKey) on its

@@ -74,10 +74,19 @@ func TestCountKeySlot(t *testing.T) {
 		if HashTag(k) != HashTag(key) {
 			t.Errorf("CountKey(%q) = %q: tag %q, want that of %q (%q)", key, k, HashTag(k), key, HashTag(key))
 		}
+		// CountKeys: the same key, and the next window's.
+		ch := &Charge{Key: key, Window: time.Second}
+		next, _ := CountKey(ch, 8000)
+		if c, n, ok := CountKeys(ch, 7000); !ok || c != k || n != next {
+			t.Errorf("CountKeys(%q, 7000) = %q, %q, %v; want %q, %q", key, c, n, ok, k, next)
+		}
 	}
 	for _, key := range []string{"", "a}b", "{}x"} {
 		if k, ok := CountKey(&Charge{Key: key, Window: time.Second}, 7000); ok || Countable(key) {
 			t.Errorf("CountKey(%q) = %q, want none", key, k)
+		}
+		if c, n, ok := CountKeys(&Charge{Key: key, Window: time.Second}, 7000); ok {
+			t.Errorf("CountKeys(%q) = %q, %q, want none", key, c, n)
 		}
 	}
 }

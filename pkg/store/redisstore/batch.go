@@ -76,11 +76,17 @@ type batcher struct {
 
 // pending is one queued call and where its outcome goes.
 type pending struct {
-	// ctx is the caller's, without its cancel and deadline.
+	// ctx is the caller's; what the batcher does with it goes through
+	// context.WithoutCancel, once a batch (send).
 	ctx  context.Context
 	call *call
 	out  chan detached // buffered: the worker never waits for the caller
 }
+
+// outs recycles pending.out: a channel whose one outcome its caller
+// received is empty and has no sender left. One that a caller gave up on
+// may still be sent to, and is left to the collector.
+var outs = sync.Pool{New: func() any { return make(chan detached, 1) }}
 
 func newBatcher(c redis.UniversalClient, apply *applier, n int) *batcher {
 	b := &batcher{
@@ -104,7 +110,9 @@ var errClosed = fmt.Errorf("run apply script: %w", redis.ErrClosed)
 
 // do queues call and waits for its reply or for ctx.
 func (b *batcher) do(ctx context.Context, call *call) ([]any, error) {
-	p := &pending{ctx: context.WithoutCancel(ctx), call: call, out: make(chan detached, 1)}
+	p := &call.pend
+	p.ctx, p.call = ctx, call
+	p.out = outs.Get().(chan detached) //nolint:forcetypeassert // outs holds nothing else
 	select {
 	case b.queue <- p:
 	case <-b.stop:
@@ -119,6 +127,7 @@ func (b *batcher) do(ctx context.Context, call *call) ([]any, error) {
 		// it, so done need not be waited on (a channel fewer to lock).
 		select {
 		case d := <-p.out:
+			outs.Put(p.out)
 			return d.rep, d.err
 		case <-ctx.Done():
 			return nil, fmt.Errorf("run apply script: %w", ctx.Err())
@@ -126,6 +135,7 @@ func (b *batcher) do(ctx context.Context, call *call) ([]any, error) {
 	}
 	select {
 	case d := <-p.out:
+		outs.Put(p.out)
 		return d.rep, d.err
 	case <-ctx.Done():
 		return nil, fmt.Errorf("run apply script: %w", ctx.Err())
@@ -227,7 +237,7 @@ func (m *merged) reset() {
 func (b *batcher) send(batch []*pending, cmds []*redis.Cmd, m, pl *merged) []*redis.Cmd {
 	// No call's deadline bounds the pipeline: the client's read and
 	// write timeouts do. The first caller's values (a trace) go with it.
-	ctx := batch[0].ctx
+	ctx := context.WithoutCancel(batch[0].ctx)
 	pipe := b.c.Pipeline()
 	for _, p := range batch {
 		switch p.call.fn {
@@ -236,7 +246,7 @@ func (b *batcher) send(batch []*pending, cmds []*redis.Cmd, m, pl *merged) []*re
 		case fnPlains:
 			pl.add(p)
 		default:
-			cmds = append(cmds, b.apply.cmd(p.ctx, pipe, p.call))
+			cmds = append(cmds, b.apply.cmd(ctx, pipe, p.call))
 		}
 	}
 	counts := m.cmd(ctx, pipe, b.apply, fnCounts)
@@ -250,7 +260,7 @@ func (b *batcher) send(batch []*pending, cmds []*redis.Cmd, m, pl *merged) []*re
 		cmd := cmds[i]
 		i++
 		if retryable(cmd.Err()) {
-			p.out <- b.outcome(b.apply.run(p.ctx, b.c, p.call))
+			p.out <- b.outcome(b.apply.run(context.WithoutCancel(p.ctx), b.c, p.call))
 			continue
 		}
 		p.out <- b.outcome(cmd.Slice())
@@ -285,7 +295,7 @@ func (b *batcher) split(cmd *redis.Cmd, calls []*pending) {
 	rep, err := cmd.Slice()
 	if retryable(err) {
 		for _, p := range calls {
-			p.out <- b.outcome(b.apply.run(p.ctx, b.c, p.call))
+			p.out <- b.outcome(b.apply.run(context.WithoutCancel(p.ctx), b.c, p.call))
 		}
 		return
 	}

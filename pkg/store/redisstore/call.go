@@ -30,6 +30,8 @@ type call struct {
 	keyBuf [2]string
 	argBuf [argsHead + argsPerCharge + 1]any
 	endBuf [1]int64
+	// pend is the call's place in a batching store's queue (batcher.do).
+	pend pending
 }
 
 // fnKind names one of the library's functions (see apply.lua).
@@ -180,8 +182,7 @@ func countsCall(now int64, charges []limit.Charge) *call {
 	for i := range charges {
 		ch := &charges[i]
 		end := limit.BucketEnd(ch, now) // a fixed window is one bucket
-		key, _ := limit.CountKey(ch, now)
-		next, _ := limit.CountKey(ch, end)
+		key, next, _ := limit.CountKeys(ch, now)
 		c.ends = append(c.ends, end-now)
 		c.keys = append(c.keys, key, next)
 		c.args = append(c.args, ch.Amount, clampCost(ch.Cost), end-now+ttlMargin)
