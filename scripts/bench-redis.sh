@@ -21,6 +21,9 @@
 #   any of them with -ub after it (fixed-nl-ub)   the same unbatched,
 #                    --redis-batch 0 (the default batches: concurrent decisions
 #                    share round trips and script calls)
+#   any of them with -w after it (sliding-nl-w)   the same with
+#                    --redis-batch-wait $BATCH_WAIT (1ms by default): a batch
+#                    waits that long for more decisions once one is queued
 #   matched          the baseline capped (tollgate-load -rate) at the most
 #                    decisions/s a Tollgate config of the same workload made
 #                    earlier in the same run: Redis's CPU per command grows
@@ -119,6 +122,10 @@ one() {
 	else
 		base=${cfg%-ub}
 		[[ $base == "$cfg" ]] || batch=(--redis-batch 0)
+		if [[ $base == *-w ]]; then
+			base=${base%-w}
+			batch=(--redis-batch-wait "${BATCH_WAIT:-1ms}")
+		fi
 		case ${base%-nl} in
 		sliding) alg=sliding_window ;;
 		fixed) alg=fixed_window ;;

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	commonrl "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -15,7 +16,7 @@ import (
 	"github.com/tollgate-dev/tollgate/test/redistest"
 )
 
-// TestRedisBatchFlag: --redis-batch reaches the Redis store, and values
+// TestRedisBatchFlag: --redis-batch and --redis-batch-wait reach the Redis store, and values
 // it cannot mean are refused.
 func TestRedisBatchFlag(t *testing.T) {
 	t.Parallel()
@@ -24,6 +25,7 @@ func TestRedisBatchFlag(t *testing.T) {
 		name    string
 		give    []string
 		want    int
+		wait    time.Duration
 		wantErr bool
 	}{
 		{name: "default", give: []string{"--redis-url", url}, want: DefaultRedisBatch},
@@ -35,6 +37,12 @@ func TestRedisBatchFlag(t *testing.T) {
 		{name: "without Redis", give: []string{"--redis-batch", "8"}, wantErr: true},
 		{name: "off without Redis", give: []string{"--redis-batch", "0"}},
 		{name: "not a number", give: []string{"--redis-url", url, "--redis-batch", "many"}, wantErr: true},
+		{name: "wait", give: []string{"--redis-url", url, "--redis-batch-wait", "500us"}, want: DefaultRedisBatch, wait: 500 * time.Microsecond},
+		{name: "wait at its bound", give: []string{"--redis-url", url, "--redis-batch-wait", "1.5ms"}, want: DefaultRedisBatch, wait: 1500 * time.Microsecond},
+		{name: "wait too long", give: []string{"--redis-url", url, "--redis-batch-wait", "2ms"}, wantErr: true},
+		{name: "wait negative", give: []string{"--redis-url", url, "--redis-batch-wait", "-1ms"}, wantErr: true},
+		{name: "wait unbatched", give: []string{"--redis-url", url, "--redis-batch", "0", "--redis-batch-wait", "1ms"}, wantErr: true},
+		{name: "wait without Redis", give: []string{"--redis-batch-wait", "1ms"}, wantErr: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -54,6 +62,9 @@ func TestRedisBatchFlag(t *testing.T) {
 			defer closeStore()
 			if got := st.(*redisstore.Store).Batch(); got != tt.want {
 				t.Errorf("store batches %d calls, want %d", got, tt.want)
+			}
+			if got := st.(*redisstore.Store).BatchWait(); got != tt.wait {
+				t.Errorf("store gathers a batch for %v, want %v", got, tt.wait)
 			}
 		})
 	}

@@ -204,6 +204,10 @@ func (a *App) openStores(ctx context.Context, f *serveFlags, log *zap.Logger) (_
 	// redisstore.RedialInterval); the store circuit, made below, then
 	// probes at once instead of at the end of its backoff (issue 13).
 	var recovered recoveries
+	// contextcheck follows New to the batch workers, whose pipelines take
+	// their first caller's context without its cancel (once a batch, in
+	// send): a pipeline never ends with one decision (redisstore.batcher).
+	//nolint:contextcheck // see above
 	store, shared, closeStore, err := openStore(f.redisURL, f.redis.storeOptions(), append(f.redis.options(), redisstore.WithRecovered(recovered.retry))...)
 	if err != nil {
 		return nil, err

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -44,6 +45,18 @@ func WithBatch(n int) StoreOption {
 	return func(s *Store) { s.batchSize = n }
 }
 
+// WithBatchWait has a batching store's worker, once it took a queued
+// call, wait up to d for more (up to WithBatch's n) before it sends them:
+// fewer, larger calls at moderate load, where concurrent decisions rarely
+// find each other queued, for up to d more latency a decision. One worker
+// gathers at a time. A call that finds the store idle is still sent at
+// once (batcher.direct), so a quiet store waits for nothing. 0, the
+// default, sends what is queued at once; without WithBatch it does
+// nothing.
+func WithBatchWait(d time.Duration) StoreOption {
+	return func(s *Store) { s.batchWait = max(d, 0) }
+}
+
 // Batch is the most calls the store sends in one pipeline: WithBatch's,
 // 0 when it does not batch.
 func (s *Store) Batch() int {
@@ -51,6 +64,14 @@ func (s *Store) Batch() int {
 		return 0
 	}
 	return s.batch.max
+}
+
+// BatchWait is WithBatchWait's wait, 0 when the store does not batch.
+func (s *Store) BatchWait() time.Duration {
+	if s.batch == nil {
+		return 0
+	}
+	return s.batch.wait
 }
 
 // batcher sends the calls queued by Store.run in pipelines.
@@ -64,7 +85,10 @@ type batcher struct {
 	c     redis.UniversalClient
 	apply *applier
 	max   int
-	queue chan *pending
+	// wait is WithBatchWait's; gather is held by the worker that waits.
+	wait   time.Duration
+	gather sync.Mutex
+	queue  chan *pending
 	// senders counts the pipelines and the lone calls in flight (direct).
 	senders atomic.Int32
 	// stop is closed by close; done once the workers have ended and the
@@ -88,11 +112,12 @@ type pending struct {
 // may still be sent to, and is left to the collector.
 var outs = sync.Pool{New: func() any { return make(chan detached, 1) }}
 
-func newBatcher(c redis.UniversalClient, apply *applier, n int) *batcher {
+func newBatcher(c redis.UniversalClient, apply *applier, n int, wait time.Duration) *batcher {
 	b := &batcher{
 		c:     c,
 		apply: apply,
 		max:   n,
+		wait:  wait,
 		queue: make(chan *pending, BatchWorkers*n),
 		stop:  make(chan struct{}),
 		done:  make(chan struct{}),
@@ -185,23 +210,16 @@ func (b *batcher) work() {
 	batch := make([]*pending, 0, b.max)
 	cmds := make([]*redis.Cmd, 0, b.max)
 	var m, p merged
+	var timer *time.Timer
+	if b.wait > 0 {
+		timer = time.NewTimer(b.wait)
+		timer.Stop()
+	}
 	for {
-		select {
-		case <-b.stop:
+		var ok bool
+		if batch, ok = b.take(batch[:0], timer); !ok {
 			return
-		case p := <-b.queue:
-			batch = append(batch[:0], p)
 		}
-	fill:
-		for len(batch) < b.max {
-			select {
-			case p := <-b.queue:
-				batch = append(batch, p)
-			default:
-				break fill
-			}
-		}
-		b.senders.Add(1)
 		cmds = b.send(batch, cmds[:0], &m, &p)
 		b.senders.Add(-1)
 		clear(batch)
@@ -209,6 +227,49 @@ func (b *batcher) work() {
 		m.reset()
 		p.reset()
 	}
+}
+
+// take waits for the first queued call and returns it with what else is
+// queued, up to max, having waited up to b.wait for more (timer, nil
+// when b.wait is 0); false once the store closes. The batch counts as a
+// sender from its first call on, so that calls queue behind a gathering
+// worker rather than run directly.
+func (b *batcher) take(batch []*pending, timer *time.Timer) ([]*pending, bool) {
+	if timer != nil {
+		b.gather.Lock()
+		defer b.gather.Unlock()
+	}
+	select {
+	case <-b.stop:
+		return batch, false
+	case p := <-b.queue:
+		batch = append(batch, p)
+	}
+	b.senders.Add(1)
+	if timer != nil {
+		timer.Reset(b.wait)
+		defer timer.Stop()
+		for len(batch) < b.max {
+			select {
+			case p := <-b.queue:
+				batch = append(batch, p)
+			case <-timer.C:
+				return batch, true
+			case <-b.stop:
+				return batch, true // sent: close waits for the workers
+			}
+		}
+		return batch, true
+	}
+	for len(batch) < b.max {
+		select {
+		case p := <-b.queue:
+			batch = append(batch, p)
+		default:
+			return batch, true
+		}
+	}
+	return batch, true
 }
 
 // merged is the one call a batch's counts calls, or its plains calls,
@@ -260,16 +321,16 @@ func (b *batcher) send(batch []*pending, cmds []*redis.Cmd, m, pl *merged) []*re
 		cmd := cmds[i]
 		i++
 		if retryable(cmd.Err()) {
-			p.out <- b.outcome(b.apply.run(context.WithoutCancel(p.ctx), b.c, p.call))
+			p.out <- b.outcome(b.apply.run(ctx, b.c, p.call))
 			continue
 		}
 		p.out <- b.outcome(cmd.Slice())
 	}
 	if counts != nil {
-		b.split(counts, m.calls)
+		b.split(ctx, counts, m.calls)
 	}
 	if plains != nil {
-		b.split(plains, pl.calls)
+		b.split(ctx, plains, pl.calls)
 	}
 	return cmds
 }
@@ -291,11 +352,11 @@ func (m *merged) cmd(ctx context.Context, pipe redis.Pipeliner, a *applier, fn f
 // split hands each call of a merged call its part of the reply: for
 // counts one value per charge; for plains apply's 1 + 4 per charge, or
 // -1 and an error for a decision that failed.
-func (b *batcher) split(cmd *redis.Cmd, calls []*pending) {
+func (b *batcher) split(ctx context.Context, cmd *redis.Cmd, calls []*pending) {
 	rep, err := cmd.Slice()
 	if retryable(err) {
 		for _, p := range calls {
-			p.out <- b.outcome(b.apply.run(context.WithoutCancel(p.ctx), b.c, p.call))
+			p.out <- b.outcome(b.apply.run(ctx, b.c, p.call))
 		}
 		return
 	}

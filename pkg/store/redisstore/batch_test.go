@@ -622,3 +622,59 @@ func redisCPU(tb testing.TB, admin *redis.Client) time.Duration {
 	}
 	return time.Duration(total * float64(time.Second))
 }
+
+// TestBatchWaitGathers: with WithBatchWait, a worker that took a queued
+// decision waits for more, and decisions queued 10 ms apart go to Redis
+// as one FCALL of counts; without it they do not.
+// A lone call in flight (counted by hand) keeps the store from being
+// idle, so that none of them runs directly.
+func TestBatchWaitGathers(t *testing.T) {
+	t.Parallel()
+	const decisions = 5
+	for _, tt := range []struct {
+		name      string
+		wait      time.Duration
+		merged bool // all in one FCALL; else in more than one
+	}{
+		{name: "wait", wait: 500 * time.Millisecond, merged: true},
+		{name: "no wait"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv := redistest.Start(t)
+			client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+			h := &pipelines{}
+			client.AddHook(h)
+			s := New(client, WithBatch(16), WithBatchWait(tt.wait))
+			t.Cleanup(func() { _ = s.Close() })
+			ctx := context.Background()
+			if err := s.Ping(ctx); err != nil {
+				t.Fatal(err)
+			}
+			h.fcalls.Store(0)
+			s.batch.senders.Add(1)
+			defer s.batch.senders.Add(-1)
+			var wg sync.WaitGroup
+			start := time.Now()
+			for i := range decisions {
+				ch := limit.Charge{Key: key(limit.FixedWindow, time.Hour, fmt.Sprint("gather", i)), Algorithm: limit.FixedWindow, Amount: 10, Window: time.Hour, Cost: 1}
+				wg.Go(func() {
+					ok, err := s.Apply(ctx, t0, []limit.Charge{ch}, make([]limit.Result, 1))
+					if err != nil || !ok {
+						t.Errorf("decision %d: %v, %v; want admitted", i, ok, err)
+					}
+				})
+				time.Sleep(10 * time.Millisecond)
+			}
+			wg.Wait()
+			// Without the wait, a stalled worker may still find two
+			// queued; all five would take a 40ms stall.
+			if n := h.fcalls.Load(); (n == 1) != tt.merged || h.lone.Load() != 0 {
+				t.Errorf("%d decisions queued 10ms apart went as %d FCALLs in pipelines (%d alone), want them merged: %v", decisions, n, h.lone.Load(), tt.merged)
+			}
+			if took := time.Since(start); tt.wait > 0 && took > tt.wait+time.Second {
+				t.Errorf("the decisions took %v, want about the %v wait", took, tt.wait)
+			}
+		})
+	}
+}

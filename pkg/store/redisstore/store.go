@@ -98,6 +98,8 @@ type Store struct {
 	slowUntil atomic.Int64
 	// batchSize is WithBatch's; batch is nil unless it batches.
 	batchSize int
+	// batchWait is WithBatchWait's.
+	batchWait time.Duration
 	batch     *batcher
 }
 
@@ -113,7 +115,7 @@ func New(c redis.UniversalClient, opts ...StoreOption) *Store {
 		opt(s)
 	}
 	if s.batchSize > 1 && cc == nil {
-		s.batch = newBatcher(c, s.apply, s.batchSize)
+		s.batch = newBatcher(c, s.apply, s.batchSize, s.batchWait)
 	}
 	return s
 }
