@@ -678,3 +678,73 @@ func TestBatchWaitGathers(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkLoneCall is what one decision sent alone costs Redis, each
+// from one caller in turn (every call its own read and write, as at a
+// moderate, evenly spaced load), against what the INCRBY baseline of
+// make bench-redis sends, and against an empty script: redis-µs/op is
+// INFO cpu's used_cpu_sys + used_cpu_user per call (main thread and
+// kernel work for the socket). It says how far a script call per
+// decision can come to the baseline when nothing merges decisions:
+//
+//   - incrby-pexpire: a pipeline of INCRBY and PEXPIRE (the baseline)
+//   - eval-return-1: EVAL "return 1", no keys
+//   - fixed, sliding: Store.Apply of one charge on a fresh key
+//     (counts, plains)
+func BenchmarkLoneCall(b *testing.B) {
+	if testBatch != 0 {
+		b.Skip("the unbatched pass measures it")
+	}
+	srv := redistest.Start(b)
+	c, err := NewClient(srv.URL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := New(c)
+	b.Cleanup(func() { _ = s.Close() })
+	ctx := context.Background()
+	if err := s.Warm(ctx); err != nil {
+		b.Fatal(err)
+	}
+	admin := srv.Client(b)
+	rc := srv.Client(b)
+	var seq int64
+	run := func(b *testing.B, f func(k string)) {
+		before := redisCPU(b, admin)
+		b.ResetTimer()
+		for b.Loop() {
+			seq++
+			f(strconv.FormatInt(seq, 10))
+		}
+		b.StopTimer()
+		b.ReportMetric(float64((redisCPU(b, admin)-before).Microseconds())/float64(b.N), "redis-µs/op")
+	}
+	b.Run("incrby-pexpire", func(b *testing.B) {
+		run(b, func(k string) {
+			p := rc.Pipeline()
+			p.IncrBy(ctx, "base_"+k, 1)
+			p.PExpire(ctx, "base_"+k, time.Second)
+			if _, err := p.Exec(ctx); err != nil {
+				b.Fatal(err)
+			}
+		})
+	})
+	b.Run("eval-return-1", func(b *testing.B) {
+		run(b, func(string) {
+			if err := rc.Eval(ctx, "return 1", nil).Err(); err != nil {
+				b.Fatal(err)
+			}
+		})
+	})
+	for _, alg := range []limit.Algorithm{limit.FixedWindow, limit.SlidingWindow} {
+		b.Run(alg.String(), func(b *testing.B) {
+			res := make([]limit.Result, 1)
+			run(b, func(k string) {
+				ch := []limit.Charge{{Key: key(alg, time.Minute, k), Algorithm: alg, Amount: 100, Window: time.Minute, Cost: 1}}
+				if _, err := s.Apply(ctx, t0, ch, res); err != nil {
+					b.Fatal(err)
+				}
+			})
+		})
+	}
+}
