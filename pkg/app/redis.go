@@ -7,8 +7,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"time"
 	"sync/atomic"
+	"time"
 
 	"github.com/tollgate-dev/tollgate/pkg/store/redisstore"
 	"github.com/tollgate-dev/tollgate/pkg/store/storeguard"

@@ -632,8 +632,8 @@ func TestBatchWaitGathers(t *testing.T) {
 	t.Parallel()
 	const decisions = 5
 	for _, tt := range []struct {
-		name      string
-		wait      time.Duration
+		name   string
+		wait   time.Duration
 		merged bool // all in one FCALL; else in more than one
 	}{
 		{name: "wait", wait: 500 * time.Millisecond, merged: true},
