@@ -67,7 +67,12 @@ return 1`)},
 		{"get", bare("redis.pcall('GET', keys[1]) return 1")},
 		{"get+unpack", bare("local r = redis.pcall('GET', keys[1]) if r then cmsgpack.unpack(r) end return 1")},
 		{"get+unpack+pack", bare("local r = redis.pcall('GET', keys[1]) if r then cmsgpack.pack(cmsgpack.unpack(r)) end return 1")},
-		{"get+set", bare("local r = redis.pcall('GET', keys[1]) redis.call('SET', keys[1], r or 'x', 'PX', '60000') return 1")},
+		// '0' where there was nothing: a count key may be new (a new
+		// window), and the variants after this one read it as a count.
+		{"get+set", bare("local r = redis.pcall('GET', keys[1]) redis.call('SET', keys[1], r or '0', 'PX', '60000') return 1")},
+		// The least a decision on a new window key can cost: GET, SET of
+		// a packed window, a reply of five values, and no logic.
+		{"least: new window", bare("local r = redis.pcall('GET', keys[1]) if r == false then redis.call('SET', keys[1], cmsgpack.pack({3000, math.floor(tonumber(argv[2]) / 3000), 1}), 'PX', string.format('%d', 61000)) end return {1, 1, 0, 1, 60000}")},
 		{"format %d x2", bare("local a = string.format('%d', 1764170000000) local b = string.format('%d', 61000) return 1")},
 		{"apply: parse+load", cut("  local out = {1}\n", "  do return 1 end\n  local out = {1}\n")},
 		{"apply: parse+load+reset", cut("  local out = {1}\n", "  reset(order) do return 1 end\n  local out = {1}\n")},
