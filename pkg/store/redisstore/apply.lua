@@ -122,9 +122,10 @@ end
 -- and c[3 + i] the count of bucket h - i.
 
 -- loadWindow returns the stored counter, whether the key exists, and the
--- string it holds (save writes only a counter whose string differs).
-local function loadWindow(key)
-  local raw = redis.pcall('GET', key)
+-- string it holds (save writes only a counter whose string differs). raw
+-- is GET's reply when the caller has it already.
+local function loadWindow(key, raw)
+  if raw == nil then raw = redis.pcall('GET', key) end
   if raw == false then return {0, 0}, false, nil end
   -- A table is WRONGTYPE: a key of another type.
   if type(raw) ~= 'string' then fail(key, 'does not hold a window') end
@@ -1167,6 +1168,24 @@ local function plainRun(keys, ko, argv, a, n, out, ob)
       return nil
     end
     ch.cost = max(min(ch.cost, maxCount), -maxCount)
+    local pre
+    if n == 1 and ch.kind ~= 't' and ch.cost > 0 and ch.cost <= ch.amount then
+      -- The decision's one charge, on a window: if its key is new, the
+      -- charge fits and starts the window, {w, cur, cost}, which is what
+      -- the steps below would store and report, without them (it is the
+      -- first decision of every key: 2-3 µs of a 8-9 µs call).
+      local key = keys[ko + 1]
+      local raw = redis.pcall('GET', key)
+      if raw == false then
+        local w = ch.p1
+        local cur = floor(now / w)
+        local reset = (cur + ch.p2 + 1) * w - now -- windowExpiry - now, and resetAfter
+        redis.call('SET', key, mpack({w, cur, ch.cost}), 'PX', fmtint(reset + ttlMargin))
+        out[ob + 2], out[ob + 3], out[ob + 4], out[ob + 5] = 1, 0, ch.cost, reset
+        return out
+      end
+      pre = raw
+    end
     local c, fits, retry
     if ch.kind == 't' then
       local s
@@ -1174,7 +1193,7 @@ local function plainRun(keys, ko, argv, a, n, out, ob)
       stored[j], c = s, {at = s.at, debt = s.debt}
       fits, retry = tokenStep(c, ch)
     else
-      c, exists[j], stored[j] = loadWindow(keys[ko + j])
+      c, exists[j], stored[j] = loadWindow(keys[ko + j], pre)
       fits, retry = windowStep(c, ch)
     end
     cs[j] = c
