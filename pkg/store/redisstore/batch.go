@@ -35,10 +35,11 @@ type StoreOption func(*Store)
 // queued call and whatever else is queued, up to n, and send them at once.
 // A busy store sends larger pipelines. An idle one hands nothing over: a
 // call that finds nothing queued and nothing in flight runs at once on its
-// caller's goroutine, as without batching (batcher.direct). The hand-off to a worker and back is two
-// goroutine wake-ups, which on a loaded 2-core box added up to 5 ms to a
-// decision arriving after an idle spell, enough to miss the 15 ms store
-// timeout (TestServeQueue failed 14 times in 60 runs so, 1 without).
+// caller's goroutine, as without batching (batcher.direct). The hand-off
+// to a worker and back is two goroutine wake-ups, which on a loaded 2-core
+// box added up to 5 ms to a decision arriving after an idle spell, enough
+// to miss the 15 ms store timeout (TestServeQueue failed 14 times in 60
+// runs so, 1 without).
 // n <= 1 turns batching off (the default), as does a cluster client,
 // whose decisions keep the path they had.
 func WithBatch(n int) StoreOption {
