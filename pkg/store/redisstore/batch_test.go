@@ -101,11 +101,12 @@ func TestBatchSharesPipelines(t *testing.T) {
 	}
 	// An idle store sends a lone decision as it comes, not through a
 	// worker's pipeline.
-	h.n.Store(0)
+	// (A pipeline without FCALL is a new connection's handshake.)
+	h.fcalls.Store(0)
 	alone := limit.Charge{Key: key(limit.FixedWindow, time.Hour, "alone"), Algorithm: limit.FixedWindow, Amount: 20, Window: time.Hour, Cost: 1}
 	apply(t, s, t0, alone)
-	if n, lone := h.n.Load(), h.lone.Load(); n != 0 || lone != 1 {
-		t.Errorf("a decision on an idle store: %d pipelines and %d FCALLs alone, want 0 and 1", n, lone)
+	if n, lone := h.fcalls.Load(), h.lone.Load(); n != 0 || lone != 1 {
+		t.Errorf("a decision on an idle store: %d FCALLs in pipelines and %d alone, want 0 and 1", n, lone)
 	}
 	h.n.Store(0)
 	h.fcalls.Store(0)
