@@ -123,6 +123,7 @@ one() {
 		base=${cfg%-ub}
 		[[ $base == "$cfg" ]] || batch=(--redis-batch 0)
 		if [[ $base == *-w ]]; then
+			[[ $base == "$cfg" ]] || die "config $cfg: -w waits for a batch, -ub has none"
 			base=${base%-w}
 			batch=(--redis-batch-wait "${BATCH_WAIT:-1ms}")
 		fi

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tollgate-dev/tollgate/pkg/admission"
 	"github.com/tollgate-dev/tollgate/pkg/store/redisstore"
 	"github.com/tollgate-dev/tollgate/pkg/store/storeguard"
 )
@@ -149,10 +150,10 @@ func (b batchFlag) Set(v string) error {
 // pipelines' worth of calls.
 const maxRedisBatch = 1000
 
-// maxRedisBatchWait bounds --redis-batch-wait: a tenth of the default
-// store timeout (admission.DefaultStoreTimeout), so that gathering never
-// costs a decision its answer.
-const maxRedisBatchWait = 1500 * time.Microsecond
+// maxRedisBatchWait bounds --redis-batch-wait (1.5ms): a tenth of the
+// default store timeout, so that gathering never costs a decision its
+// answer.
+const maxRedisBatchWait = admission.DefaultStoreTimeout / 10
 
 // storeOptions are redisstore.New's options for these flags.
 func (r *redisFlags) storeOptions() []redisstore.StoreOption {

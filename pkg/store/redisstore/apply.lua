@@ -1140,24 +1140,15 @@ local pChs, pCs, pStored, pExists = {}, {}, {}, {}
 -- argsPlain is how many arguments plains takes per charge.
 local argsPlain = 6
 
--- plainRun runs one of plains' decisions, the one nearly every decision
--- is: every charge a window or token bucket charge without flags on a
--- key of its own, no fair entry, mode "apply". Its n charges' keys are
--- KEYS[ko + 1 ..], their six arguments each from ARGV[a]; it writes its
--- reply, as apply's, into out after index ob. It does what apply does
--- for such a call, with the same steps, denial, writes and results in
--- the same order, but without per-key records, dispatch by type, or a
--- copy of the stored state on the way to an admission (a denial reads it
--- again). It returns nil, having written nothing, for a bad argument.
 -- freshWindows ends a plain decision whose every charge is a window
 -- charge (cost in (0, amount]) on a key that does not exist: each fits,
 -- and starts its window, {w, cur, cost}. That is what the steps, save and
 -- report would store and answer, without them: the first decision of
 -- every key (a per-user limit, a tenant x model matrix, each window's
 -- start) took 2-3 µs of a 7-8 µs call in them (TestScriptProfile).
-local function freshWindows(keys, ko, n, out, ob)
+local function freshWindows(keys, ko, chs, n, out, ob)
   for j = 1, n do
-    local ch = pChs[j]
+    local ch = chs[j]
     local w = ch.p1
     local cur = floor(now / w)
     local reset = (cur + ch.p2 + 1) * w - now -- windowExpiry - now, and resetAfter
@@ -1168,6 +1159,15 @@ local function freshWindows(keys, ko, n, out, ob)
   return out
 end
 
+-- plainRun runs one of plains' decisions, the one nearly every decision
+-- is: every charge a window or token bucket charge without flags on a
+-- key of its own, no fair entry, mode "apply". Its n charges' keys are
+-- KEYS[ko + 1 ..], their six arguments each from ARGV[a]; it writes its
+-- reply, as apply's, into out after index ob. It does what apply does
+-- for such a call, with the same steps, denial, writes and results in
+-- the same order, but without per-key records, dispatch by type, or a
+-- copy of the stored state on the way to an admission (a denial reads it
+-- again). It returns nil, having written nothing, for a bad argument.
 local function plainRun(keys, ko, argv, a, n, out, ob)
   -- stored: a window's string (nil: none) or the stored token bucket.
   local chs, cs, stored, exists = pChs, pCs, pStored, pExists
@@ -1227,7 +1227,7 @@ local function plainRun(keys, ko, argv, a, n, out, ob)
       if ch.cost >= 0 and not fits then admitted = false end
     end
   end
-  if fresh then return freshWindows(keys, ko, n, out, ob) end
+  if fresh then return freshWindows(keys, ko, chs, n, out, ob) end
   if not admitted then
     -- denial: each key from its stored state, refunds stepped, windows
     -- touched.

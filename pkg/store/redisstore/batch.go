@@ -142,22 +142,20 @@ func (b *batcher) do(ctx context.Context, call *call) ([]any, error) {
 	select {
 	case b.queue <- p:
 	case <-b.stop:
+		outs.Put(p.out) // never queued: nothing sends to it
 		return nil, errClosed
 	case <-ctx.Done():
+		outs.Put(p.out)
 		return nil, fmt.Errorf("run apply script: %w", ctx.Err())
 	}
+	// Queued before close began, a worker or close's drain answers it, so
+	// done need not be waited on: a nil channel is a case select skips
+	// (one channel fewer to lock).
+	var done chan struct{}
 	select {
 	case <-b.stop:
+		done = b.done
 	default:
-		// Queued before close began: a worker or close's drain answers
-		// it, so done need not be waited on (a channel fewer to lock).
-		select {
-		case d := <-p.out:
-			outs.Put(p.out)
-			return d.rep, d.err
-		case <-ctx.Done():
-			return nil, fmt.Errorf("run apply script: %w", ctx.Err())
-		}
 	}
 	select {
 	case d := <-p.out:
@@ -165,7 +163,7 @@ func (b *batcher) do(ctx context.Context, call *call) ([]any, error) {
 		return d.rep, d.err
 	case <-ctx.Done():
 		return nil, fmt.Errorf("run apply script: %w", ctx.Err())
-	case <-b.done:
+	case <-done:
 		// Queued as the store closed: the workers may have sent it
 		// before they stopped, or left it.
 		select {

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -200,6 +201,12 @@ func BenchmarkKeyMemory(b *testing.B) {
 // apart from the time other processes took the core.
 func mainThreadCPU(t testing.TB, c *redis.Client) float64 {
 	t.Helper()
+	return cpuMicros(t, c, "used_cpu_sys_main_thread", "used_cpu_user_main_thread")
+}
+
+// cpuMicros is the sum of INFO cpu's fields names, in µs of CPU time.
+func cpuMicros(t testing.TB, c *redis.Client, names ...string) float64 {
+	t.Helper()
 	info, err := c.Info(context.Background(), "cpu").Result()
 	if err != nil {
 		t.Fatal(err)
@@ -207,7 +214,7 @@ func mainThreadCPU(t testing.TB, c *redis.Client) float64 {
 	var sum float64
 	for line := range strings.SplitSeq(info, "\r\n") {
 		name, v, _ := strings.Cut(line, ":")
-		if name != "used_cpu_sys_main_thread" && name != "used_cpu_user_main_thread" {
+		if !slices.Contains(names, name) {
 			continue
 		}
 		f, err := strconv.ParseFloat(v, 64)

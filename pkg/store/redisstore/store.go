@@ -10,7 +10,8 @@
 // counters of one descriptor family one hash tag, so most decisions are
 // one slot. The library has three functions: apply runs any decision;
 // counts runs a decision of fixed windows only (no flags, no fair gate)
-// with a GET and an INCRBY or SET per charge and nothing else; plains
+// with, per charge, a GET of its window's count and of the next window's
+// and an INCRBY or SET, and nothing else; plains
 // runs a decision of sliding windows, fixed windows without a count key
 // and token buckets (no flags, no fair gate) with apply's steps but
 // none of its per-key records, from fewer arguments (call.go's leanFn
