@@ -39,6 +39,9 @@ type redisFlags struct {
 	batchSet bool
 	// batchWait is --redis-batch-wait (redisstore.WithBatchWait).
 	batchWait time.Duration
+	// optimistic is --redis-optimistic-fixed
+	// (redisstore.WithOptimisticFixed).
+	optimistic bool
 
 	// password is from passwordFile or TOLLGATE_REDIS_PASSWORD, set by
 	// check; nil leaves the URL's.
@@ -58,6 +61,7 @@ func (r *redisFlags) register(fs *flag.FlagSet) {
 	r.batch = DefaultRedisBatch
 	fs.Var(batchFlag{r}, "redis-batch", "most concurrent decisions sent to Redis in one round trip, merged into one script call where they can be, each still all or nothing: less Redis and server CPU per decision under load; 0 or 1 sends each alone; not for redis+cluster:// (ignored)")
 	fs.DurationVar(&r.batchWait, "redis-batch-wait", 0, "with --redis-batch, how long a batch waits for more decisions once one is queued (the store sends a decision that finds it idle at once): fewer, larger script calls, less Redis CPU a decision at moderate load, for up to this much more latency; 0 sends what is queued at once; at most "+maxRedisBatchWait.String())
+	fs.BoolVar(&r.optimistic, "redis-optimistic-fixed", false, "run decisions whose every charge acquires on a fixed window by INCRBY without a script, taking back a denial's charges in a second round trip: less Redis CPU, and never more admitted, but a concurrent decision can be refused by charges about to be taken back")
 }
 
 // check rejects settings that cannot mean what they seem to. A rediss URL
@@ -85,6 +89,8 @@ func (r *redisFlags) check(redisURL string, lookupEnv func(string) (string, bool
 		return fmt.Errorf("--redis-batch-wait %v: want 0 (off) to %v", r.batchWait, maxRedisBatchWait)
 	case r.batchWait > 0 && (redisURL == "" || r.batch <= 1):
 		return errors.New("--redis-batch-wait needs --redis-url and --redis-batch above 1: it is how long a batch gathers")
+	case r.optimistic && redisURL == "":
+		return errors.New("--redis-optimistic-fixed needs --redis-url: without it counters stay in memory, where every decision is isolated already")
 	}
 	switch {
 	case r.passwordFile != "":
@@ -157,7 +163,7 @@ const maxRedisBatchWait = admission.DefaultStoreTimeout / 10
 
 // storeOptions are redisstore.New's options for these flags.
 func (r *redisFlags) storeOptions() []redisstore.StoreOption {
-	return []redisstore.StoreOption{redisstore.WithBatch(r.batch), redisstore.WithBatchWait(r.batchWait)}
+	return []redisstore.StoreOption{redisstore.WithBatch(r.batch), redisstore.WithBatchWait(r.batchWait), redisstore.WithOptimisticFixed(r.optimistic)}
 }
 
 // options are redisstore.NewClient's options for these flags.

@@ -26,6 +26,7 @@ func TestRedisBatchFlag(t *testing.T) {
 		give    []string
 		want    int
 		wait    time.Duration
+		opt     bool
 		wantErr bool
 	}{
 		{name: "default", give: []string{"--redis-url", url}, want: DefaultRedisBatch},
@@ -43,6 +44,9 @@ func TestRedisBatchFlag(t *testing.T) {
 		{name: "wait negative", give: []string{"--redis-url", url, "--redis-batch-wait", "-1ms"}, wantErr: true},
 		{name: "wait unbatched", give: []string{"--redis-url", url, "--redis-batch", "0", "--redis-batch-wait", "1ms"}, wantErr: true},
 		{name: "wait without Redis", give: []string{"--redis-batch-wait", "1ms"}, wantErr: true},
+		{name: "optimistic", give: []string{"--redis-url", url, "--redis-optimistic-fixed"}, want: DefaultRedisBatch, opt: true},
+		{name: "optimistic unbatched", give: []string{"--redis-url", url, "--redis-batch", "0", "--redis-optimistic-fixed"}, opt: true},
+		{name: "optimistic without Redis", give: []string{"--redis-optimistic-fixed"}, wantErr: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -65,6 +69,9 @@ func TestRedisBatchFlag(t *testing.T) {
 			}
 			if got := st.(*redisstore.Store).BatchWait(); got != tt.wait {
 				t.Errorf("store gathers a batch for %v, want %v", got, tt.wait)
+			}
+			if got := st.(*redisstore.Store).OptimisticFixed(); got != tt.opt {
+				t.Errorf("store runs fixed windows optimistically: %v, want %v", got, tt.opt)
 			}
 		})
 	}

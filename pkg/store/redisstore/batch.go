@@ -299,11 +299,15 @@ func (b *batcher) send(batch []*pending, cmds []*redis.Cmd, m, pl *merged) []*re
 	// write timeouts do. The first caller's values (a trace) go with it.
 	ctx := context.WithoutCancel(batch[0].ctx)
 	pipe := b.c.Pipeline()
+	var incr []*pending
 	for _, p := range batch {
-		switch p.call.fn {
-		case fnCounts:
+		switch {
+		case p.call.incr:
+			p.call.queueIncr(ctx, pipe)
+			incr = append(incr, p)
+		case p.call.fn == fnCounts:
 			m.add(p)
-		case fnPlains:
+		case p.call.fn == fnPlains:
 			pl.add(p)
 		default:
 			cmds = append(cmds, b.apply.cmd(ctx, pipe, p.call))
@@ -312,9 +316,18 @@ func (b *batcher) send(batch []*pending, cmds []*redis.Cmd, m, pl *merged) []*re
 	counts := m.cmd(ctx, pipe, b.apply, fnCounts)
 	plains := pl.cmd(ctx, pipe, b.apply, fnPlains)
 	_, _ = pipe.Exec(ctx) // each command carries its own error
+	if len(incr) > 0 {
+		calls := make([]*call, len(incr))
+		for i, p := range incr {
+			calls[i] = p.call
+		}
+		for i, d := range b.apply.finishIncr(ctx, b.c, calls) {
+			incr[i].out <- b.outcome(d.rep, d.err)
+		}
+	}
 	i := 0
 	for _, p := range batch {
-		if p.call.fn != fnApply {
+		if p.call.fn != fnApply || p.call.incr {
 			continue
 		}
 		cmd := cmds[i]

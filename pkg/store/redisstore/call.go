@@ -32,6 +32,10 @@ type call struct {
 	endBuf [1]int64
 	// pend is the call's place in a batching store's queue (batcher.do).
 	pend pending
+	// incr runs a counts call by plain commands (WithOptimisticFixed),
+	// ops holding them while they run.
+	incr bool
+	ops  incrOps
 }
 
 // fnKind names one of the library's functions (see apply.lua).

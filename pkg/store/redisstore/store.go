@@ -102,6 +102,8 @@ type Store struct {
 	// batchWait is WithBatchWait's.
 	batchWait time.Duration
 	batch     *batcher
+	// optimistic is WithOptimisticFixed's.
+	optimistic bool
 }
 
 var _ limit.Store = (*Store)(nil)
@@ -182,6 +184,7 @@ func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge
 	if err != nil {
 		return false, err
 	}
+	call.incr = s.optimistic && call.fn == fnCounts && optimisticOK(charges)
 	rep, err := s.runFor(ctx, now, call)
 	if err != nil {
 		return false, err
@@ -192,7 +195,11 @@ func (s *Store) Apply(ctx context.Context, now time.Time, charges []limit.Charge
 // run runs call on the client, unbatched (runFor sends a batching
 // store's calls to its batcher).
 func (s *Store) run(ctx context.Context, call *call) ([]any, error) {
-	rep, err := s.apply.run(ctx, s.c, call)
+	run := s.apply.run
+	if call.incr {
+		run = s.apply.runIncr
+	}
+	rep, err := run(ctx, s.c, call)
 	if err != nil {
 		return nil, fmt.Errorf("run apply script: %w", err)
 	}

@@ -1,0 +1,204 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate-dev/tollgate/pkg/limit"
+)
+
+// WithOptimisticFixed has the store run a decision whose every charge
+// acquires on a fixed window (the decisions counts runs, each charge of
+// cost > 0) without a script: per charge, a GET of the next window's
+// count key, a SET of the window's count key to 0 with its expiry if it
+// has none (NX), and an INCRBY of the cost, queued like any call (one
+// pipeline for a batch), as envoyproxy/ratelimit's INCRBY and EXPIRE are.
+// The counts INCRBY returns are judged as counts judges what it reads. A
+// decision that does not fit is then taken back (INCRBY of -cost on each
+// key it charged, one more round trip, before it is answered), so a
+// denial leaves what it leaves without the option, and every count ends
+// as counts would leave it.
+//
+// What it gives up is the script's isolation: until the take-back, the
+// charges of a denied decision are visible, and a concurrent decision
+// can be denied by them (never admitted: a charge fits only when the
+// count INCRBY returns, everything before it included, is within the
+// limit). So it never over-admits, keeps all or nothing, and under
+// contention near a limit may refuse what the script would admit. If
+// the take-back cannot be sent (Redis went away between the two round
+// trips), the counts stay high until their window ends: the same
+// direction.
+//
+// It saves Redis the script: on distinct keys, three descriptors a
+// decision cost Redis about 1.33x envoyproxy/ratelimit's INCRBY +
+// PEXPIRE with the counts script, batched (docs/benchmarks.md). A
+// decision that finds the next window started (a replica whose clock is
+// ahead), or a key that holds no count, is taken back and runs counts
+// after all, which answers it as it would have.
+func WithOptimisticFixed(on bool) StoreOption {
+	return func(s *Store) { s.optimistic = on }
+}
+
+// OptimisticFixed reports WithOptimisticFixed's setting.
+func (s *Store) OptimisticFixed() bool { return s.optimistic }
+
+// optimisticOK reports whether a counts call may run optimistically:
+// every charge acquires (cost > 0). A check or a refund reads or lowers a
+// count, which the script does in one step.
+func optimisticOK(charges []limit.Charge) bool {
+	for i := range charges {
+		if charges[i].Cost <= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// incrOps are one optimistic call's queued commands, three per charge:
+// GET next, SET cur 0 PX ttl NX, INCRBY cur cost.
+type incrOps struct {
+	next []*redis.StringCmd
+	init []*redis.BoolCmd
+	incr []*redis.IntCmd
+}
+
+// queueIncr queues c's commands on pipe. c is a counts call (countsCall):
+// keys cur, next per charge; args n, then amount, cost, expiry (ms) per
+// charge.
+func (c *call) queueIncr(ctx context.Context, pipe redis.Pipeliner) {
+	ops := &c.ops
+	for i := range c.charges {
+		cur, next := c.keys[2*i], c.keys[2*i+1]
+		cost, ttl := c.args[2+3*i], c.args[3+3*i]
+		ops.next = append(ops.next, pipe.Get(ctx, next))
+		ops.init = append(ops.init, redis.NewBoolCmd(ctx, "set", cur, "0", "px", ttl, "nx"))
+		_ = pipe.Process(ctx, ops.init[i])
+		ops.incr = append(ops.incr, pipe.IncrBy(ctx, cur, cost.(int64)))
+	}
+}
+
+// incrVerdict is what an optimistic call's replies say.
+type incrVerdict uint8
+
+const (
+	incrDone     incrVerdict = iota // rep is the counts reply; nothing to take back
+	incrTakeBack                    // rep is the counts reply; take back what was charged
+	incrScript                      // take back what was charged, then run counts
+	incrFailed                      // err: the replies did not come
+)
+
+// judgeIncr reads c's replies into a counts reply (one count found per
+// charge, -1 for each when a key holds no count) and says what is left to
+// do.
+func (c *call) judgeIncr() (rep []any, v incrVerdict, err error) {
+	ops := &c.ops
+	fits, bad, script := true, false, false
+	rep = make([]any, c.charges)
+	for i := range c.charges {
+		// A next window's key: a clock ahead started it, and counts
+		// counts in it. One of another type (an error reply) is the
+		// script's to report.
+		if err := ops.next[i].Err(); err != redis.Nil {
+			if err != nil && !isReply(err) {
+				return nil, incrFailed, err
+			}
+			script = true
+		}
+		if err := ops.init[i].Err(); err != nil && err != redis.Nil && !isReply(err) {
+			return nil, incrFailed, err
+		}
+		n, err := ops.incr[i].Result()
+		if err != nil && !isReply(err) {
+			return nil, incrFailed, err
+		}
+		amount, cost := c.args[1+3*i].(uint64), c.args[2+3*i].(int64)
+		found := n - cost
+		if err != nil || found < 0 || found > limit.MaxCount {
+			// WRONGTYPE, not an integer, an overflow, or a count counts
+			// would not read.
+			bad = true
+			rep[i] = int64(-1)
+			continue
+		}
+		rep[i] = found
+		if uint64(cost) > amount || uint64(found) > amount-uint64(cost) {
+			fits = false
+		}
+	}
+	switch {
+	case script:
+		return nil, incrScript, nil
+	case bad:
+		for i := range rep {
+			rep[i] = int64(-1)
+		}
+		return rep, incrTakeBack, nil
+	case !fits:
+		return rep, incrTakeBack, nil
+	}
+	return rep, incrDone, nil
+}
+
+// queueTakeBack queues on pipe the INCRBY of -cost on each key c's
+// INCRBY charged.
+func (c *call) queueTakeBack(ctx context.Context, pipe redis.Pipeliner) {
+	for i, cmd := range c.ops.incr {
+		if cmd.Err() == nil {
+			pipe.IncrBy(ctx, c.keys[2*i], -c.args[2+3*i].(int64))
+		}
+	}
+}
+
+// isReply reports an error Redis answered (a redis.Error), as opposed to
+// one on the way (a timeout, a closed connection).
+func isReply(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re)
+}
+
+// runIncr runs an optimistic call on c, alone: one pipeline, then, for a
+// denial, one to take it back; a call judgeIncr sends to the script runs
+// counts after its take-back.
+func (a *applier) runIncr(ctx context.Context, c redis.UniversalClient, one *call) ([]any, error) {
+	pipe := c.Pipeline()
+	one.queueIncr(ctx, pipe)
+	_, _ = pipe.Exec(ctx)
+	return a.finishIncr(ctx, c, []*call{one})[0].result()
+}
+
+// finishIncr ends calls whose commands ran: it takes back, in one
+// pipeline, what the denied ones charged, and runs counts for those
+// judgeIncr sends to it. It returns each call's outcome.
+func (a *applier) finishIncr(ctx context.Context, c redis.UniversalClient, calls []*call) []detached {
+	outs := make([]detached, len(calls))
+	verdicts := make([]incrVerdict, len(calls))
+	var pipe redis.Pipeliner
+	for i, call := range calls {
+		rep, v, err := call.judgeIncr()
+		verdicts[i], outs[i] = v, detached{rep, err}
+		if v == incrTakeBack || v == incrScript {
+			if pipe == nil {
+				pipe = c.Pipeline()
+			}
+			call.queueTakeBack(ctx, pipe)
+		}
+	}
+	if pipe != nil && pipe.Len() > 0 {
+		// A take-back that fails leaves the counts high, refusing more,
+		// never admitting more; the decision is answered as judged.
+		_, _ = pipe.Exec(ctx)
+	}
+	for i, call := range calls {
+		if verdicts[i] == incrScript {
+			outs[i] = detachedOf(a.run(ctx, c, call))
+		}
+		call.ops = incrOps{}
+	}
+	return outs
+}
+
+func detachedOf(rep []any, err error) detached { return detached{rep, err} }
+
+func (d detached) result() ([]any, error) { return d.rep, d.err }
