@@ -24,6 +24,9 @@
 #   any of them with -w after it (sliding-nl-w)   the same with
 #                    --redis-batch-wait $BATCH_WAIT (1ms by default): a batch
 #                    waits that long for more decisions once one is queued
+#   fixed-o (fixed-o-nl, fixed-o-w, ...)   fixed windows with
+#                    --redis-optimistic-fixed: acquisitions by INCRBY, no
+#                    script, a denial taken back
 #   matched          the baseline capped (tollgate-load -rate) at the most
 #                    decisions/s a Tollgate config of the same workload made
 #                    earlier in the same run: Redis's CPU per command grows
@@ -65,9 +68,9 @@ RATE=${RATE:-}
 pace=()
 [[ -z $RATE ]] || pace=(-rate "$RATE")
 if [[ -n ${RATE:-} ]]; then
-	CONFIGS=${CONFIGS:-baseline sliding sliding-nl fixed fixed-nl token token-nl}
+	CONFIGS=${CONFIGS:-baseline sliding sliding-nl fixed fixed-nl fixed-o-w token token-nl}
 else
-	CONFIGS=${CONFIGS:-baseline sliding sliding-nl fixed fixed-nl token token-nl matched}
+	CONFIGS=${CONFIGS:-baseline sliding sliding-nl fixed fixed-nl fixed-o-w token token-nl matched}
 fi
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || die "RUNS is $RUNS, want a positive number"
 
@@ -106,7 +109,7 @@ workload_args() {
 # one RUN WORKLOAD CONFIG: a measured run on a fresh redis-server; appends
 # a line to $TMP/results.tsv.
 one() {
-	local run=$1 wl=$2 cfg=$3 out=$TMP/$2-$3-$1.json alg lease=() batch=() target base
+	local run=$1 wl=$2 cfg=$3 out=$TMP/$2-$3-$1.json alg lease=() batch=() opt=() target base
 	start_redis
 	local redis=127.0.0.1:$REDIS_PORT
 	if [[ $cfg == baseline ]]; then
@@ -127,15 +130,23 @@ one() {
 			base=${base%-w}
 			batch=(--redis-batch-wait "${BATCH_WAIT:-1ms}")
 		fi
-		case ${base%-nl} in
+		if [[ $base == *-nl ]]; then
+			lease=(--lease-fraction 0)
+			base=${base%-nl}
+		fi
+		if [[ $base == *-o ]]; then
+			[[ $base == fixed-o ]] || die "config $cfg: -o is --redis-optimistic-fixed, for fixed windows"
+			opt=(--redis-optimistic-fixed)
+			base=${base%-o}
+		fi
+		case $base in
 		sliding) alg=sliding_window ;;
 		fixed) alg=fixed_window ;;
 		token) alg=token_bucket ;;
 		*) die "unknown config $cfg" ;;
 		esac
-		[[ $base == *-nl ]] && lease=(--lease-fraction 0)
 		RULES=$TMP/rules-$alg start_tollgate "$TMP/tollgate" "$TMP/$wl-$cfg-$run.log" \
-			--redis-url "redis://$redis/0" ${lease[@]+"${lease[@]}"} ${batch[@]+"${batch[@]}"}
+			--redis-url "redis://$redis/0" ${lease[@]+"${lease[@]}"} ${batch[@]+"${batch[@]}"} ${opt[@]+"${opt[@]}"}
 		target=(-addr "$TG_GRPC" -server-pid "$TG_PID")
 	fi
 	# shellcheck disable=SC2046 # workload_args is a list of flags

@@ -186,9 +186,7 @@ func (a *applier) finishIncr(ctx context.Context, c redis.UniversalClient, calls
 		}
 	}
 	if pipe != nil && pipe.Len() > 0 {
-		// A take-back that fails leaves the counts high, refusing more,
-		// never admitting more; the decision is answered as judged.
-		_, _ = pipe.Exec(ctx)
+		takeBack(ctx, pipe)
 	}
 	for i, call := range calls {
 		if verdicts[i] == incrScript {
@@ -197,6 +195,29 @@ func (a *applier) finishIncr(ctx context.Context, c redis.UniversalClient, calls
 		call.ops = incrOps{}
 	}
 	return outs
+}
+
+// takeBack sends pipe's take-back under ctx's values but not its end: a
+// decision whose deadline comes while it is on its way is answered as
+// judged, and the take-back still lands (bounded by the client's read
+// and write timeouts), rather than leave its counts high for the rest of
+// their windows. The caller waits for it, or for ctx. One that fails
+// still leaves the counts high: refusing more, never admitting more.
+func takeBack(ctx context.Context, pipe redis.Pipeliner) {
+	run := func() { _, _ = pipe.Exec(context.WithoutCancel(ctx)) }
+	if ctx.Done() == nil {
+		run()
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		run()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
 }
 
 func detachedOf(rep []any, err error) detached { return detached{rep, err} }

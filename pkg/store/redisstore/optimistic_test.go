@@ -312,3 +312,65 @@ func TestOptimisticReplicas(t *testing.T) {
 		}
 	}
 }
+
+// cancelAfterCharge cancels a context once a pipeline that charged (SET
+// NX) has been answered: a decision whose deadline comes between its
+// INCRBY and its take-back.
+type cancelAfterCharge struct {
+	cancel func()
+}
+
+func (h *cancelAfterCharge) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *cancelAfterCharge) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *cancelAfterCharge) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			if c.Name() == "set" && slices.Contains(c.Args(), any("nx")) {
+				h.cancel()
+			}
+		}
+		return err
+	}
+}
+
+// TestOptimisticTakeBackOutlivesDeadline: a denied decision whose context
+// ends after its INCRBY was answered still has its charge taken back.
+func TestOptimisticTakeBackOutlivesDeadline(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	c, err := NewClient(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &cancelAfterCharge{cancel: func() {}}
+	c.AddHook(h)
+	s := New(c, WithOptimisticFixed(true))
+	t.Cleanup(func() { _ = s.Close() })
+	rc := srv.Client(t)
+	ch := fixedCharge("deadline", 1, 1)
+	if ok, _ := apply(t, s, t0, ch); !ok {
+		t.Fatal("the first decision was denied")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	ok, _ := s.Apply(ctx, t0, []limit.Charge{ch}, make([]limit.Result, 1))
+	if ok {
+		t.Fatal("a decision past the limit was admitted")
+	}
+	if ctx.Err() == nil {
+		t.Fatal("the hook did not end the decision's context: the test tests nothing")
+	}
+	k, _ := limit.CountKey(&ch, t0.UnixMilli())
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		v, err := rc.Get(context.Background(), k).Result()
+		if err == nil && v == "1" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the count is %q, %v, 5s after the denial; want 1, the charge taken back", v, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -49,7 +49,10 @@
 // charges it, a SET PX starts it. Each decision also reads the next
 // window's key: a replica whose clock is behind counts in the window a
 // replica ahead has started, as a window's high-water mark does (memstore
-// and limit.Counter). Versions before this one kept a fixed window in
+// and limit.Counter). WithOptimisticFixed runs the acquisitions among
+// such decisions with plain commands instead (optimistic.go): GET of the
+// next window's key, SET 0 PX NX and INCRBY per charge, and INCRBY of
+// -cost to take a denial back. Versions before this one kept a fixed window in
 // the counter's key as a one-bucket MessagePack window: during a rolling
 // update from one, old and new replicas count a fixed window apart, so its
 // windows during the rollout may admit up to twice their limit (sliding
