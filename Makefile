@@ -76,7 +76,7 @@ e2e: redis ## Closed-loop scenarios (3 replicas, one Redis): CSVs, PNGs and laws
 .PHONY: test-e2e
 test-e2e: e2e ## Alias of e2e.
 
-# bench-compare, bench-ghz, bench-memory and bench-redis: see scripts/ and docs/benchmarks.md.
+# bench-compare, bench-ghz, bench-memory, bench-redis and bench-reference: see scripts/ and docs/benchmarks.md.
 BASE ?= HEAD
 HEAD ?= WORKTREE
 STORE ?= memory
@@ -95,6 +95,10 @@ bench-compare: redis ## Load-test two builds in alternating runs, print HEAD/BAS
 .PHONY: bench-redis
 bench-redis: redis ## CPU per decision (Redis, server) of Tollgate's algorithms, leases on and off, against a plain INCRBY+PEXPIRE baseline: RUNS=3 DURATION=10s, RATE=N paces every config at N/s (~13 min; RUNS=1 DURATION=3s for a quick look).
 	RUNS='$(RUNS)' DURATION='$(DURATION)' RATE='$(RATE)' scripts/bench-redis.sh
+
+.PHONY: bench-reference
+bench-reference: redis ## Server + Redis CPU per decision against envoyproxy/ratelimit itself, built from the module proxy: RUNS=3 DURATION=10s RATE=10000 (~9 min; RATE=0 uncapped).
+	RUNS='$(RUNS)' DURATION='$(DURATION)' RATE='$(RATE)' scripts/bench-reference.sh
 
 .PHONY: bench-targets
 bench-targets: redis ## Issue 5's load targets on the working tree, medians of RUNS=3 runs of DURATION=10s (quiet machine).

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -372,5 +373,49 @@ func TestOptimisticTakeBackOutlivesDeadline(t *testing.T) {
 			t.Fatalf("the count is %q, %v, 5s after the denial; want 1, the charge taken back", v, err)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// lostReply makes the first GET of an optimistic call's pipeline fail as
+// a broken connection would, after Redis ran everything.
+type lostReply struct{}
+
+func (lostReply) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (lostReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (lostReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			if c.Name() == "get" {
+				c.SetErr(errors.New("injected: connection reset"))
+				break
+			}
+		}
+		return err
+	}
+}
+
+// TestOptimisticLostReply: a decision whose replies did not all come
+// fails, and what its INCRBYs charged is taken back.
+func TestOptimisticLostReply(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	c, err := NewClient(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.AddHook(lostReply{})
+	s := New(c, WithOptimisticFixed(true))
+	t.Cleanup(func() { _ = s.Close() })
+	a, b := fixedCharge("lost-a", 5, 2), fixedCharge("lost-b", 5, 3)
+	if _, err := s.Apply(context.Background(), t0, []limit.Charge{a, b}, make([]limit.Result, 2)); err == nil || !strings.Contains(err.Error(), "injected") {
+		t.Fatalf("Apply = %v, want the lost reply's error", err)
+	}
+	rc := srv.Client(t)
+	for _, ch := range []limit.Charge{a, b} {
+		k, _ := limit.CountKey(&ch, t0.UnixMilli())
+		if v := rc.Get(context.Background(), k).Val(); v != "0" {
+			t.Errorf("%s holds %q after the failed decision, want 0: its charge taken back", k, v)
+		}
 	}
 }
