@@ -292,8 +292,11 @@ func (m *merged) reset() {
 // send runs batch as one pipeline, even a batch of one (one code path;
 // the same round trip as a lone FCALL), and hands each call its outcome:
 // the counts calls as one FCALL of counts, the plains calls as one of
-// plains, each other call as its own FCALL. A call the server did not run for want of the code (retryable)
-// runs again alone, through applier.run, which loads it.
+// plains, an optimistic call (WithOptimisticFixed) as its plain commands,
+// each other call as its own FCALL. The optimistic calls that must be
+// taken back share one more pipeline (finishIncr). A call the server did
+// not run for want of the code (retryable) runs again alone, through
+// applier.run, which loads it.
 func (b *batcher) send(batch []*pending, cmds []*redis.Cmd, m, pl *merged) []*redis.Cmd {
 	// No call's deadline bounds the pipeline: the client's read and
 	// write timeouts do. The first caller's values (a trace) go with it.
@@ -327,7 +330,7 @@ func (b *batcher) send(batch []*pending, cmds []*redis.Cmd, m, pl *merged) []*re
 	}
 	i := 0
 	for _, p := range batch {
-		if p.call.fn != fnApply || p.call.incr {
+		if p.call.fn != fnApply {
 			continue
 		}
 		cmd := cmds[i]

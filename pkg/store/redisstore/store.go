@@ -52,11 +52,11 @@
 // and limit.Counter). WithOptimisticFixed runs the acquisitions among
 // such decisions with plain commands instead (optimistic.go): GET of the
 // next window's key, SET 0 PX NX and INCRBY per charge, and INCRBY of
-// -cost to take a denial back. Versions before this one kept a fixed window in
-// the counter's key as a one-bucket MessagePack window: during a rolling
-// update from one, old and new replicas count a fixed window apart, so its
-// windows during the rollout may admit up to twice their limit (sliding
-// windows and token buckets keep their layout).
+// -cost to take a denial back. Versions before this one kept a fixed
+// window in the counter's key as a one-bucket MessagePack window: during
+// a rolling update from one, old and new replicas count a fixed window
+// apart, so its windows during the rollout may admit up to twice their
+// limit (sliding windows and token buckets keep their layout).
 //
 // Concurrency leases are a sorted set per key (member -> deadline), Once
 // marks a string holding the mark's deadline. A Once mark that does not
