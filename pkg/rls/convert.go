@@ -184,6 +184,11 @@ func toStatus(st *limit.Status, m *statusMsgs) *rlsv3.RateLimitResponse_Descript
 	out.Code = toCode(st.Code)
 	l := st.Limit
 	if l == nil {
+		if st.Rule != nil && st.Rule.Unlimited && st.Code == limit.CodeOK {
+			// As envoyproxy/ratelimit reports an unlimited descriptor:
+			// no current limit, and all the room a uint32 holds.
+			out.LimitRemaining = math.MaxUint32
+		}
 		return out
 	}
 	out.CurrentLimit = &m.limit

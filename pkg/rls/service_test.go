@@ -189,9 +189,12 @@ func TestShouldRateLimit(t *testing.T) {
 			want: &rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{okNoLimit(), okNoLimit()}},
 		},
 		{
-			name: "unlimited rule has no current limit",
+			// As envoyproxy/ratelimit answers it (issue 18).
+			name: "unlimited rule has no current limit and all a uint32 holds remaining",
 			give: request("ai", 0, desc("free", "x")),
-			want: &rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{okNoLimit()}},
+			want: &rlsv3.RateLimitResponse{OverallCode: ok, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{
+				{Code: rlsv3.RateLimitResponse_OK, LimitRemaining: math.MaxUint32},
+			}},
 		},
 		{
 			name: "request hits_addend",
