@@ -296,7 +296,6 @@ func TestDecideInvalid(t *testing.T) {
 	}{
 		{"empty domain", limit.Request{Descriptors: []limit.Descriptor{{Entries: entries("a", "b")}}}, "domain is empty"},
 		{"no descriptors", limit.Request{Domain: "d"}, "no descriptors"},
-		{"empty descriptor", limit.Request{Domain: "d", Descriptors: []limit.Descriptor{{}}}, "descriptors[0]: no entries"},
 		{"empty key", limit.Request{Domain: "d", Descriptors: []limit.Descriptor{{Entries: entries("", "b")}}}, "empty key"},
 		{"huge value", limit.Request{Domain: "d", Descriptors: []limit.Descriptor{{Entries: entries("a", big)}}}, "at most 1024"},
 		{"too many", limit.Request{Domain: "d", Descriptors: many}, "65 descriptors"},

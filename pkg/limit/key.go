@@ -34,11 +34,10 @@ type Entry struct {
 	Value string
 }
 
-// checkDescriptor enforces the caps on one descriptor.
+// checkDescriptor enforces the caps on one descriptor. A descriptor with
+// no entries is valid: it matches no rule, and is answered OK without a
+// limit, as envoyproxy/ratelimit answers it.
 func checkDescriptor(i int, entries []Entry) error {
-	if len(entries) == 0 {
-		return Invalidf("descriptors[%d]: no entries", i)
-	}
 	if len(entries) > MaxEntries {
 		return Invalidf("descriptors[%d]: %d entries, at most %d", i, len(entries), MaxEntries)
 	}

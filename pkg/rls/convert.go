@@ -199,6 +199,12 @@ func toStatus(st *limit.Status, m *statusMsgs) *rlsv3.RateLimitResponse_Descript
 		out.CurrentLimit.UnitMultiplier = wrapperspb.UInt32(l.Multiplier)
 	}
 	out.LimitRemaining = capUint32(st.Remaining)
+	if st.Code == limit.CodeOverLimit {
+		// As envoyproxy/ratelimit reports a denial (and what a client
+		// reads from x-ratelimit-remaining on a 429): nothing left for
+		// this request, though a denied request took nothing.
+		out.LimitRemaining = 0
+	}
 	if st.TooLarge {
 		// No wait helps, and Envoy's own Retry-After and x-ratelimit-reset
 		// are made from this duration: leave it out.

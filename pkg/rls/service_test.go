@@ -197,6 +197,18 @@ func TestShouldRateLimit(t *testing.T) {
 			}},
 		},
 		{
+			// A descriptor with no entries (nil here, empty on the wire)
+			// matches nothing: OK without a limit, as envoyproxy/ratelimit
+			// answers it (issue 18), beside one that is counted.
+			name: "descriptor with no entries",
+			give: request("ai", 0, desc("tenant", "acme"), nil, &commonrl.RateLimitDescriptor{}),
+			want: &rlsv3.RateLimitResponse{
+				OverallCode:          ok,
+				Statuses:             []*rlsv3.RateLimitResponse_DescriptorStatus{st(ok, perTenant, 4, 39750*time.Millisecond), okNoLimit(), okNoLimit()},
+				ResponseHeadersToAdd: tenantHeaders("4", "40"),
+			},
+		},
+		{
 			name: "request hits_addend",
 			give: request("ai", 3, desc("tenant", "acme")),
 			want: &rlsv3.RateLimitResponse{
@@ -232,9 +244,11 @@ func TestShouldRateLimit(t *testing.T) {
 			want: &rlsv3.RateLimitResponse{
 				OverallCode: over,
 				Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{
-					{Code: over, CurrentLimit: perTenant, LimitRemaining: 5},
+					// Remaining 0 on a denial, as envoyproxy/ratelimit
+					// reports it (issue 18), though nothing was charged.
+					{Code: over, CurrentLimit: perTenant},
 				},
-				ResponseHeadersToAdd: hdrs(HeaderLimit, `5, 5;w=60;name="per-tenant"`, HeaderRemaining, "5",
+				ResponseHeadersToAdd: hdrs(HeaderLimit, `5, 5;w=60;name="per-tenant"`, HeaderRemaining, "0",
 					HeaderReason, headers.ReasonTooLarge, headers.ShouldRetry, "false", "content-type", "application/json"),
 				RawBody: []byte(`{"error":{"message":"Request too large for the requests limit \"per-tenant\": Limit 5, Requested 6. ` +
 					`The request must be made smaller; retrying it cannot succeed.","type":"invalid_request_error","code":"request_too_large"}}`),
@@ -248,9 +262,9 @@ func TestShouldRateLimit(t *testing.T) {
 				OverallCode: over,
 				Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{
 					st(over, perModel, 0, 250*time.Millisecond),
-					{Code: over, CurrentLimit: perTenant, LimitRemaining: 5},
+					{Code: over, CurrentLimit: perTenant},
 				},
-				ResponseHeadersToAdd: hdrs(HeaderLimit, `5, 2;w=1, 5;w=60;name="per-tenant"`, HeaderRemaining, "5",
+				ResponseHeadersToAdd: hdrs(HeaderLimit, `5, 2;w=1, 5;w=60;name="per-tenant"`, HeaderRemaining, "0",
 					HeaderReason, headers.ReasonTooLarge, headers.ShouldRetry, "false", "content-type", "application/json"),
 				RawBody: []byte(`{"error":{"message":"Request too large for the requests limit \"per-tenant\": Limit 5, Requested 6. ` +
 					`The request must be made smaller; retrying it cannot succeed.","type":"invalid_request_error","code":"request_too_large"}}`),
@@ -359,7 +373,6 @@ func TestShouldRateLimitErrors(t *testing.T) {
 		{name: "nil request", give: nil, wantCode: codes.InvalidArgument, wantMsg: "domain is empty"},
 		{name: "empty domain", give: request("", 0, desc("tenant", "a")), wantCode: codes.InvalidArgument, wantMsg: "domain is empty"},
 		{name: "no descriptors", give: request("ai", 0), wantCode: codes.InvalidArgument, wantMsg: "no descriptors"},
-		{name: "nil descriptor", give: request("ai", 0, desc("tenant", "a"), nil), wantCode: codes.InvalidArgument, wantMsg: "descriptors[1]"},
 		{
 			name:     "nil entry",
 			give:     request("ai", 0, &commonrl.RateLimitDescriptor{Entries: []*commonrl.RateLimitDescriptor_Entry{nil}}),
@@ -459,9 +472,10 @@ func TestToResponseEdges(t *testing.T) {
 				OverallCode: over,
 				Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{
 					st(over, rl("", 10, rlsv3.RateLimitResponse_RateLimit_MINUTE), 0, 2*time.Second),
-					st(over, rl("", 100, rlsv3.RateLimitResponse_RateLimit_HOUR), 3, 7200*time.Millisecond),
+					// A denial reports 0 left, whatever its counter holds.
+					st(over, rl("", 100, rlsv3.RateLimitResponse_RateLimit_HOUR), 0, 7200*time.Millisecond),
 				},
-				ResponseHeadersToAdd: hdrs(HeaderLimit, "100, 10;w=60, 100;w=3600", HeaderRemaining, "3", HeaderReset, "8", HeaderRetryAfter, "8"),
+				ResponseHeadersToAdd: hdrs(HeaderLimit, "100, 10;w=60, 100;w=3600", HeaderRemaining, "0", HeaderReset, "8", HeaderRetryAfter, "8"),
 			},
 		},
 		{
