@@ -172,3 +172,23 @@ descriptors:
 		})
 	}
 }
+
+// TestValidateEnvoyLeniency: validate passes a file with what
+// envoyproxy/ratelimit loads and ignores, and prints the parser's warning
+// with its file and line (issue 18).
+func TestValidateEnvoyLeniency(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	writeFile(t, path, "domain: d\ndescriptors:\n  - key: tenant\n    unit: second\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
+	stdout, stderr := &buffer{}, &buffer{}
+	a := &App{Stdout: stdout, Stderr: stderr, LookupEnv: env(nil)}
+	if code := a.Run(t.Context(), []string{"validate", path}); code != ExitOK {
+		t.Fatalf("validate = %d:\n%s", code, stderr)
+	}
+	if want := path + ":4: descriptors[0].unit: warning: ignored"; !strings.Contains(stderr.String(), want) {
+		t.Errorf("stderr does not say %q:\n%s", want, stderr)
+	}
+	if !strings.Contains(stdout.String(), "ok: 1 domains") {
+		t.Errorf("stdout %q, want ok", stdout)
+	}
+}

@@ -135,6 +135,7 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, args []string, log *z
 		return fmt.Errorf("load rules %q: the rules above must be fixed", f.config)
 	}
 	log.Info("rules loaded", zap.String("path", f.config), zap.Int("domains", len(rules.Domains())))
+	logRuleWarnings(log, rules)
 	st, err := a.openStores(ctx, f, log)
 	if err != nil {
 		return err
@@ -433,6 +434,7 @@ func watchRules(ctx context.Context, path string, lim *admission.Limiter, sh *pr
 		}
 		reloads.reloaded()
 		log.Info("rules reloaded", zap.String("path", path), zap.Int("domains", len(rs.Domains())))
+		logRuleWarnings(log, rs)
 	}
 	if err := config.Watch(ctx, path, onChange); err != nil {
 		// Serving the rules loaded at start beats not serving.

@@ -122,6 +122,7 @@ var (
 	descriptorKeys = []string{
 		"key", "value", "rate_limit", "token_limit", "shadow_mode", "detailed_metric", "descriptors",
 		"quota_mode", "value_to_metric", "share_threshold", "max_concurrent", "store_failure", "fair_share",
+		"unit", // ignored with a warning, as envoyproxy/ratelimit ignores it here
 	}
 	rateLimitKeys = []string{
 		"unit", "requests_per_unit", "unlimited", "name", "replaces",
@@ -152,6 +153,7 @@ func parse(name string, data []byte) (*limit.Domain, int, error) {
 	if err := w.err(); err != nil {
 		return nil, 0, err
 	}
+	d.Warnings = w.warnings
 	return d, line, nil
 }
 
@@ -243,6 +245,9 @@ func (w *walker) rule(n *yaml.Node, path string, depth int, seen map[string]int)
 	n = w.resolve(n)
 	r := &limit.Rule{}
 	keyOK, valueOK := false, true
+	if un, has := f["unit"]; has {
+		w.warnf(w.resolve(un), path+".unit", "ignored: a unit belongs inside rate_limit or token_limit (envoyproxy/ratelimit ignores it here too)")
+	}
 	if kn, has := f["key"]; !has {
 		w.addf(n, path, "key is required")
 	} else if k, ok := w.name(kn, path+".key", limit.MaxEntryKeyBytes); ok {
@@ -350,9 +355,15 @@ func (w *walker) limit(n *yaml.Node, path string, kind limit.Kind) (l *limit.Lim
 	}
 	if unlimited = w.flag(f, "unlimited", path); unlimited {
 		// envoyproxy/ratelimit rejects a unit beside unlimited too: the
-		// file says two contradictory things.
+		// file says two contradictory things. It loads an amount without
+		// a unit and ignores it: so does Tollgate, with a warning.
 		for _, k := range []string{"unit", amountKey, "algorithm", "burst", "unit_multiplier", "buckets"} {
-			if v, has := f[k]; has {
+			v, has := f[k]
+			switch {
+			case !has:
+			case k == amountKey && kind == limit.Requests && f["unit"] == nil:
+				w.warnf(v, path+"."+k, "ignored beside unlimited: true (as envoyproxy/ratelimit ignores it)")
+			default:
 				w.addf(v, path+"."+k, "must not be set when unlimited is true")
 			}
 		}
@@ -370,10 +381,15 @@ func (w *walker) limit(n *yaml.Node, path string, kind limit.Kind) (l *limit.Lim
 		}
 	}
 	amount, amountOK := f[amountKey]
-	if !amountOK {
-		w.addf(n, path, "%s is required", amountKey)
-	} else {
+	switch {
+	case amountOK:
 		l.Amount, amountOK = w.uint(amount, path+"."+amountKey, 0, maxAmount)
+	case kind == limit.Requests && f["unit"] != nil:
+		// envoyproxy/ratelimit reads a missing requests_per_unit as 0.
+		w.warnf(n, path, "requests_per_unit is missing: read as 0, as envoyproxy/ratelimit reads it, so every request this rule matches is over its limit")
+		amount, amountOK = n, true
+	default:
+		w.addf(n, path, "%s is required", amountKey)
 	}
 	if v, has := f["algorithm"]; has {
 		l.Algorithm, _ = w.algorithm(v, path+".algorithm")

@@ -35,8 +35,7 @@ func badFixtures() []badFixture {
 		{
 			name: "unknown key in a rate_limit",
 			give: "unknown_limit_key.yaml",
-			want: `testdata/bad/unknown_limit_key.yaml:5: descriptors[0].rate_limit: requests_per_unit is required
-testdata/bad/unknown_limit_key.yaml:6: descriptors[0].rate_limit.request_per_unit: unknown key; did you mean requests_per_unit?`,
+			want: `testdata/bad/unknown_limit_key.yaml:6: descriptors[0].rate_limit.request_per_unit: unknown key; did you mean requests_per_unit?`,
 		},
 		{
 			name: "unknown top-level key",
@@ -90,11 +89,6 @@ testdata/bad/buckets_out_of_range.yaml:13: descriptors[1].rate_limit.buckets: ap
 			name: "rate_limit with neither unit nor unlimited",
 			give: "no_unit.yaml",
 			want: `testdata/bad/no_unit.yaml:5: descriptors[0].rate_limit: unit is required (or unlimited: true)`,
-		},
-		{
-			name: "rate_limit without an amount",
-			give: "no_amount.yaml",
-			want: `testdata/bad/no_amount.yaml:5: descriptors[0].rate_limit: requests_per_unit is required`,
 		},
 		{
 			name: "unlimited with a unit and an amount",
@@ -1007,5 +1001,73 @@ func TestLoadControl(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, d.Shedding.Control); diff != "" {
 		t.Errorf("control (-want +got):\n%s", diff)
+	}
+}
+
+// TestLoadEnvoyLeniency: what envoyproxy/ratelimit loads and ignores, or
+// reads leniently, Tollgate loads too, with a warning on the domain that
+// names file, line and path (issue 18); what it refuses stays refused.
+func TestLoadEnvoyLeniency(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, give  string
+		want        string // the warning
+		wantAmount  uint64
+		wantLimit   bool
+		wantUnlimit bool
+	}{
+		{
+			name:      "unit without requests_per_unit is a limit of 0",
+			give:      "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: minute\n",
+			want:      "rules.yaml:5: descriptors[0].rate_limit: warning: requests_per_unit is missing: read as 0, as envoyproxy/ratelimit reads it, so every request this rule matches is over its limit",
+			wantLimit: true,
+		},
+		{
+			name:        "requests_per_unit beside unlimited is ignored",
+			give:        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unlimited: true\n      requests_per_unit: 10\n",
+			want:        "rules.yaml:6: descriptors[0].rate_limit.requests_per_unit: warning: ignored beside unlimited: true (as envoyproxy/ratelimit ignores it)",
+			wantUnlimit: true,
+		},
+		{
+			name:       "unit beside key is ignored",
+			give:       "domain: d\ndescriptors:\n  - key: k\n    unit: second\n    rate_limit: {unit: minute, requests_per_unit: 3}\n",
+			want:       "rules.yaml:4: descriptors[0].unit: warning: ignored: a unit belongs inside rate_limit or token_limit (envoyproxy/ratelimit ignores it here too)",
+			wantAmount: 3,
+			wantLimit:  true,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			d, err := Parse("rules.yaml", []byte(tt.give))
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			if len(d.Warnings) != 1 || d.Warnings[0] != tt.want {
+				t.Errorf("warnings %q, want [%q]", d.Warnings, tt.want)
+			}
+			r := d.Descriptors[0]
+			if r.Unlimited != tt.wantUnlimit || (r.RateLimit != nil) != tt.wantLimit {
+				t.Fatalf("rule unlimited %v, rate_limit %+v; want unlimited %v, a limit %v", r.Unlimited, r.RateLimit, tt.wantUnlimit, tt.wantLimit)
+			}
+			if r.RateLimit != nil && r.RateLimit.Amount != tt.wantAmount {
+				t.Errorf("amount %d, want %d", r.RateLimit.Amount, tt.wantAmount)
+			}
+		})
+	}
+	// Still refused: a unit beside unlimited (envoyproxy/ratelimit refuses
+	// it too), and a token_limit without its amount (Tollgate's own).
+	for _, give := range []string{
+		"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: minute}\n",
+		"domain: d\ndescriptors:\n  - key: k\n    token_limit: {unit: minute}\n",
+	} {
+		if _, err := Parse("rules.yaml", []byte(give)); err == nil {
+			t.Errorf("Parse(%q) loaded", give)
+		}
+	}
+	// A file without any of it has no warnings.
+	d, err := Parse("rules.yaml", []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 3}\n"))
+	if err != nil || len(d.Warnings) != 0 {
+		t.Errorf("a plain file: warnings %q, %v; want none", d.Warnings, err)
 	}
 }

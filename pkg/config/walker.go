@@ -30,6 +30,18 @@ type walker struct {
 	alg limit.Algorithm
 	// tierKey is tiers.key, which no rule may match on.
 	tierKey string
+	// warnings are what the file says that loads but is ignored or
+	// read leniently, as envoyproxy/ratelimit reads it (warnf).
+	warnings []string
+}
+
+// warnf records a warning at n: file:line: path: warning: message.
+func (w *walker) warnf(n *yaml.Node, path, format string, args ...any) {
+	line := 0
+	if n != nil {
+		line = n.Line
+	}
+	w.warnings = append(w.warnings, fmt.Sprintf("%s:%d: %s: warning: %s", w.file, line, path, fmt.Sprintf(format, args...)))
 }
 
 func (w *walker) addf(n *yaml.Node, path, format string, args ...any) {
