@@ -427,7 +427,9 @@ func matchAll(dom *limit.Domain, req *limit.Request, entriesOf func(int) []limit
 		}
 		mt.rules[i] = r
 		statuses[i].Rule = r
-		if r != nil && len(r.Replaces) > 0 {
+		// An overridden descriptor's limit is the request's, which
+		// replaces nothing.
+		if r != nil && len(r.Replaces) > 0 && req.Descriptors[i].Override == nil {
 			if mt.replaced == nil {
 				mt.replaced = map[string]bool{}
 			}
@@ -446,8 +448,8 @@ func (b *built) addDescriptor(dom *limit.Domain, req *limit.Request, i int, ents
 	if !d.Negative {
 		b.asks++ // until it turns out a cost report, below
 	}
-	if r != nil && r.Unlimited {
-		return nil
+	if r != nil && r.Unlimited && d.Override == nil {
+		return nil // a request's override limits it (limitsOf)
 	}
 	if len(ents) == 0 {
 		return nil // tier entries only, its own limit included: see build
@@ -456,7 +458,7 @@ func (b *built) addDescriptor(dom *limit.Domain, req *limit.Request, i int, ents
 	if r != nil && r.Fair != nil {
 		scale = limit.MicroOne // a shared budget is absolute; the plan is a weight (fair.go)
 	}
-	rate, tokens, rateCap, tokenCap, err := limitsOf(req, i, r, adj, scale)
+	rate, tokens, rateCap, tokenCap, err := limitsOf(req, i, r, dom.Algorithm, adj, scale)
 	if err != nil {
 		return err
 	}
@@ -493,7 +495,9 @@ func (b *built) addDescriptor(dom *limit.Domain, req *limit.Request, i int, ents
 	shadow := r != nil && r.Shadow
 	fair := fairCharge(req, r, micro)
 	if m == admit && rate != nil && !(tokens != nil && d.HitsSet) {
-		c := charge(req.Domain, ents, rate, rateCost, shadow)
+		// A request's override is its own limit, enforced: the rule's
+		// shadow_mode is not its (as envoyproxy/ratelimit has it).
+		c := charge(req.Domain, ents, rate, rateCost, shadow && d.Override == nil)
 		if r != nil && r.Fair != nil && d.Override == nil {
 			// Envoy's own limit for the descriptor is not the shared one.
 			c.Fair, c.Fair.Policy = fair, r.Fair.Rate
@@ -525,8 +529,11 @@ func (b *built) addDescriptor(dom *limit.Domain, req *limit.Request, i int, ents
 
 // limitsOf is descriptor i's request and token limits under rule r, with
 // the override, plan multiplier and pressure applied, and their
-// capacities before pressure (see plan.capacity).
-func limitsOf(req *limit.Request, i int, r *limit.Rule, adj adjust, micro uint64) (rate, tokens *limit.Limit, rateCap, tokenCap uint64, err error) {
+// capacities before pressure (see plan.capacity). An override is a limit
+// of its own, as envoyproxy/ratelimit makes it: the rule's algorithm (the
+// file's, alg, without a rule), but neither its name nor anything the
+// name does (replaces, the status's name).
+func limitsOf(req *limit.Request, i int, r *limit.Rule, alg limit.Algorithm, adj adjust, micro uint64) (rate, tokens *limit.Limit, rateCap, tokenCap uint64, err error) {
 	d := &req.Descriptors[i]
 	if r != nil {
 		rate = limit.Scaled(overridden(r.RateLimit, req.Overrides), micro)
@@ -535,9 +542,9 @@ func limitsOf(req *limit.Request, i int, r *limit.Rule, adj adjust, micro uint64
 		rate, tokens = adj.apply(rate), adj.apply(tokens)
 	}
 	if d.Override != nil {
-		ov := &limit.Limit{Kind: limit.Requests, Amount: d.Override.Amount, Unit: d.Override.Unit, Multiplier: d.Override.Multiplier}
+		ov := &limit.Limit{Kind: limit.Requests, Amount: d.Override.Amount, Unit: d.Override.Unit, Multiplier: d.Override.Multiplier, Algorithm: alg}
 		if rate != nil {
-			ov.Name, ov.Algorithm, ov.Buckets = rate.Name, rate.Algorithm, rate.Buckets
+			ov.Algorithm, ov.Buckets = rate.Algorithm, rate.Buckets
 			// A token bucket of 0 has no emission interval; a sliding
 			// window of 0 denies everything, which is what 0 asks for.
 			if rate.Algorithm == limit.TokenBucket && d.Override.Amount == 0 {

@@ -528,3 +528,69 @@ func TestOverrideHugeMultiplier(t *testing.T) {
 		t.Errorf("charge key %q, want %q", c.Key, want)
 	}
 }
+
+// TestOverrideIsItsOwnLimit: a request's limit override is a limit of its
+// own, as envoyproxy/ratelimit makes it (issue 18): it limits an
+// unlimited rule's descriptor, is enforced under a shadow rule, carries
+// no name (so no replaces), and counts with the file's algorithm where
+// no rule matches.
+func TestOverrideIsItsOwnLimit(t *testing.T) {
+	t.Parallel()
+	over := &limit.Override{Amount: 3, Unit: limit.Minute, Multiplier: 1}
+	rs, err := limit.NewRuleSet(&limit.Domain{Name: "d", Algorithm: limit.FixedWindow, Descriptors: []*limit.Rule{
+		{Key: "free", Unlimited: true},
+		{Key: "shadow", RateLimit: &limit.Limit{Name: "quiet", Amount: 1, Unit: limit.Minute, Algorithm: limit.SlidingWindow}, Shadow: true},
+		{Key: "named", RateLimit: &limit.Limit{Name: "big", Amount: 100, Unit: limit.Hour, Algorithm: limit.TokenBucket}, Replaces: []string{"quiet"}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name    string
+		ents    []limit.Entry
+		wantAlg limit.Algorithm
+	}{
+		{"unlimited", entries("free", "x"), limit.FixedWindow},
+		{"shadow", entries("shadow", "x"), limit.SlidingWindow},
+		{"named", entries("named", "x"), limit.TokenBucket},
+		{"no rule", entries("other", "x"), limit.FixedWindow},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			st := &recordStore{}
+			req := &limit.Request{Domain: "d", Descriptors: []limit.Descriptor{{Entries: tt.ents, Override: over}}}
+			dec, err := NewLimiter(st, nil, rs).Decide(context.Background(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(st.charges) != 1 {
+				t.Fatalf("charges %+v, want the override's one", st.charges)
+			}
+			c := st.charges[0]
+			if c.Amount != 3 || c.Window != time.Minute || c.Shadow || c.Algorithm != tt.wantAlg {
+				t.Errorf("charge %+v, want 3 a minute, %v, not shadow", c, tt.wantAlg)
+			}
+			if l := dec.Statuses[0].Limit; l == nil || l.Name != "" || l.Amount != 3 {
+				t.Errorf("status limit %+v, want the override's, without a name", l)
+			}
+			// Denied, it is refused: the rule's shadow_mode is not its.
+			st.deny = map[string]bool{c.Key: true}
+			if dec, err := NewLimiter(st, nil, rs).Decide(context.Background(), req); err != nil || dec.Code != limit.CodeOverLimit {
+				t.Errorf("over the override: %+v, %v; want OVER_LIMIT", dec, err)
+			}
+		})
+	}
+	// A rule whose descriptor is overridden replaces nothing: the shadow
+	// rule's own limit still counts beside it.
+	st := &recordStore{}
+	req := &limit.Request{Domain: "d", Descriptors: []limit.Descriptor{
+		{Entries: entries("named", "x"), Override: over},
+		{Entries: entries("shadow", "y")},
+	}}
+	if _, err := NewLimiter(st, nil, rs).Decide(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.charges) != 2 {
+		t.Errorf("charges %+v, want the override's and the shadow rule's", st.charges)
+	}
+}

@@ -182,6 +182,7 @@ func (w *walker) domain(root *yaml.Node) (*limit.Domain, int) {
 			w.alg = a
 		}
 	}
+	d.Algorithm = w.alg
 	// Tiers first, wherever they are in the file: rules are checked
 	// against tiers.key.
 	if n, has := f["tiers"]; has {

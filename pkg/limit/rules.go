@@ -85,6 +85,10 @@ type Domain struct {
 	RetryBudget *RetryBudget
 	// Queue, when set, lets refused requests wait (see Queue).
 	Queue *Queue
+	// Algorithm is the file's algorithm (SlidingWindow unless it says
+	// otherwise): a request's limit override on a descriptor that no
+	// rule matches counts with it.
+	Algorithm Algorithm
 	// Warnings are what the file said that loads but is ignored or read
 	// leniently, as envoyproxy/ratelimit reads it ("file:line: path:
 	// warning: ..."), for tollgate validate and the log.

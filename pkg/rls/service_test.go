@@ -290,14 +290,16 @@ func TestShouldRateLimit(t *testing.T) {
 			},
 		},
 		{
-			name: "override with a unit multiplier keeps the rule's name",
+			// The override is a limit of its own, without the rule's
+			// name, as envoyproxy/ratelimit reports it (issue 18).
+			name: "override with a unit multiplier has no name",
 			give: request("ai", 0, withLimit(desc("tenant", "acme"), 3, typev3.RateLimitUnit_SECOND, wrapperspb.UInt32(30))),
 			want: &rlsv3.RateLimitResponse{
 				OverallCode: ok,
 				Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{st(ok, &rlsv3.RateLimitResponse_RateLimit{
-					Name: "per-tenant", RequestsPerUnit: 3, Unit: rlsv3.RateLimitResponse_RateLimit_SECOND, UnitMultiplier: wrapperspb.UInt32(30),
+					RequestsPerUnit: 3, Unit: rlsv3.RateLimitResponse_RateLimit_SECOND, UnitMultiplier: wrapperspb.UInt32(30),
 				}, 2, 9750*time.Millisecond)},
-				ResponseHeadersToAdd: hdrs(HeaderLimit, `3, 3;w=30;name="per-tenant"`, HeaderRemaining, "2", HeaderReset, "10"),
+				ResponseHeadersToAdd: hdrs(HeaderLimit, `3, 3;w=30`, HeaderRemaining, "2", HeaderReset, "10"),
 			},
 		},
 		{
