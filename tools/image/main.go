@@ -1,0 +1,234 @@
+// Command image writes Tollgate's container image as an OCI image layout
+// in a tar file (an oci-archive), without a container engine: one layer
+// holding a static tollgate binary and the CA bundle, run as a non-root
+// user. `make image` builds the binary and runs it; `skopeo copy
+// oci-archive:bin/tollgate-image.tar docker://REPO:TAG` or `podman load`
+// takes it from there.
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+// The image's fixed parts; check.go reads them back.
+const (
+	binPath   = "/tollgate"
+	caPath    = "/etc/ssl/certs/ca-certificates.crt"
+	user      = "65532:65532" // distroless's nonroot
+	source    = "https://github.com/tollgate-dev/tollgate"
+	grpcPort  = "8081/tcp" // --grpc-addr
+	adminPort = "8080/tcp" // --admin-addr: /healthz, /readyz, /metrics
+)
+
+type options struct {
+	binary, ca, version, arch, out, ref string
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.binary, "binary", "", "the static linux tollgate binary to ship")
+	flag.StringVar(&o.ca, "ca", "/etc/ssl/certs/ca-certificates.crt", "CA bundle for rediss:// and the like; empty ships none")
+	flag.StringVar(&o.version, "version", "", "the image's version label (the chart's appVersion)")
+	flag.StringVar(&o.arch, "arch", "amd64", "the binary's GOARCH")
+	flag.StringVar(&o.ref, "ref", "", "the image's name, REPO:TAG, recorded in the layout's index")
+	flag.StringVar(&o.out, "out", "bin/tollgate-image.tar", "where the oci-archive goes")
+	flag.Parse()
+	if err := build(o); err != nil {
+		fmt.Fprintln(os.Stderr, "image:", err)
+		os.Exit(1)
+	}
+	fmt.Printf("image: wrote %s (%s, linux/%s)\n", o.out, o.ref, o.arch)
+}
+
+// build writes the image o describes.
+func build(o options) error {
+	if o.binary == "" || o.version == "" {
+		return errors.New("-binary and -version are required")
+	}
+	bin, err := os.ReadFile(o.binary)
+	if err != nil {
+		return err
+	}
+	files := []file{{path: binPath, mode: 0o755, data: bin}}
+	if o.ca != "" {
+		ca, err := os.ReadFile(o.ca)
+		if err != nil {
+			return fmt.Errorf("-ca: %w", err)
+		}
+		files = append(files, file{path: caPath, mode: 0o644, data: ca})
+	}
+	img, err := image(files, o.version, o.arch)
+	if err != nil {
+		return err
+	}
+	return writeArchive(img, o.ref, o.out)
+}
+
+type file struct {
+	path string
+	mode int64
+	data []byte
+}
+
+// epoch is every file's and the image's time: the same inputs give the
+// same image.
+var epoch = time.Unix(0, 0).UTC()
+
+// image is one layer of files on an empty base, with the config.
+func image(files []file, version, arch string) (v1.Image, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	dirs := map[string]bool{}
+	for _, f := range files {
+		// Parent directories first, as a tar for a root file system has them.
+		for d := filepath.Dir(f.path); d != "/" && !dirs[d]; d = filepath.Dir(d) {
+			dirs[d] = true
+		}
+	}
+	for _, d := range sortedDirs(dirs) {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d[1:] + "/", Mode: 0o755, ModTime: epoch}); err != nil {
+			return nil, err
+		}
+	}
+	for _, f := range files {
+		h := &tar.Header{Typeflag: tar.TypeReg, Name: f.path[1:], Mode: f.mode, Size: int64(len(f.data)), ModTime: epoch}
+		if err := tw.WriteHeader(h); err != nil {
+			return nil, err
+		}
+		if _, err := tw.Write(f.data); err != nil {
+			return nil, err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	data := buf.Bytes()
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil },
+		tarball.WithMediaType(types.OCILayer))
+	if err != nil {
+		return nil, err
+	}
+	img, err := mutate.AppendLayers(mutate.MediaType(empty.Image, types.OCIManifestSchema1), layer)
+	if err != nil {
+		return nil, err
+	}
+	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture, cf.Created = "linux", arch, v1.Time{Time: epoch}
+	cf.Config = v1.Config{
+		Entrypoint:   []string{binPath},
+		Cmd:          []string{"serve"},
+		User:         user,
+		WorkingDir:   "/",
+		ExposedPorts: map[string]struct{}{grpcPort: {}, adminPort: {}},
+		Env:          []string{"SSL_CERT_FILE=" + caPath},
+		Labels: map[string]string{
+			"org.opencontainers.image.source":  source,
+			"org.opencontainers.image.version": version,
+			"org.opencontainers.image.title":   "tollgate",
+		},
+	}
+	return mutate.ConfigFile(img, cf)
+}
+
+func sortedDirs(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for d := range m {
+		out = append(out, d)
+	}
+	// Shorter first puts a parent before its children.
+	for i := 1; i < len(out); i++ {
+		for j := i; j > 0 && (len(out[j]) < len(out[j-1]) || (len(out[j]) == len(out[j-1]) && out[j] < out[j-1])); j-- {
+			out[j], out[j-1] = out[j-1], out[j]
+		}
+	}
+	return out
+}
+
+// writeArchive writes img as an OCI image layout, tarred, to out.
+func writeArchive(img v1.Image, ref, out string) error {
+	dir, err := os.MkdirTemp("", "tollgate-image")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	p, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		return err
+	}
+	var opts []layout.Option
+	if ref != "" {
+		opts = append(opts, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": ref}))
+	}
+	if err := p.AppendImage(img, opts...); err != nil {
+		return err
+	}
+	return tarDir(dir, out)
+}
+
+// tarDir writes dir's files, relative to it, into the tar file out.
+func tarDir(dir, out string) error {
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(out)
+	if err != nil {
+		return err
+	}
+	tw := tar.NewWriter(f)
+	err = filepath.Walk(dir, func(path string, fi os.FileInfo, err error) error {
+		if err != nil || path == dir {
+			return err
+		}
+		rel, err := filepath.Rel(dir, path)
+		if err != nil {
+			return err
+		}
+		h, err := tar.FileInfoHeader(fi, "")
+		if err != nil {
+			return err
+		}
+		h.Name, h.ModTime, h.Uid, h.Gid, h.Uname, h.Gname = filepath.ToSlash(rel), epoch, 0, 0, "", ""
+		if fi.IsDir() {
+			h.Name += "/"
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		if fi.IsDir() {
+			return nil
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		_, err = tw.Write(data)
+		return err
+	})
+	if err2 := tw.Close(); err == nil {
+		err = err2
+	}
+	if err2 := f.Close(); err == nil {
+		err = err2
+	}
+	return err
+}
