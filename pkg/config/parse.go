@@ -265,9 +265,13 @@ func (w *walker) rule(n *yaml.Node, path string, depth int, seen map[string]int)
 			switch {
 			case len(v) > limit.MaxValueBytes:
 				w.addf(vn, path+".value", "is %d bytes, more than %d", len(v), limit.MaxValueBytes)
-			case strings.IndexByte(v, '*') >= 0 && strings.IndexByte(v, '*') < len(v)-1:
-				w.addf(vn, path+".value", "%q has a * before its end; only a trailing * (a prefix match) is supported", v)
 			default:
+				if i := strings.IndexByte(v, '*'); i >= 0 && i < len(v)-1 {
+					// envoyproxy/ratelimit loads it and matches the * as
+					// itself ("Wildcard in the middle of value is not
+					// supported", its config test): so does Tollgate.
+					w.warnf(vn, path+".value", "%q: a * before the end is matched as itself, as envoyproxy/ratelimit matches it; only a trailing * is a wildcard (a prefix match)", v)
+				}
 				r.Value, valueOK = v, true
 			}
 		}

@@ -118,11 +118,6 @@ testdata/bad/unlimited_with_unit.yaml:7: descriptors[0].rate_limit.requests_per_
 testdata/bad/duplicate_rule.yaml:11: descriptors[3]: a rule for key "user" with no value is already defined at line 6`,
 		},
 		{
-			name: "wildcard in the middle",
-			give: "wildcard_not_at_end.yaml",
-			want: `testdata/bad/wildcard_not_at_end.yaml:4: descriptors[0].value: "/api/*/users" has a * before its end; only a trailing * (a prefix match) is supported`,
-		},
-		{
 			name: "empty and missing key",
 			give: "empty_key.yaml",
 			want: `testdata/bad/empty_key.yaml:3: descriptors[0].key: is empty
@@ -1029,6 +1024,13 @@ func TestLoadEnvoyLeniency(t *testing.T) {
 			wantUnlimit: true,
 		},
 		{
+			name:       "a * before the end is itself",
+			give:       "domain: d\ndescriptors:\n  - key: path\n    value: /api/*/users\n    rate_limit: {unit: minute, requests_per_unit: 3}\n",
+			want:       `rules.yaml:4: descriptors[0].value: warning: "/api/*/users": a * before the end is matched as itself, as envoyproxy/ratelimit matches it; only a trailing * is a wildcard (a prefix match)`,
+			wantAmount: 3,
+			wantLimit:  true,
+		},
+		{
 			name:       "unit beside key is ignored",
 			give:       "domain: d\ndescriptors:\n  - key: k\n    unit: second\n    rate_limit: {unit: minute, requests_per_unit: 3}\n",
 			want:       "rules.yaml:4: descriptors[0].unit: warning: ignored: a unit belongs inside rate_limit or token_limit (envoyproxy/ratelimit ignores it here too)",
@@ -1069,5 +1071,37 @@ func TestLoadEnvoyLeniency(t *testing.T) {
 	d, err := Parse("rules.yaml", []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 3}\n"))
 	if err != nil || len(d.Warnings) != 0 {
 		t.Errorf("a plain file: warnings %q, %v; want none", d.Warnings, err)
+	}
+}
+
+// TestMidWildcardIsLiteral: a value with a * before its end matches only
+// itself, and one that also ends in * is a prefix wildcard whose prefix
+// holds the inner * as itself, as envoyproxy/ratelimit matches them.
+func TestMidWildcardIsLiteral(t *testing.T) {
+	t.Parallel()
+	d, err := Parse("rules.yaml", []byte("domain: d\ndescriptors:\n  - key: k\n    value: bar*b\n    rate_limit: {unit: minute, requests_per_unit: 3}\n"+
+		"  - key: k\n    value: foo*bar*\n    rate_limit: {unit: minute, requests_per_unit: 4}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := limit.NewRuleSet(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dom := rs.Domain("d")
+	for _, tt := range []struct {
+		value string
+		want  uint64 // the matched limit's amount, 0 for none
+	}{
+		{"bar*b", 3}, {"barab", 0}, {"barb", 0}, {"foo*bar", 4}, {"foo*barbaz", 4}, {"fooxbar", 0},
+	} {
+		r := dom.Match([]limit.Entry{{Key: "k", Value: tt.value}})
+		got := uint64(0)
+		if r != nil && r.RateLimit != nil {
+			got = r.RateLimit.Amount
+		}
+		if got != tt.want {
+			t.Errorf("k=%s matched a limit of %d, want %d", tt.value, got, tt.want)
+		}
 	}
 }
