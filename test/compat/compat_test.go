@@ -1,0 +1,153 @@
+// Package compat replays envoyproxy/ratelimit's documented answers against
+// `tollgate serve` over real gRPC, on the in-memory store and on Redis,
+// with the rules in fixed_window mode, the reference's algorithm (issue
+// 18). Each case names the reference behaviour it holds Tollgate to.
+package compat
+
+import (
+	"context"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	rlpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/tollgate-dev/tollgate/test/redistest"
+	"github.com/tollgate-dev/tollgate/test/tollgatetest"
+)
+
+// rules are written as a reference user writes them, including what the
+// reference loads and ignores (a unit beside a key, an amount beside
+// unlimited) and a * before the end of a value, which it matches as
+// itself.
+const rules = `domain: compat
+algorithm: fixed_window
+descriptors:
+  - key: limited
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: free
+    unit: second
+    rate_limit: {unlimited: true, requests_per_unit: 5}
+  - key: quiet
+    shadow_mode: true
+    rate_limit: {name: quiet, unit: minute, requests_per_unit: 1}
+  - key: mid
+    value: bar*b
+    rate_limit: {unit: minute, requests_per_unit: 20}
+`
+
+func TestCompat(t *testing.T) {
+	t.Parallel()
+	bin := tollgatetest.Build(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "compat.yaml"), []byte(rules), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := redistest.Start(t)
+	for _, store := range []struct {
+		name string
+		args []string
+	}{
+		{"memory", nil},
+		{"redis", []string{"--redis-url", srv.URL(), "--lease-fraction", "0"}},
+	} {
+		t.Run(store.name, func(t *testing.T) {
+			t.Parallel()
+			p := tollgatetest.Start(t, bin, "compat-"+store.name, append([]string{"--config", dir}, store.args...)...)
+			cc, err := grpc.NewClient(p.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = cc.Close() })
+			run(t, rlsv3.NewRateLimitServiceClient(cc))
+		})
+	}
+}
+
+func desc(kv ...string) *rlpb.RateLimitDescriptor {
+	d := &rlpb.RateLimitDescriptor{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		d.Entries = append(d.Entries, &rlpb.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return d
+}
+
+func override(d *rlpb.RateLimitDescriptor, n uint32) *rlpb.RateLimitDescriptor {
+	d.Limit = &rlpb.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: n, Unit: typev3.RateLimitUnit_MINUTE}
+	return d
+}
+
+func run(t *testing.T, c rlsv3.RateLimitServiceClient) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	call := func(hits uint32, ds ...*rlpb.RateLimitDescriptor) *rlsv3.RateLimitResponse {
+		t.Helper()
+		resp, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "compat", HitsAddend: hits, Descriptors: ds})
+		if err != nil {
+			t.Fatalf("ShouldRateLimit: %v", err)
+		}
+		return resp
+	}
+
+	t.Run("unlimited reports the most a uint32 holds", func(t *testing.T) {
+		st := call(1, desc("free", "x")).GetStatuses()[0]
+		if st.GetCode() != rlsv3.RateLimitResponse_OK || st.GetCurrentLimit() != nil || st.GetLimitRemaining() != math.MaxUint32 {
+			t.Errorf("status %v, want OK, no limit, remaining %d", st, uint32(math.MaxUint32))
+		}
+	})
+	t.Run("a descriptor with no entries is OK without a limit", func(t *testing.T) {
+		resp := call(1, desc("limited", "empty-neighbour"), &rlpb.RateLimitDescriptor{})
+		if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || len(resp.GetStatuses()) != 2 || resp.GetStatuses()[1].GetCurrentLimit() != nil {
+			t.Errorf("response %v, want OK and a second status without a limit", resp)
+		}
+	})
+	t.Run("over the limit reports 0 remaining", func(t *testing.T) {
+		st := call(25, desc("limited", "big")).GetStatuses()[0]
+		if st.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT || st.GetLimitRemaining() != 0 {
+			t.Errorf("hits_addend 25 on 20/minute: %v, want OVER_LIMIT with 0 remaining", st)
+		}
+	})
+	t.Run("fixed windows reset at the epoch-aligned minute", func(t *testing.T) {
+		before := time.Now()
+		st := call(1, desc("limited", "reset")).GetStatuses()[0]
+		after := time.Now()
+		// The reset is to the next whole minute, seen from some instant
+		// between before and after (ms resolution, a second of slack).
+		lo := before.Truncate(time.Minute).Add(time.Minute).Sub(after) - time.Second
+		hi := after.Truncate(time.Minute).Add(time.Minute).Sub(before) + time.Second
+		if got := st.GetDurationUntilReset().AsDuration(); got < lo || got > hi || st.GetLimitRemaining() != 19 {
+			t.Errorf("status %v: reset %v, want between %v and %v, remaining 19", st, got, lo, hi)
+		}
+	})
+	t.Run("an override limits an unlimited descriptor and has no name", func(t *testing.T) {
+		d := func() *rlpb.RateLimitDescriptor { return override(desc("free", "over"), 1) }
+		first, second := call(1, d()).GetStatuses()[0], call(1, d()).GetStatuses()[0]
+		if first.GetCode() != rlsv3.RateLimitResponse_OK || first.GetCurrentLimit().GetName() != "" || first.GetCurrentLimit().GetRequestsPerUnit() != 1 {
+			t.Errorf("first call %v, want OK under the override, without a name", first)
+		}
+		if second.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Errorf("second call %v, want OVER_LIMIT", second)
+		}
+	})
+	t.Run("an override under shadow_mode is enforced", func(t *testing.T) {
+		d := func() *rlpb.RateLimitDescriptor { return override(desc("quiet", "over"), 1) }
+		call(1, d())
+		if resp := call(1, d()); resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Errorf("second call over the override of a shadow rule: %v, want OVER_LIMIT", resp)
+		}
+	})
+	t.Run("a * before the end matches itself", func(t *testing.T) {
+		if st := call(1, desc("mid", "bar*b")).GetStatuses()[0]; st.GetCurrentLimit().GetRequestsPerUnit() != 20 {
+			t.Errorf("mid=bar*b: %v, want its 20/minute", st)
+		}
+		if st := call(1, desc("mid", "barab")).GetStatuses()[0]; st.GetCurrentLimit() != nil {
+			t.Errorf("mid=barab: %v, want no limit (the * is not a wildcard there)", st)
+		}
+	})
+}
