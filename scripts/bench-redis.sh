@@ -180,12 +180,7 @@ done
 printf '\n%s\n%s runs of %s (+%s warm-up) each, c=50 over one connection, fresh redis-server per run, -tenants %s, %s\n' \
 	"$BUILT" "$RUNS" "$DURATION" "$WARMUP" "$TENANTS" "$(if [[ -n $RATE ]]; then echo "paced at $RATE decisions/s"; else echo uncapped; fi)"
 # Medians per workload and config, then the ratios.
-awk -F'\t' -v order="$WORKLOADS" -v corder="$CONFIGS" '
-function median(s,   n, a, i, j, t) {
-	n = split(s, a, " ")
-	for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
-	return (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-}
+awk -F'\t' -v order="$WORKLOADS" -v corder="$CONFIGS" "$AWK_MEDIAN"'
 {
 	k = $1 SUBSEP $2
 	rps[k] = rps[k] " " $4; red[k] = red[k] " " $5; cmd[k] = cmd[k] " " $7; ld[k] = ld[k] " " $8

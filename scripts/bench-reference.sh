@@ -83,15 +83,6 @@ workload_args() {
 	esac
 }
 
-# free_port: a loopback port nothing listens on.
-free_port() {
-	local p
-	while :; do
-		p=$((20000 + RANDOM % 40000))
-		ss -Hltn "sport = :$p" | grep -q . || { echo "$p"; return; }
-	done
-}
-
 # start_ref REDIS_PORT LOG: the reference on free ports; sets TG_PID and
 # TG_GRPC like start_tollgate.
 start_ref() {
@@ -155,12 +146,7 @@ done
 
 printf '\n%s; envoyproxy/ratelimit %s\n%s runs of %s (+%s warm-up) each, c=50 over one connection, fresh redis-server per run, -tenants %s, %s\n' \
 	"$BUILT" "$REF_VERSION" "$RUNS" "$DURATION" "$WARMUP" "$TENANTS" "$(if [[ -n $RATE ]]; then echo "paced at $RATE decisions/s"; else echo uncapped; fi)"
-awk -F'\t' -v order="$WORKLOADS" -v corder="$CONFIGS" '
-function median(s,   n, a, i, j, t) {
-	n = split(s, a, " ")
-	for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
-	return (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-}
+awk -F'\t' -v order="$WORKLOADS" -v corder="$CONFIGS" "$AWK_MEDIAN"'
 { k = $1 SUBSEP $2; rps[k] = rps[k] " " $4; red[k] = red[k] " " $5; srv[k] = srv[k] " " $6; tot[k] = tot[k] " " ($5 + $6) }
 END {
 	nw = split(order, W, " "); nc = split(corder, C, " ")

@@ -76,6 +76,26 @@ describe() {
 	fi
 }
 
+# free_port prints a loopback port nothing listens on now (another
+# process may take it before the caller binds it: callers retry).
+free_port() {
+	local port
+	while :; do
+		port=$((20000 + RANDOM % 40000))
+		ss -Hltn "sport = :$port" | grep -q . || { echo "$port"; return; }
+	done
+}
+
+# AWK_MEDIAN is an awk function, median(s), of the numbers in the
+# space-separated string s, for the bench scripts' tables.
+# shellcheck disable=SC2016 # awk source, not shell
+AWK_MEDIAN='
+function median(s,   n, a, i, j, t) {
+	n = split(s, a, " ")
+	for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+	return (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+}'
+
 # start_redis: a private redis-server on a free loopback port, without
 # persistence. Sets REDIS_PORT and REDIS_PID. redis-server cannot take
 # port 0, so pick a port nothing listens on, and pick again when another
@@ -83,8 +103,7 @@ describe() {
 start_redis() {
 	local attempt port i
 	for attempt in 1 2 3 4 5; do
-		port=$((20000 + RANDOM % 40000))
-		ss -Hltn "sport = :$port" | grep -q . && continue
+		port=$(free_port)
 		redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
 			--dir "$TMP" --logfile "$TMP/redis-$port.log" &
 		REDIS_PID=$!

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestImage builds an image of a stand-in binary and reads it back: the
@@ -28,6 +30,19 @@ func TestImage(t *testing.T) {
 	}
 	if err := checkArchive(out, "1.0.0"); err == nil || !strings.Contains(err.Error(), "version") {
 		t.Errorf("check of another version = %v, want a version problem", err)
+	}
+	// The same inputs give the same archive, byte for byte (main.go's
+	// epoch times), built a second later: tar keeps whole seconds, so a
+	// build that stamped the clock would differ.
+	time.Sleep(1100 * time.Millisecond)
+	again := filepath.Join(dir, "again.tar")
+	if err := build(options{binary: bin, ca: ca, version: "9.8.7", arch: "arm64", out: again, ref: "example.com/tollgate:9.8.7"}); err != nil {
+		t.Fatal(err)
+	}
+	a, errA := os.ReadFile(out)
+	b, errB := os.ReadFile(again)
+	if errA != nil || errB != nil || !bytes.Equal(a, b) {
+		t.Errorf("two builds of the same inputs differ (%d and %d bytes; %v, %v)", len(a), len(b), errA, errB)
 	}
 }
 

@@ -13,8 +13,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -150,18 +152,9 @@ func image(files []file, version, arch string) (v1.Image, error) {
 	return mutate.ConfigFile(img, cf)
 }
 
+// sortedDirs are m's paths in order: a parent sorts before its children.
 func sortedDirs(m map[string]bool) []string {
-	out := make([]string, 0, len(m))
-	for d := range m {
-		out = append(out, d)
-	}
-	// Shorter first puts a parent before its children.
-	for i := 1; i < len(out); i++ {
-		for j := i; j > 0 && (len(out[j]) < len(out[j-1]) || (len(out[j]) == len(out[j-1]) && out[j] < out[j-1])); j-- {
-			out[j], out[j-1] = out[j-1], out[j]
-		}
-	}
-	return out
+	return slices.Sorted(maps.Keys(m))
 }
 
 // writeArchive writes img as an OCI image layout, tarred, to out.

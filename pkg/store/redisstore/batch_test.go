@@ -566,14 +566,23 @@ func sendMerged(t *testing.T, s *Store, admin *redis.Client, fn fnKind, decision
 // its own (a fixed window, a sliding window), on a batching store: the
 // queued path's allocations per decision, and Redis's time per decision.
 func BenchmarkApplyBatched(b *testing.B) {
-	for _, alg := range []limit.Algorithm{limit.FixedWindow, limit.SlidingWindow} {
-		b.Run(alg.String(), func(b *testing.B) {
+	for _, tt := range []struct {
+		name       string
+		alg        limit.Algorithm
+		optimistic bool
+	}{
+		{"fixed_window", limit.FixedWindow, false},
+		{"fixed_window_optimistic", limit.FixedWindow, true},
+		{"sliding_window", limit.SlidingWindow, false},
+	} {
+		alg := tt.alg
+		b.Run(tt.name, func(b *testing.B) {
 			srv := redistest.Start(b)
 			c, err := NewClient(srv.URL())
 			if err != nil {
 				b.Fatal(err)
 			}
-			s := New(c, WithBatch(32))
+			s := New(c, WithBatch(32), WithOptimisticFixed(tt.optimistic))
 			b.Cleanup(func() { _ = s.Close() })
 			ctx := context.Background()
 			if err := s.Warm(ctx); err != nil {

@@ -35,7 +35,7 @@ type call struct {
 	// incr runs a counts call by plain commands (WithOptimisticFixed),
 	// ops holding them while they run.
 	incr bool
-	ops  incrOps
+	ops  []incrOp
 }
 
 // fnKind names one of the library's functions (see apply.lua).

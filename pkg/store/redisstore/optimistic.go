@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 
 	"github.com/redis/go-redis/v9"
 
@@ -59,62 +58,61 @@ func optimisticOK(charges []limit.Charge) bool {
 	return true
 }
 
-// incrOps are one optimistic call's queued commands, three per charge:
-// GET next, SET cur 0 PX ttl NX, INCRBY cur cost.
-type incrOps struct {
-	next []*redis.StringCmd
-	init []*redis.BoolCmd
-	incr []*redis.IntCmd
+// incrOp is one charge's queued commands in an optimistic call: GET
+// next, SET cur 0 PX ttl NX, INCRBY cur cost.
+type incrOp struct {
+	next *redis.StringCmd
+	init *redis.BoolCmd
+	incr *redis.IntCmd
 }
 
 // queueIncr queues c's commands on pipe. c is a counts call (countsCall):
 // keys cur, next per charge; args n, then amount, cost, expiry (ms) per
 // charge.
 func (c *call) queueIncr(ctx context.Context, pipe redis.Pipeliner) {
-	ops := &c.ops
-	for i := range c.charges {
+	c.ops = make([]incrOp, c.charges)
+	for i := range c.ops {
 		cur, next := c.keys[2*i], c.keys[2*i+1]
-		cost, ttl := c.args[2+3*i], c.args[3+3*i]
-		ops.next = append(ops.next, pipe.Get(ctx, next))
-		ops.init = append(ops.init, redis.NewBoolCmd(ctx, "set", cur, "0", "px", ttl, "nx"))
-		_ = pipe.Process(ctx, ops.init[i])
-		ops.incr = append(ops.incr, pipe.IncrBy(ctx, cur, cost.(int64)))
+		op := &c.ops[i]
+		op.next = pipe.Get(ctx, next)
+		op.init = redis.NewBoolCmd(ctx, "set", cur, "0", "px", c.args[3+3*i], "nx")
+		_ = pipe.Process(ctx, op.init)
+		op.incr = pipe.IncrBy(ctx, cur, c.args[2+3*i].(int64))
 	}
 }
 
-// incrVerdict is what an optimistic call's replies say.
+// incrVerdict is what an optimistic call's replies say is left to do.
 type incrVerdict uint8
 
 const (
-	incrDone     incrVerdict = iota // rep is the counts reply; nothing to take back
-	incrTakeBack                    // rep is the counts reply; take back what was charged
+	incrDone     incrVerdict = iota // nothing: the decision was admitted
+	incrTakeBack                    // take back what was charged: a denial, or replies that did not all come
 	incrScript                      // take back what was charged, then run counts
-	incrFailed                      // err: the replies did not come
 )
 
 // judgeIncr reads c's replies into a counts reply (one count found per
-// charge, -1 for each when a key holds no count) and says what is left to
-// do.
+// charge, -1 for each when a key holds no count), or the error of
+// replies that did not come, and says what is left to do.
 func (c *call) judgeIncr() (rep []any, v incrVerdict, err error) {
-	ops := &c.ops
 	fits, bad, script := true, false, false
 	rep = make([]any, c.charges)
-	for i := range c.charges {
+	for i := range c.ops {
+		op := &c.ops[i]
 		// A next window's key: a clock ahead started it, and counts
 		// counts in it. One of another type (an error reply) is the
 		// script's to report.
-		if err := ops.next[i].Err(); err != redis.Nil {
+		if err := op.next.Err(); err != redis.Nil {
 			if err != nil && !isReply(err) {
-				return nil, incrFailed, err
+				return nil, incrTakeBack, err
 			}
 			script = true
 		}
-		if err := ops.init[i].Err(); err != nil && err != redis.Nil && !isReply(err) {
-			return nil, incrFailed, err
+		if err := op.init.Err(); err != nil && err != redis.Nil && !isReply(err) {
+			return nil, incrTakeBack, err
 		}
-		n, err := ops.incr[i].Result()
+		n, err := op.incr.Result()
 		if err != nil && !isReply(err) {
-			return nil, incrFailed, err
+			return nil, incrTakeBack, err
 		}
 		amount, cost := c.args[1+3*i].(uint64), c.args[2+3*i].(int64)
 		found := n - cost
@@ -147,18 +145,11 @@ func (c *call) judgeIncr() (rep []any, v incrVerdict, err error) {
 // queueTakeBack queues on pipe the INCRBY of -cost on each key c's
 // INCRBY charged.
 func (c *call) queueTakeBack(ctx context.Context, pipe redis.Pipeliner) {
-	for i, cmd := range c.ops.incr {
-		if cmd.Err() == nil {
+	for i := range c.ops {
+		if c.ops[i].incr.Err() == nil {
 			pipe.IncrBy(ctx, c.keys[2*i], -c.args[2+3*i].(int64))
 		}
 	}
-}
-
-// isReply reports an error Redis answered (a redis.Error), as opposed to
-// one on the way (a timeout, a closed connection).
-func isReply(err error) bool {
-	var re redis.Error
-	return errors.As(err, &re)
 }
 
 // runIncr runs an optimistic call on c, alone: one pipeline, then, for a
@@ -168,7 +159,8 @@ func (a *applier) runIncr(ctx context.Context, c redis.UniversalClient, one *cal
 	pipe := c.Pipeline()
 	one.queueIncr(ctx, pipe)
 	_, _ = pipe.Exec(ctx)
-	return a.finishIncr(ctx, c, []*call{one})[0].result()
+	d := a.finishIncr(ctx, c, []*call{one})[0]
+	return d.rep, d.err
 }
 
 // finishIncr ends calls whose commands ran: it takes back, in one
@@ -181,8 +173,8 @@ func (a *applier) finishIncr(ctx context.Context, c redis.UniversalClient, calls
 	for i, call := range calls {
 		rep, v, err := call.judgeIncr()
 		verdicts[i], outs[i] = v, detached{rep, err}
-		// A call whose replies did not all come fails; what it charged,
-		// as far as the replies say, is taken back, as a denial's is.
+		// What a call whose replies did not all come charged, as far as
+		// the replies say, is taken back too, as a denial's is.
 		if v != incrDone {
 			if pipe == nil {
 				pipe = c.Pipeline()
@@ -195,9 +187,10 @@ func (a *applier) finishIncr(ctx context.Context, c redis.UniversalClient, calls
 	}
 	for i, call := range calls {
 		if verdicts[i] == incrScript {
-			outs[i] = detachedOf(a.run(ctx, c, call))
+			rep, err := a.run(ctx, c, call)
+			outs[i] = detached{rep, err}
 		}
-		call.ops = incrOps{}
+		call.ops = nil
 	}
 	return outs
 }
@@ -224,7 +217,3 @@ func takeBack(ctx context.Context, pipe redis.Pipeliner) {
 	case <-ctx.Done():
 	}
 }
-
-func detachedOf(rep []any, err error) detached { return detached{rep, err} }
-
-func (d detached) result() ([]any, error) { return d.rep, d.err }

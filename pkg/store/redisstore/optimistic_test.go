@@ -314,47 +314,57 @@ func TestOptimisticReplicas(t *testing.T) {
 	}
 }
 
-// cancelAfterCharge cancels a context once a pipeline that charged (SET
-// NX) has been answered: a decision whose deadline comes between its
-// INCRBY and its take-back.
-type cancelAfterCharge struct {
-	cancel func()
-}
+// afterPipeline is a go-redis hook that calls itself with each
+// pipeline's commands once Redis has answered them, before the store
+// reads them.
+type afterPipeline func(cmds []redis.Cmder)
 
-func (h *cancelAfterCharge) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (h *cancelAfterCharge) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
-func (h *cancelAfterCharge) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (afterPipeline) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (afterPipeline) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h afterPipeline) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		err := next(ctx, cmds)
-		for _, c := range cmds {
-			if c.Name() == "set" && slices.Contains(c.Args(), any("nx")) {
-				h.cancel()
-			}
-		}
+		h(cmds)
 		return err
 	}
+}
+
+// hookedOptimistic is an unbatched optimistic store on a redis-server of
+// its own whose client runs h, and that server.
+func hookedOptimistic(t *testing.T, h afterPipeline) (*Store, *redistest.Server) {
+	t.Helper()
+	srv := redistest.Start(t)
+	c, err := NewClient(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.AddHook(h)
+	s := New(c, WithOptimisticFixed(true))
+	t.Cleanup(func() { _ = s.Close() })
+	return s, srv
 }
 
 // TestOptimisticTakeBackOutlivesDeadline: a denied decision whose context
 // ends after its INCRBY was answered still has its charge taken back.
 func TestOptimisticTakeBackOutlivesDeadline(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	c, err := NewClient(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &cancelAfterCharge{cancel: func() {}}
-	c.AddHook(h)
-	s := New(c, WithOptimisticFixed(true))
-	t.Cleanup(func() { _ = s.Close() })
+	// Once a pipeline that charged (SET NX) is answered, cancel: the
+	// decision's deadline comes between its INCRBY and its take-back.
+	var cancel atomic.Pointer[context.CancelFunc]
+	s, srv := hookedOptimistic(t, func(cmds []redis.Cmder) {
+		for _, c := range cmds {
+			if f := cancel.Load(); f != nil && c.Name() == "set" && slices.Contains(c.Args(), any("nx")) {
+				(*f)()
+			}
+		}
+	})
 	rc := srv.Client(t)
 	ch := fixedCharge("deadline", 1, 1)
 	if ok, _ := apply(t, s, t0, ch); !ok {
 		t.Fatal("the first decision was denied")
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	h.cancel = cancel
+	ctx, stop := context.WithCancel(context.Background())
+	cancel.Store(&stop)
 	ok, _ := s.Apply(ctx, t0, []limit.Charge{ch}, make([]limit.Result, 1))
 	if ok {
 		t.Fatal("a decision past the limit was admitted")
@@ -376,37 +386,20 @@ func TestOptimisticTakeBackOutlivesDeadline(t *testing.T) {
 	}
 }
 
-// lostReply makes the first GET of an optimistic call's pipeline fail as
-// a broken connection would, after Redis ran everything.
-type lostReply struct{}
-
-func (lostReply) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (lostReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
-func (lostReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := next(ctx, cmds)
-		for _, c := range cmds {
-			if c.Name() == "get" {
-				c.SetErr(errors.New("injected: connection reset"))
-				break
-			}
-		}
-		return err
-	}
-}
-
 // TestOptimisticLostReply: a decision whose replies did not all come
 // fails, and what its INCRBYs charged is taken back.
 func TestOptimisticLostReply(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	c, err := NewClient(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.AddHook(lostReply{})
-	s := New(c, WithOptimisticFixed(true))
-	t.Cleanup(func() { _ = s.Close() })
+	// The first GET of each pipeline fails as a broken connection would,
+	// after Redis ran everything.
+	s, srv := hookedOptimistic(t, func(cmds []redis.Cmder) {
+		for _, c := range cmds {
+			if c.Name() == "get" {
+				c.SetErr(errors.New("injected: connection reset"))
+				return
+			}
+		}
+	})
 	a, b := fixedCharge("lost-a", 5, 2), fixedCharge("lost-b", 5, 3)
 	if _, err := s.Apply(context.Background(), t0, []limit.Charge{a, b}, make([]limit.Result, 2)); err == nil || !strings.Contains(err.Error(), "injected") {
 		t.Fatalf("Apply = %v, want the lost reply's error", err)

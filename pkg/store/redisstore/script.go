@@ -74,6 +74,13 @@ func noFunctions(err error) bool {
 	return redis.HasErrorPrefix(err, "unknown command")
 }
 
+// isReply reports an error Redis answered (a redis.Error), as opposed to
+// one on the way (a timeout, a closed connection).
+func isReply(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re)
+}
+
 // retryable reports an error after which the call did not run and runs
 // again once the code is loaded: NOSCRIPT, or a missing function or
 // command.
@@ -99,9 +106,8 @@ func (a *applier) load(ctx context.Context, c redis.UniversalClient) {
 
 func (a *applier) loadOn(ctx context.Context, c redis.Cmdable) {
 	err := c.FunctionLoad(ctx, a.lib).Err()
-	var rerr redis.Error
 	loaded := redis.HasErrorPrefix(err, "Library '") && strings.HasSuffix(err.Error(), "already exists") // by another replica
-	if errors.As(err, &rerr) && !loaded {
+	if isReply(err) && !loaded {
 		// An answer: this server will not load the library.
 		a.useScripts.Store(true)
 	}
