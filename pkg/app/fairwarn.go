@@ -108,7 +108,7 @@ func sharedByAll(r *limit.Rule) bool {
 	switch {
 	case r.Value == "":
 		return false
-	case strings.HasSuffix(r.Value, "*"):
+	case r.Wildcard():
 		return r.ShareThreshold
 	default:
 		return true

@@ -12,7 +12,7 @@
 //	algorithm: sliding_window          # (Optional) default for every limit in this file; default sliding_window
 //	descriptors:                       # (Optional) the rule tree
 //	  - key: tenant                    # (Required) the descriptor entry key this rule matches
-//	    value: acme                    # (Optional) exact value; "pre*" matches a prefix; absent matches any value
+//	    value: acme                    # (Optional) exact value; a * matches any run of bytes ("gpt-*", "/api*v1"); absent: any value
 //	    rate_limit:                    # (Optional) counts requests
 //	      unit: minute                 #   (Required unless unlimited) second|minute|hour|day|week|month|year, any case
 //	      requests_per_unit: 600       #   (Required unless unlimited) 0 denies every request
@@ -77,7 +77,7 @@
 //	    cache: 100ms                   #   (Optional) answer from the closed state last read this long; 1ms-10s; default 100ms
 //
 // share_threshold (Optional, wildcard values only, as in
-// envoyproxy/ratelimit) makes every value the prefix matches share one
+// envoyproxy/ratelimit) makes every value the pattern matches share one
 // counter. Two more keys of envoyproxy/ratelimit load so its files do, but
 // change nothing yet: quota_mode (the rule is enforced as an ordinary
 // limit) and value_to_metric (metric names).
@@ -266,12 +266,6 @@ func (w *walker) rule(n *yaml.Node, path string, depth int, seen map[string]int)
 			case len(v) > limit.MaxValueBytes:
 				w.addf(vn, path+".value", "is %d bytes, more than %d", len(v), limit.MaxValueBytes)
 			default:
-				if i := strings.IndexByte(v, '*'); i >= 0 && i < len(v)-1 {
-					// envoyproxy/ratelimit loads it and matches the * as
-					// itself ("Wildcard in the middle of value is not
-					// supported", its config test): so does Tollgate.
-					w.warnf(vn, path+".value", "%q: a * before the end is matched as itself, as envoyproxy/ratelimit matches it; only a trailing * is a wildcard (a prefix match)", v)
-				}
 				r.Value, valueOK = v, true
 			}
 		}
@@ -312,8 +306,8 @@ func (w *walker) rule(n *yaml.Node, path string, depth int, seen map[string]int)
 	r.DetailedMetric = w.flag(f, "detailed_metric", path)
 	w.flag(f, "quota_mode", path)
 	w.flag(f, "value_to_metric", path)
-	if r.ShareThreshold = w.flag(f, "share_threshold", path); r.ShareThreshold && !strings.HasSuffix(r.Value, "*") {
-		w.addf(f["share_threshold"], path+".share_threshold", "applies only to a wildcard value (one ending in *)")
+	if r.ShareThreshold = w.flag(f, "share_threshold", path); r.ShareThreshold && !r.Wildcard() {
+		w.addf(f["share_threshold"], path+".share_threshold", "applies only to a wildcard value (one holding a *)")
 	}
 	if sn, has := f["store_failure"]; has {
 		r.StoreFailure = w.storeFailure(sn, path+".store_failure")

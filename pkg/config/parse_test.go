@@ -146,7 +146,7 @@ testdata/bad/max_concurrent_bad.yaml:7: descriptors[1].max_concurrent.lease: 100
 		{
 			name: "share_threshold without a wildcard",
 			give: "share_threshold_without_wildcard.yaml",
-			want: `testdata/bad/share_threshold_without_wildcard.yaml:5: descriptors[0].share_threshold: applies only to a wildcard value (one ending in *)`,
+			want: `testdata/bad/share_threshold_without_wildcard.yaml:5: descriptors[0].share_threshold: applies only to a wildcard value (one holding a *)`,
 		},
 		{
 			name: "not a boolean",
@@ -1024,13 +1024,6 @@ func TestLoadEnvoyLeniency(t *testing.T) {
 			wantUnlimit: true,
 		},
 		{
-			name:       "a * before the end is itself",
-			give:       "domain: d\ndescriptors:\n  - key: path\n    value: /api/*/users\n    rate_limit: {unit: minute, requests_per_unit: 3}\n",
-			want:       `rules.yaml:4: descriptors[0].value: warning: "/api/*/users": a * before the end is matched as itself, as envoyproxy/ratelimit matches it; only a trailing * is a wildcard (a prefix match)`,
-			wantAmount: 3,
-			wantLimit:  true,
-		},
-		{
 			name:       "unit beside key is ignored",
 			give:       "domain: d\ndescriptors:\n  - key: k\n    unit: second\n    rate_limit: {unit: minute, requests_per_unit: 3}\n",
 			want:       "rules.yaml:4: descriptors[0].unit: warning: ignored: a unit belongs inside rate_limit or token_limit (envoyproxy/ratelimit ignores it here too)",
@@ -1074,15 +1067,30 @@ func TestLoadEnvoyLeniency(t *testing.T) {
 	}
 }
 
-// TestMidWildcardIsLiteral: a value with a * before its end matches only
-// itself, and one that also ends in * is a prefix wildcard whose prefix
-// holds the inner * as itself, as envoyproxy/ratelimit matches them.
-func TestMidWildcardIsLiteral(t *testing.T) {
+// TestWildcardAnywhere: a * anywhere in a value matches any run of bytes,
+// none included, as envoyproxy/ratelimit matches it; the pattern with the
+// most literal bytes wins, then the file's order; an exact value beats
+// every pattern; and a value that matches no pattern falls to the key.
+func TestWildcardAnywhere(t *testing.T) {
 	t.Parallel()
-	d, err := Parse("rules.yaml", []byte("domain: d\ndescriptors:\n  - key: k\n    value: bar*b\n    rate_limit: {unit: minute, requests_per_unit: 3}\n"+
-		"  - key: k\n    value: foo*bar*\n    rate_limit: {unit: minute, requests_per_unit: 4}\n"))
+	d, err := Parse("rules.yaml", []byte(`domain: d
+descriptors:
+  - {key: k, value: "bar*b", rate_limit: {unit: minute, requests_per_unit: 1}}
+  - {key: k, value: "foo*bar*baz", rate_limit: {unit: minute, requests_per_unit: 2}}
+  - {key: k, value: "/api*v1", rate_limit: {unit: minute, requests_per_unit: 3}}
+  - {key: k, value: "a*", rate_limit: {unit: minute, requests_per_unit: 4}}
+  - {key: k, value: "*z", rate_limit: {unit: minute, requests_per_unit: 5}}
+  - {key: k, value: "abc*", rate_limit: {unit: minute, requests_per_unit: 6}}
+  - {key: k, value: "abc*x*", rate_limit: {unit: minute, requests_per_unit: 7}}
+  - {key: k, value: "barxb", rate_limit: {unit: minute, requests_per_unit: 8}}
+  - {key: k, value: "m*n", share_threshold: true, rate_limit: {unit: minute, requests_per_unit: 9}}
+  - {key: k, rate_limit: {unit: minute, requests_per_unit: 10}}
+`))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if len(d.Warnings) != 0 {
+		t.Errorf("warnings %q, want none", d.Warnings)
 	}
 	rs, err := limit.NewRuleSet(d)
 	if err != nil {
@@ -1091,9 +1099,19 @@ func TestMidWildcardIsLiteral(t *testing.T) {
 	dom := rs.Domain("d")
 	for _, tt := range []struct {
 		value string
-		want  uint64 // the matched limit's amount, 0 for none
+		want  uint64 // the matched limit's amount
 	}{
-		{"bar*b", 3}, {"barab", 0}, {"barb", 0}, {"foo*bar", 4}, {"foo*barbaz", 4}, {"fooxbar", 0},
+		{"barab", 1}, {"bar123b", 1}, {"barb", 1}, {"bar*b", 1},
+		{"bara", 10}, {"xbarb", 10}, {"bab", 10}, // "bar" and "b" may not overlap
+		{"barxb", 8}, // exact beats every pattern
+		{"foobarbaz", 2}, {"foo1bar2baz", 2}, {"foobazbar", 10}, {"foobarba", 10},
+		{"/apiv1", 3}, {"/api/x/v1", 3}, {"/api/v2", 10},
+		{"a", 4}, {"ab", 4}, {"z", 5}, {"xyz", 5},
+		{"abcd", 6},           // abc* (3 literal bytes) before a* (1)
+		{"abcxd", 7},          // abc*x* (4) before abc* (3)
+		{"az", 4},             // a* and *z both match: one literal byte each, the file's order
+		{"mn", 9}, {"m-n", 9}, // share_threshold with a middle *
+		{"", 10}, {"q", 10},
 	} {
 		r := dom.Match([]limit.Entry{{Key: "k", Value: tt.value}})
 		got := uint64(0)
@@ -1101,7 +1119,15 @@ func TestMidWildcardIsLiteral(t *testing.T) {
 			got = r.RateLimit.Amount
 		}
 		if got != tt.want {
-			t.Errorf("k=%s matched a limit of %d, want %d", tt.value, got, tt.want)
+			t.Errorf("k=%q matched a limit of %d, want %d", tt.value, got, tt.want)
+		}
+	}
+	// Every value that m*n matches shares its pattern's counter.
+	for _, v := range []string{"mn", "m-n", "mxyzn"} {
+		_, shared := dom.MatchShared([]limit.Entry{{Key: "k", Value: v}})
+		got := dom.SharedEntries([]limit.Entry{{Key: "k", Value: v}}, shared)
+		if shared != 1 || got[0].Value != "m*n" {
+			t.Errorf("k=%q: shared %b, counter entry %q; want the pattern m*n", v, shared, got[0].Value)
 		}
 	}
 }

@@ -1,7 +1,5 @@
 package limit
 
-import "strings"
-
 // MatchKind is how a rule matched one entry.
 type MatchKind uint8
 
@@ -10,7 +8,7 @@ const (
 	MatchNone MatchKind = iota
 	// MatchExact: the rule's key and value.
 	MatchExact
-	// MatchWildcard: the rule's key and the longest value prefix ("gpt-*").
+	// MatchWildcard: the rule's key and the most specific pattern ("gpt-*").
 	MatchWildcard
 	// MatchKey: the rule's key alone (no value: one counter per value).
 	MatchKey
@@ -21,7 +19,7 @@ func (k MatchKind) String() string {
 	case MatchExact:
 		return "exact value"
 	case MatchWildcard:
-		return "wildcard prefix"
+		return "wildcard"
 	case MatchKey:
 		return "key only"
 	}
@@ -48,7 +46,7 @@ func (d *Domain) MatchSteps(entries []Entry) []MatchStep {
 			return append(out, st)
 		case next.Value == "":
 			st.Kind = MatchKey
-		case strings.HasSuffix(next.Value, "*"):
+		case next.Wildcard():
 			st.Kind = MatchWildcard
 		default:
 			st.Kind = MatchExact

@@ -14,8 +14,11 @@ import (
 type Rule struct {
 	// Key is the descriptor entry key this node matches (Required).
 	Key string
-	// Value is the entry value: exact, a prefix when it ends in '*', or
-	// empty to match any value (each value then counts on its own).
+	// Value is the entry value: exact; a pattern when it holds a '*',
+	// each '*' matching any run of bytes, none included ("gpt-*",
+	// "bar*b", "/api*v1"), as envoyproxy/ratelimit matches; or empty to
+	// match any value. Each value a pattern or an empty Value matches
+	// counts on its own, unless ShareThreshold.
 	Value string
 	// RateLimit counts requests; TokenLimit counts cost. Either may be nil.
 	RateLimit  *Limit
@@ -26,7 +29,7 @@ type Rule struct {
 	Shadow bool
 	// DetailedMetric lets metrics carry the descriptor's values.
 	DetailedMetric bool
-	// ShareThreshold, on a wildcard rule, makes every value the prefix
+	// ShareThreshold, on a wildcard rule, makes every value the pattern
 	// matches count on one shared counter (envoyproxy/ratelimit's
 	// share_threshold) instead of one counter per value.
 	ShareThreshold bool
@@ -54,7 +57,8 @@ type Rule struct {
 	ID string
 
 	exact    map[string]*Rule // "key\x00value" -> child
-	wildcard []*Rule          // children whose Value ends in '*', longest prefix first
+	wildcard []*Rule          // children whose Value holds a '*', most literal bytes first
+	parts    []string         // a wildcard Value split at each '*'
 	keyOnly  map[string]*Rule // key -> child with empty Value
 }
 
@@ -305,7 +309,8 @@ func index(r *Rule, prefix string) error {
 				return fmt.Errorf("%s: duplicate rule for key %q", id, c.Key)
 			}
 			r.keyOnly[c.Key] = c
-		case strings.HasSuffix(c.Value, "*"):
+		case c.Wildcard():
+			c.parts = strings.Split(c.Value, "*")
 			for _, w := range r.wildcard {
 				if w.Key == c.Key && w.Value == c.Value {
 					return fmt.Errorf("%s: duplicate rule for %s=%s", id, c.Key, c.Value)
@@ -326,8 +331,13 @@ func index(r *Rule, prefix string) error {
 			return err
 		}
 	}
-	// The longest prefix is the most specific, so it is tried first.
-	sort.SliceStable(r.wildcard, func(i, j int) bool { return len(r.wildcard[i].Value) > len(r.wildcard[j].Value) })
+	// The pattern with the most literal bytes is the most specific, so it
+	// is tried first; for trailing wildcards that is the longest prefix.
+	// Ties keep the file's order. envoyproxy/ratelimit tries them in the
+	// file's order alone, so a file there that puts "gpt-*" before
+	// "gpt-4*" never reaches the second; here it does
+	// (docs/migrating-from-envoy-ratelimit.md).
+	sort.SliceStable(r.wildcard, func(i, j int) bool { return literalBytes(r.wildcard[i]) > literalBytes(r.wildcard[j]) })
 	return nil
 }
 
@@ -351,23 +361,50 @@ func (rs *RuleSet) Domains() []*Domain {
 	return out
 }
 
+// Wildcard reports whether the rule's Value is a pattern (holds a '*').
+func (r *Rule) Wildcard() bool { return strings.Contains(r.Value, "*") }
+
+// literalBytes is how many bytes of a wildcard rule's Value are not '*'.
+func literalBytes(r *Rule) int { return len(r.Value) - strings.Count(r.Value, "*") }
+
 // child is the rule under r that matches e: the exact key and value, then
-// the longest wildcard prefix, then the key alone; nil for none.
+// the most specific matching wildcard, then the key alone; nil for none.
 func (r *Rule) child(e Entry) *Rule {
 	if c := r.exact[e.Key+"\x00"+e.Value]; c != nil {
 		return c
 	}
 	for _, w := range r.wildcard {
-		if w.Key == e.Key && strings.HasPrefix(e.Value, w.Value[:len(w.Value)-1]) {
+		if w.Key == e.Key && globMatch(w.parts, e.Value) {
 			return w
 		}
 	}
 	return r.keyOnly[e.Key]
 }
 
+// globMatch reports whether v matches the pattern split at its '*'s
+// into parts (at least two): v starts with the first part, ends with the
+// last, and holds the ones between in order, without overlaps. Taking
+// each middle part at its first place is never worse than a later one,
+// so one pass decides, with no allocation and no backtracking.
+func globMatch(parts []string, v string) bool {
+	first, last := parts[0], parts[len(parts)-1]
+	if len(v) < len(first)+len(last) || !strings.HasPrefix(v, first) || !strings.HasSuffix(v, last) {
+		return false
+	}
+	rest := v[len(first) : len(v)-len(last)]
+	for _, p := range parts[1 : len(parts)-1] {
+		i := strings.Index(rest, p)
+		if i < 0 {
+			return false
+		}
+		rest = rest[i+len(p):]
+	}
+	return true
+}
+
 // Match finds the rule for a descriptor's entries as envoyproxy/ratelimit
-// does: at each level an exact key and value first, then the longest
-// matching wildcard prefix, then the key alone. The descriptor matches
+// does: at each level an exact key and value first, then the most
+// specific matching wildcard, then the key alone. The descriptor matches
 // only when its last entry lands on a rule with a limit (or unlimited).
 func (d *Domain) Match(entries []Entry) *Rule {
 	r, _ := d.MatchShared(entries)

@@ -24,8 +24,7 @@ import (
 
 // rules are written as a reference user writes them, including what the
 // reference loads and ignores (a unit beside a key, an amount beside
-// unlimited) and a * before the end of a value, which it matches as
-// itself.
+// unlimited), and wildcards anywhere in a value.
 const rules = `domain: compat
 algorithm: fixed_window
 descriptors:
@@ -40,6 +39,21 @@ descriptors:
   - key: mid
     value: bar*b
     rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: shared
+    value: bar*b
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: multi
+    value: foo*bar*baz
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: route
+    value: /api*v1
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: rpc
+    value: svc*ep*rpc
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 50}
 `
 
 func TestCompat(t *testing.T) {
@@ -142,12 +156,29 @@ func run(t *testing.T, c rlsv3.RateLimitServiceClient) {
 			t.Errorf("second call over the override of a shadow rule: %v, want OVER_LIMIT", resp)
 		}
 	})
-	t.Run("a * before the end matches itself", func(t *testing.T) {
-		if st := call(1, desc("mid", "bar*b")).GetStatuses()[0]; st.GetCurrentLimit().GetRequestsPerUnit() != 20 {
-			t.Errorf("mid=bar*b: %v, want its 20/minute", st)
+	// remaining is what each call in order leaves, or -1 for no limit.
+	remaining := func(t *testing.T, key string, values []string, want []int) {
+		t.Helper()
+		for i, v := range values {
+			st := call(1, desc(key, v)).GetStatuses()[0]
+			got := int(st.GetLimitRemaining())
+			if st.GetCurrentLimit() == nil {
+				got = -1
+			}
+			if got != want[i] {
+				t.Errorf("%s=%s: %v, want remaining %d (-1: no limit)", key, v, st, want[i])
+			}
 		}
-		if st := call(1, desc("mid", "barab")).GetStatuses()[0]; st.GetCurrentLimit() != nil {
-			t.Errorf("mid=barab: %v, want no limit (the * is not a wildcard there)", st)
-		}
+	}
+	t.Run("a * in the middle matches any run, each value on its own counter", func(t *testing.T) {
+		remaining(t, "mid", []string{"barab", "bar123b", "barb", "barab", "bara", "xbarb"}, []int{19, 19, 19, 18, -1, -1})
+	})
+	t.Run("share_threshold puts every value a pattern matches on one counter", func(t *testing.T) {
+		remaining(t, "shared", []string{"barab", "bar123b", "barb"}, []int{19, 18, 17})
+		remaining(t, "route", []string{"/apiv1", "/api/users/v1", "/api/v2"}, []int{99, 98, -1})
+		remaining(t, "rpc", []string{"svc1ep2rpc", "svcAepBrpc", "svcrpc", "svcep-rpc"}, []int{49, 48, -1, 47})
+	})
+	t.Run("several * match in order", func(t *testing.T) {
+		remaining(t, "multi", []string{"foobarbaz", "foo-bar-baz", "foobazbar", "foobarbaz"}, []int{9, 9, -1, 8})
 	})
 }

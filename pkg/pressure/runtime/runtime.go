@@ -21,7 +21,6 @@ import (
 	"net/http"
 	"reflect"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -487,7 +486,7 @@ func valuesOf(rules []*limit.Rule, key string) []string {
 	var walk func([]*limit.Rule)
 	walk = func(rs []*limit.Rule) {
 		for _, r := range rs {
-			if r.Key == key && r.Value != "" && !strings.HasSuffix(r.Value, "*") && r.Value != limit.ScopeGlobal && !slices.Contains(out, r.Value) {
+			if r.Key == key && r.Value != "" && !r.Wildcard() && r.Value != limit.ScopeGlobal && !slices.Contains(out, r.Value) {
 				out = append(out, r.Value)
 			}
 			walk(r.Children)
