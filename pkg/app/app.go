@@ -54,6 +54,7 @@ Commands:
   serve [flags]    serve Envoy's rate limit API and the admin HTTP API
   validate PATH    check a rule file or directory; print each problem as file:line: path: message
   explain [flags]  show which rules, plan, shedding step, breakers and store keys a request meets
+  health [flags]   ask the admin port of a serve on this host whether it is ready; exit 0 or 1
   version          print the version
 
 Run 'tollgate serve -h' for serve's flags.
@@ -76,6 +77,8 @@ func (a *App) Run(ctx context.Context, args []string) int {
 		return a.validate(rest)
 	case "explain":
 		return a.explain(rest)
+	case "health":
+		return a.health(ctx, rest)
 	case "version":
 		return a.version(rest)
 	case "help", "-h", "-help", "--help":
