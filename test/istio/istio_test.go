@@ -286,8 +286,8 @@ func TestCatches(t *testing.T) {
 		},
 		{
 			name: "outbound context", file: "ratelimit.yaml",
-			old:  "      context: SIDECAR_INBOUND\n      proxy:\n        proxyVersion: '^1\\.(2[89]|[3-9][0-9])(\\.|-|$)'\n      listener:\n        portNumber: 8000\n        filterChain:\n          filter:\n            name: envoy.filters.network.http_connection_manager\n            subFilter:\n              name: envoy.filters.http.router\n    patch:\n      operation: INSERT_BEFORE\n      value:\n        # Patch 3",
-			new:  "      context: SIDECAR_OUTBOUND\n      proxy:\n        proxyVersion: '^1\\.(2[89]|[3-9][0-9])(\\.|-|$)'\n      listener:\n        portNumber: 8000\n        filterChain:\n          filter:\n            name: envoy.filters.network.http_connection_manager\n            subFilter:\n              name: envoy.filters.http.router\n    patch:\n      operation: INSERT_BEFORE\n      value:\n        # Patch 3",
+			old:  "      context: SIDECAR_INBOUND\n      proxy:\n        proxyVersion: '^1\\.(28\\.([6-9]|[1-9][0-9]+)|29\\.([2-9]|[1-9][0-9]+)|([3-9][0-9]|[1-9][0-9]{2,})(\\.[0-9]+)?)(-|$)'\n      listener:\n        # The backend's targetPort (container port), not its Service port.\n        portNumber: 8000\n        filterChain:\n          filter:\n            name: envoy.filters.network.http_connection_manager\n            subFilter:\n              name: envoy.filters.http.router\n    patch:\n      operation: INSERT_BEFORE\n      value:\n        # Patch 3",
+			new:  "      context: SIDECAR_OUTBOUND\n      proxy:\n        proxyVersion: '^1\\.(28\\.([6-9]|[1-9][0-9]+)|29\\.([2-9]|[1-9][0-9]+)|([3-9][0-9]|[1-9][0-9]{2,})(\\.[0-9]+)?)(-|$)'\n      listener:\n        # The backend's targetPort (container port), not its Service port.\n        portNumber: 8000\n        filterChain:\n          filter:\n            name: envoy.filters.network.http_connection_manager\n            subFilter:\n              name: envoy.filters.http.router\n    patch:\n      operation: INSERT_BEFORE\n      value:\n        # Patch 3",
 			want: []string{"configPatches[1]", "match.context is SIDECAR_OUTBOUND"},
 		},
 		{
@@ -376,6 +376,43 @@ func TestCatches(t *testing.T) {
 			want: []string{"additionalResponseHeadersToLog does not list x-usage-total-tokens"},
 		},
 		{
+			name: "clearRouteCache that Istio ignores", file: meshConfigFile,
+			old: "    statusOnError: \"503\"\n", new: "    statusOnError: \"503\"\n    clearRouteCache: true\n",
+			want: []string{"clearRouteCache is set", "never reads it"},
+		},
+		{
+			name: "telemetry replacing the mesh's access log", file: "access-log.yaml",
+			old: "    - name: envoy\n", new: "",
+			want: []string{"Telemetry inference/tollgate-access-log", "lists only Tollgate's", "list envoy"},
+		},
+		// The backend's ports, as Istio names them on its sidecar.
+		{
+			name: "vhost named after the targetPort", file: "ratelimit.yaml",
+			old: "name: inbound|http|80\n", new: "name: inbound|http|8000\n",
+			want: []string{"configPatches[2] (VIRTUAL_HOST MERGE)", `vhost.name "inbound|http|8000", want "inbound|http|80"`, "Service port"},
+		},
+		{
+			name: "listener matched on the Service port", file: "ext-proc.yaml",
+			old: "portNumber: 8000\n", new: "portNumber: 80\n",
+			want: []string{"ext-proc.yaml", "configPatches[0]", "portNumber 80, want 8000", "targetPort"},
+		},
+		{
+			name: "ports line changed without the patches", file: "ratelimit.yaml",
+			old: "# Backend ports: Service port 80, targetPort (container port) 8000.", new: "# Backend ports: Service port 80, targetPort (container port) 8080.",
+			want: []string{"ratelimit.yaml", "portNumber 8000, want 8080"},
+		},
+		{
+			name: "files disagree on the backend's ports", file: "ext-proc.yaml",
+			old:  "# Backend ports: Service port 80, targetPort (container port) 8000.",
+			new:  "# Backend ports: Service port 8000, targetPort (container port) 8000.",
+			want: []string{"backend ports", "same workload", "says", "8000 -> 8000", "80 -> 8000"},
+		},
+		{
+			name: "no ports line", file: "ratelimit.yaml",
+			old: "# Backend ports: Service port 80, targetPort (container port) 8000.", new: "# Backend ports: see the Service.",
+			want: []string{"EnvoyFilter inference/tollgate-ratelimit", "0 lines", "Backend ports"},
+		},
+		{
 			name: "API key logged", file: meshConfigFile,
 			old: "    logName: tollgate\n", new: "    logName: tollgate\n    additionalRequestHeadersToLog: [Authorization]\n",
 			want: []string{"additionalRequestHeadersToLog lists Authorization", "every API key"},
@@ -386,11 +423,24 @@ func TestCatches(t *testing.T) {
 			runCatch(t, files, e, tc.file, [][2]string{{tc.old, tc.new}}, tc.want)
 		})
 	}
+	t.Run("proxy version admitting proxies before the CVE fix", func(t *testing.T) {
+		t.Parallel()
+		set := copyFiles(files)
+		// The regex before issue 18: Istio 1.28 and later.
+		set["ratelimit.yaml"] = []byte(strings.ReplaceAll(string(files["ratelimit.yaml"]), shippedProxyVersion, `proxyVersion: '^1\.(2[89]|[3-9][0-9])(\.|-|$)'`))
+		requireProblem(t, check(set, e), []string{"configPatches[0]", "admits", `"1.28.5"`, `"1.29.1"`, "CVE-2026-26330"})
+	})
+	t.Run("proxy version refusing fixed proxies", func(t *testing.T) {
+		t.Parallel()
+		set := copyFiles(files)
+		set["ratelimit.yaml"] = []byte(strings.ReplaceAll(string(files["ratelimit.yaml"]), shippedProxyVersion, `proxyVersion: '^1\.(28\.([6-9]|[1-9][0-9]+)|29\.([2-9]|[1-9][0-9]+)|([3-9][0-9]|[1-9][0-9]{2,})(\.[0-9]+)?)$'`))
+		requireProblem(t, check(set, e), []string{"configPatches[1]", "refuses", "1.28.6-distroless", "1.29.2-asm"})
+	})
 	t.Run("proxy version differs between patches", func(t *testing.T) {
 		t.Parallel()
 		// The third occurrence: the VIRTUAL_HOST patch's.
 		data := string(files["ratelimit.yaml"])
-		const old = `proxyVersion: '^1\.(2[89]|[3-9][0-9])(\.|-|$)'`
+		const old = shippedProxyVersion
 		i := nthIndex(data, old, 3)
 		if i < 0 {
 			t.Fatalf("%q occurs fewer than 3 times in ratelimit.yaml", old)
@@ -400,6 +450,9 @@ func TestCatches(t *testing.T) {
 		requireProblem(t, check(set, e), []string{"configPatches[2]", "match.proxy differs"})
 	})
 }
+
+// shippedProxyVersion is ratelimit.yaml's proxyVersion line.
+const shippedProxyVersion = `proxyVersion: '^1\.(28\.([6-9]|[1-9][0-9]+)|29\.([2-9]|[1-9][0-9]+)|([3-9][0-9]|[1-9][0-9]{2,})(\.[0-9]+)?)(-|$)'`
 
 func runCatch(t *testing.T, files map[string][]byte, e env, file string, edits [][2]string, want []string) {
 	t.Helper()

@@ -152,6 +152,11 @@ func check(files map[string][]byte, e env) []string {
 
 // ---------------------------------------------------------------------------
 
+// builtinProviders are the extension providers every mesh has: Istio adds
+// its defaults to the configured ones (pkg/config/mesh/mesh.go,
+// DefaultMeshConfig and ApplyMeshConfig); envoy is the stdout access log.
+var builtinProviders = map[string]bool{"envoy": true, "prometheus": true, "stackdriver": true}
+
 // mesh is what the lint needs from the mesh config.
 type mesh struct {
 	providers map[string]*meshv1alpha1.MeshConfig_ExtensionProvider
@@ -164,6 +169,7 @@ func lint(mc *meshv1alpha1.MeshConfig, resources []resource, e env) []string {
 	var telemetries []resource
 	var extProcs []extProcPatch
 	var callers []resource // caller policies (callers_test.go), linted once the Telemetries are known
+	var ports []*backendPorts
 	for _, r := range resources {
 		switch o := r.obj.(type) {
 		case *securityv1.AuthorizationPolicy:
@@ -190,10 +196,17 @@ func lint(mc *meshv1alpha1.MeshConfig, resources []resource, e env) []string {
 				}
 			}
 			problems = append(problems, lintEnvoyFilter(r, patches, m, e)...)
+			problems = append(problems, lintProxyFloor(patches)...)
+			bp, more := lintInboundPorts(r, patches)
+			problems = append(problems, more...)
+			if bp != nil {
+				ports = append(ports, bp)
+			}
 			extProcs = append(extProcs, extProcPatches(r, o, patches)...)
 		}
 	}
 	problems = append(problems, lintExtProcs(extProcs, policies, m)...)
+	problems = append(problems, lintBackendPortsAgree(ports)...)
 	for _, r := range callers {
 		problems = append(problems, lintCallers(r, r.obj.(*securityv1.AuthorizationPolicy), m, telemetries, extProcs)...)
 	}
@@ -217,6 +230,9 @@ func lintMesh(mc *meshv1alpha1.MeshConfig, e env) (mesh, []string) {
 			hosts[a.GetService()] = true
 			if a.GetPort() != tollgatePort {
 				add("%s.envoyExtAuthzGrpc.port is %d, want %d (Tollgate's gRPC port)", path, a.GetPort(), tollgatePort)
+			}
+			if a.GetClearRouteCache() {
+				add("%s.envoyExtAuthzGrpc.clearRouteCache is set: Istio never reads it for a gRPC provider (pilot/pkg/security/authz/builder/extauthz.go, generateGRPCConfig), so it changes nothing; remove it", path)
 			}
 			if a.GetTimeout().AsDuration() <= 0 {
 				add("%s.envoyExtAuthzGrpc.timeout is not set: Envoy's 200ms default applies; set it explicitly, above Tollgate's p99.9 Check latency", path)
@@ -312,7 +328,21 @@ func lintTelemetry(r resource, o *telemetryv1.Telemetry, m mesh) []string {
 	}
 	for i, al := range o.Spec.GetAccessLogging() {
 		path := fmt.Sprintf("spec.accessLogging[%d]", i)
+		toTollgate, others := false, false
+		for _, pr := range al.GetProviders() {
+			if m.providers[pr.GetName()].GetEnvoyHttpAls() != nil {
+				toTollgate = true
+			} else {
+				others = true
+			}
+		}
+		if toTollgate && !others {
+			add("%s.providers lists only Tollgate's: a Telemetry's providers replace the ones the workload inherits, so its stdout access log (meshConfig.accessLogFile or a mesh-wide Telemetry) would stop; list envoy (Istio's built-in stdout provider) or the mesh's own provider too", path)
+		}
 		for j, pr := range al.GetProviders() {
+			if builtinProviders[pr.GetName()] {
+				continue
+			}
 			p, ok := m.providers[pr.GetName()]
 			if !ok {
 				add("%s.providers[%d].name %q is not an extensionProviders name in %s (have %v)", path, j, pr.GetName(), meshConfigFile, sortedKeys(m.providers))
