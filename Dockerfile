@@ -17,8 +17,13 @@ COPY --from=build /tollgate /tollgate
 USER 65532:65532
 # 8081 gRPC (RLS, ext_authz, ALS, ext_proc, health); 8080 admin: /healthz
 # (liveness) and /readyz (readiness) for the kubelet's HTTP probes, as
-# the chart sets them, and /metrics. There is no shell for a HEALTHCHECK.
+# the chart sets them, and /metrics.
 EXPOSE 8081 8080
+# There is no shell or curl: `tollgate health` GETs /readyz on the admin
+# port (TOLLGATE_ADMIN_ADDR moves it with serve's) and exits 0 or 1.
+# Docker runs it; Kubernetes ignores it for the chart's probes.
+# tools/image writes the same into the image's config (its test checks).
+HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 CMD ["/tollgate", "health"]
 LABEL org.opencontainers.image.source="https://github.com/tollgate-dev/tollgate" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.title="tollgate"

@@ -166,17 +166,30 @@ validate: $(BIN)/helm ## Check the example rules, the Istio manifests (test/isti
 	cd tools/image && $(GO) vet ./... && $(GO) test -race ./...
 
 # The image's version and name come from the chart (appVersion,
-# image.repository), so the chart's default pulls what `make image` builds.
+# image.repository), so the chart's default pulls what `make image` builds
+# and `make image-push` pushes.
 IMAGE_VERSION := $(shell awk -F'"' '/^appVersion:/ {print $$2}' charts/tollgate/Chart.yaml)
 IMAGE_REPO := $(shell awk '/^image:/ {f=1} f && /repository:/ {print $$2; exit}' charts/tollgate/values.yaml)
+# One GOARCH, or several ("amd64 arm64") for a multi-arch image index.
 IMAGE_ARCH ?= amd64
 
 .PHONY: image
-image: ## OCI image without a container engine: bin/tollgate-image.tar (oci-archive), a static linux tollgate run as non-root, named from the chart; IMAGE_ARCH=arm64 for arm.
-	CGO_ENABLED=0 GOOS=linux GOARCH=$(IMAGE_ARCH) $(GO) build -trimpath -ldflags '-s -w -X main.version=$(IMAGE_VERSION)' -o $(BIN)/image/tollgate ./cmd/tollgate
-	cd tools/image && $(GO) run . -binary $(abspath $(BIN))/image/tollgate -version $(IMAGE_VERSION) -arch $(IMAGE_ARCH) \
+image: ## OCI image without a container engine: bin/tollgate-image.tar (oci-archive), a static linux tollgate run as non-root, named from the chart; IMAGE_ARCH="amd64 arm64" for an index of both.
+	for a in $(IMAGE_ARCH); do \
+	  CGO_ENABLED=0 GOOS=linux GOARCH=$$a $(GO) build -trimpath -ldflags '-s -w -X main.version=$(IMAGE_VERSION)' -o $(BIN)/image/linux-$$a/tollgate ./cmd/tollgate || exit; \
+	done
+	cd tools/image && $(GO) run . $(foreach a,$(IMAGE_ARCH),-binary $(a)=$(abspath $(BIN))/image/linux-$(a)/tollgate) -version $(IMAGE_VERSION) \
 	  -ref $(IMAGE_REPO):$(IMAGE_VERSION) -out $(abspath $(BIN))/tollgate-image.tar
-	cd tools/image && IMAGE_TAR=$(abspath $(BIN))/tollgate-image.tar IMAGE_VERSION=$(IMAGE_VERSION) $(GO) test -count=1 -run TestImageTarball ./...
+	cd tools/image && IMAGE_TAR=$(abspath $(BIN))/tollgate-image.tar IMAGE_VERSION=$(IMAGE_VERSION) IMAGE_REF=$(IMAGE_REPO):$(IMAGE_VERSION) \
+	  IMAGE_ARCH='$(IMAGE_ARCH)' $(GO) test -count=1 -run TestImageTarball ./...
+
+.PHONY: image-ref
+image-ref: ## Print the image's name, REPO:TAG, as the chart sets it.
+	@echo $(IMAGE_REPO):$(IMAGE_VERSION)
+
+.PHONY: image-push
+image-push: image ## Build and check the image, then push it to the chart's name (credentials: IMAGE_REGISTRY_USER and IMAGE_REGISTRY_PASSWORD, else docker login's).
+	cd tools/image && $(GO) run . -push $(abspath $(BIN))/tollgate-image.tar
 
 .PHONY: clean
 clean: ## Remove build output.

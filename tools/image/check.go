@@ -14,12 +14,20 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 )
 
+// want is what checkArchive expects of an archive.
+type want struct {
+	version string   // the version label
+	ref     string   // the recorded name (Optional: unchecked when empty)
+	archs   []string // one image for each, in this order; one makes a plain image
+}
+
 // checkArchive reads the oci-archive at path as a registry would and
-// checks what Kubernetes and the chart rely on: one linux image whose
+// checks what Kubernetes, Docker and the chart rely on: one linux image
+// for each architecture (an image index for more than one) whose
 // entrypoint runs tollgate serve as a non-root user, exposing the gRPC
-// and admin ports, labelled with its source and version, with the
-// binary executable in its layer.
-func checkArchive(path, version string) error {
+// and admin ports, with tollgate health as its healthcheck, labelled
+// with its source and version, with the binary executable in its layer.
+func checkArchive(path string, w want) error {
 	dir, err := os.MkdirTemp("", "tollgate-image-check")
 	if err != nil {
 		return err
@@ -39,14 +47,71 @@ func checkArchive(path, version string) error {
 	if len(im.Manifests) != 1 {
 		return fmt.Errorf("%d manifests in the index, want 1", len(im.Manifests))
 	}
-	img, err := idx.Image(im.Manifests[0].Digest)
-	if err != nil {
-		return err
+	top := im.Manifests[0]
+	var problems []string
+	add := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	if got := top.Annotations[refName]; w.ref != "" && got != w.ref {
+		add("name %q, want %q", got, w.ref)
 	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return err
+	// The images, with the architecture each is for.
+	type platformImage struct {
+		arch string
+		img  v1.Image
 	}
+	var imgs []platformImage
+	if top.MediaType.IsIndex() {
+		ii, err := idx.ImageIndex(top.Digest)
+		if err != nil {
+			return err
+		}
+		m, err := ii.IndexManifest()
+		if err != nil {
+			return err
+		}
+		for _, d := range m.Manifests {
+			if d.Platform == nil || d.Platform.OS != "linux" {
+				add("manifest %s: platform %v, want linux/...", d.Digest, d.Platform)
+				continue
+			}
+			img, err := ii.Image(d.Digest)
+			if err != nil {
+				return err
+			}
+			imgs = append(imgs, platformImage{d.Platform.Architecture, img})
+		}
+	} else {
+		img, err := idx.Image(top.Digest)
+		if err != nil {
+			return err
+		}
+		imgs = append(imgs, platformImage{"", img})
+	}
+	if len(imgs) != len(w.archs) {
+		add("%d images, want one for each of %q", len(imgs), w.archs)
+	}
+	for i, pi := range imgs {
+		cf, err := pi.img.ConfigFile()
+		if err != nil {
+			return err
+		}
+		if pi.arch != "" && cf.Architecture != pi.arch {
+			add("the %s image's config says %s", pi.arch, cf.Architecture)
+		}
+		if i < len(w.archs) && cf.Architecture != w.archs[i] {
+			add("image %d is for %s, want %s", i, cf.Architecture, w.archs[i])
+		}
+		for _, p := range checkImage(pi.img, cf, w.version) {
+			add("%s: %s", cf.Architecture, p)
+		}
+	}
+	if len(problems) > 0 {
+		return errors.New(strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// checkImage returns what is wrong with one image and its config.
+func checkImage(img v1.Image, cf *v1.ConfigFile, version string) []string {
 	c := cf.Config
 	var problems []string
 	add := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
@@ -67,6 +132,9 @@ func checkArchive(path, version string) error {
 	if len(c.ExposedPorts) != 2 {
 		add("%d ports exposed, want only %s and %s", len(c.ExposedPorts), grpcPort, adminPort)
 	}
+	if h := c.Healthcheck; h == nil || !slices.Equal(h.Test, healthcheck.Test) || h.Timeout <= 0 || h.Interval <= 0 {
+		add("healthcheck %+v, want %q with an interval and a timeout", h, healthcheck.Test)
+	}
 	if got := c.Labels["org.opencontainers.image.source"]; got != source {
 		add("label org.opencontainers.image.source %q, want %q", got, source)
 	}
@@ -76,10 +144,7 @@ func checkArchive(path, version string) error {
 	if err := checkBinary(img); err != nil {
 		add("%v", err)
 	}
-	if len(problems) > 0 {
-		return errors.New(strings.Join(problems, "; "))
-	}
-	return nil
+	return problems
 }
 
 // checkBinary finds the tollgate binary in img's layers, executable.

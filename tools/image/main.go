@@ -1,9 +1,11 @@
 // Command image writes Tollgate's container image as an OCI image layout
 // in a tar file (an oci-archive), without a container engine: one layer
 // holding a static tollgate binary and the CA bundle, run as a non-root
-// user. `make image` builds the binary and runs it; `skopeo copy
-// oci-archive:bin/tollgate-image.tar docker://REPO:TAG` or `podman load`
-// takes it from there.
+// user, for each architecture it is given (two or more make an image
+// index). `make image` builds the binaries and runs it; `image -push`
+// sends the archive to the name it records, as the release workflow
+// does; `skopeo copy oci-archive:bin/tollgate-image.tar docker://REPO:TAG`
+// or `podman load` take it from there too.
 package main
 
 import (
@@ -17,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -35,50 +38,113 @@ const (
 	source    = "https://github.com/tollgate-dev/tollgate"
 	grpcPort  = "8081/tcp" // --grpc-addr
 	adminPort = "8080/tcp" // --admin-addr: /healthz, /readyz, /metrics
+	refName   = "org.opencontainers.image.ref.name"
 )
 
+// healthcheck is the Dockerfile's HEALTHCHECK: `tollgate health` GETs
+// /readyz on the admin port (TOLLGATE_ADMIN_ADDR, as serve reads it).
+// Docker runs it; Kubernetes ignores it for the chart's probes.
+var healthcheck = v1.HealthConfig{
+	Test:        []string{"CMD", binPath, "health"},
+	Interval:    10 * time.Second,
+	Timeout:     3 * time.Second,
+	StartPeriod: 10 * time.Second,
+	Retries:     3,
+}
+
 type options struct {
-	binary, ca, version, arch, out, ref string
+	binaries              []binary
+	ca, version, out, ref string
+}
+
+// binary is a static linux tollgate for one GOARCH.
+type binary struct{ arch, path string }
+
+// binaryFlags collect -binary ARCH=PATH, in order.
+type binaryFlags []binary
+
+func (b *binaryFlags) String() string { return fmt.Sprint(*b) }
+
+func (b *binaryFlags) Set(v string) error {
+	arch, path, ok := strings.Cut(v, "=")
+	if !ok || arch == "" || path == "" {
+		return fmt.Errorf("%q: want ARCH=PATH, such as amd64=bin/image/linux-amd64/tollgate", v)
+	}
+	if slices.ContainsFunc(*b, func(x binary) bool { return x.arch == arch }) {
+		return fmt.Errorf("%q: a second binary for %s", v, arch)
+	}
+	*b = append(*b, binary{arch: arch, path: path})
+	return nil
 }
 
 func main() {
 	var o options
-	flag.StringVar(&o.binary, "binary", "", "the static linux tollgate binary to ship")
+	var push string
+	flag.Var((*binaryFlags)(&o.binaries), "binary", "ARCH=PATH: the static linux tollgate for a GOARCH; repeat it for a multi-arch image index")
 	flag.StringVar(&o.ca, "ca", "/etc/ssl/certs/ca-certificates.crt", "CA bundle for rediss:// and the like; empty ships none")
 	flag.StringVar(&o.version, "version", "", "the image's version label (the chart's appVersion)")
-	flag.StringVar(&o.arch, "arch", "amd64", "the binary's GOARCH")
 	flag.StringVar(&o.ref, "ref", "", "the image's name, REPO:TAG, recorded in the layout's index")
 	flag.StringVar(&o.out, "out", "bin/tollgate-image.tar", "where the oci-archive goes")
+	flag.StringVar(&push, "push", "", "instead of building, push this oci-archive to the name it records (credentials: IMAGE_REGISTRY_USER and IMAGE_REGISTRY_PASSWORD, else the docker config)")
 	flag.Parse()
+	if push != "" {
+		ref, digest, err := pushArchive(push, registryAuth(os.LookupEnv))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "image:", err)
+			os.Exit(1)
+		}
+		fmt.Printf("image: pushed %s (%s)\n", ref, digest)
+		return
+	}
 	if err := build(o); err != nil {
 		fmt.Fprintln(os.Stderr, "image:", err)
 		os.Exit(1)
 	}
-	fmt.Printf("image: wrote %s (%s, linux/%s)\n", o.out, o.ref, o.arch)
+	fmt.Printf("image: wrote %s (%s, linux/%s)\n", o.out, o.ref, strings.Join(archs(o.binaries), ","))
 }
 
-// build writes the image o describes.
+func archs(bs []binary) []string {
+	out := make([]string, len(bs))
+	for i, b := range bs {
+		out[i] = b.arch
+	}
+	return out
+}
+
+// build writes the image o describes: an image for one binary, an image
+// index of one image per architecture for more.
 func build(o options) error {
-	if o.binary == "" || o.version == "" {
+	if len(o.binaries) == 0 || o.version == "" {
 		return errors.New("-binary and -version are required")
 	}
-	bin, err := os.ReadFile(o.binary)
-	if err != nil {
-		return err
-	}
-	files := []file{{path: binPath, mode: 0o755, data: bin}}
+	var ca []byte
 	if o.ca != "" {
-		ca, err := os.ReadFile(o.ca)
-		if err != nil {
+		var err error
+		if ca, err = os.ReadFile(o.ca); err != nil {
 			return fmt.Errorf("-ca: %w", err)
 		}
-		files = append(files, file{path: caPath, mode: 0o644, data: ca})
 	}
-	img, err := image(files, o.version, o.arch)
-	if err != nil {
-		return err
+	var adds []mutate.IndexAddendum
+	for _, b := range o.binaries {
+		bin, err := os.ReadFile(b.path)
+		if err != nil {
+			return err
+		}
+		files := []file{{path: binPath, mode: 0o755, data: bin}}
+		if ca != nil {
+			files = append(files, file{path: caPath, mode: 0o644, data: ca})
+		}
+		img, err := image(files, o.version, b.arch)
+		if err != nil {
+			return err
+		}
+		adds = append(adds, mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: b.arch}}})
 	}
-	return writeArchive(img, o.ref, o.out)
+	if len(adds) == 1 {
+		return writeArchive(adds[0].Add, o.ref, o.out)
+	}
+	idx := mutate.AppendManifests(mutate.IndexMediaType(empty.Index, types.OCIImageIndex), adds...)
+	return writeArchive(idx, o.ref, o.out)
 }
 
 type file struct {
@@ -142,6 +208,7 @@ func image(files []file, version, arch string) (v1.Image, error) {
 		User:         user,
 		WorkingDir:   "/",
 		ExposedPorts: map[string]struct{}{grpcPort: {}, adminPort: {}},
+		Healthcheck:  healthcheck.DeepCopy(),
 		Env:          []string{"SSL_CERT_FILE=" + caPath},
 		Labels: map[string]string{
 			"org.opencontainers.image.source":  source,
@@ -157,8 +224,9 @@ func sortedDirs(m map[string]bool) []string {
 	return slices.Sorted(maps.Keys(m))
 }
 
-// writeArchive writes img as an OCI image layout, tarred, to out.
-func writeArchive(img v1.Image, ref, out string) error {
+// writeArchive writes img (a v1.Image or v1.ImageIndex) as an OCI image
+// layout, tarred, to out.
+func writeArchive(img mutate.Appendable, ref, out string) error {
 	dir, err := os.MkdirTemp("", "tollgate-image")
 	if err != nil {
 		return err
@@ -170,9 +238,17 @@ func writeArchive(img v1.Image, ref, out string) error {
 	}
 	var opts []layout.Option
 	if ref != "" {
-		opts = append(opts, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": ref}))
+		opts = append(opts, layout.WithAnnotations(map[string]string{refName: ref}))
 	}
-	if err := p.AppendImage(img, opts...); err != nil {
+	switch img := img.(type) {
+	case v1.ImageIndex:
+		err = p.AppendIndex(img, opts...)
+	case v1.Image:
+		err = p.AppendImage(img, opts...)
+	default:
+		err = fmt.Errorf("cannot write a %T", img)
+	}
+	if err != nil {
 		return err
 	}
 	return tarDir(dir, out)
