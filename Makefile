@@ -151,7 +151,7 @@ $(BIN)/helm:
 	GOBIN=$(abspath $(BIN)) $(GO) install -ldflags '$(HELM_LDFLAGS)' helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 
 .PHONY: validate
-validate: $(BIN)/helm ## Check the example rules, the Istio manifests (test/istio) and the Helm chart (lint, render, test/helm), each test dir its own module.
+validate: $(BIN)/helm actionlint ## Check the example rules, the Istio manifests (test/istio), the Helm chart (lint, render, test/helm), the workflows and the image tool, each test dir its own module.
 	$(GO) run ./cmd/tollgate validate config
 	cd test/istio && $(GO) vet ./... && $(GO) test -race ./...
 	@v=$$($(BIN)/helm version --short); [ "$${v%%+*}" = "$(HELM_VERSION)" ] || { \
@@ -167,7 +167,8 @@ validate: $(BIN)/helm ## Check the example rules, the Istio manifests (test/isti
 
 # The image's version and name come from the chart (appVersion,
 # image.repository), so the chart's default pulls what `make image` builds
-# and `make image-push` pushes.
+# and the release workflow pushes; tools/image's TestReleaseSource checks
+# these lines read the chart as a YAML parser does.
 IMAGE_VERSION := $(shell awk -F'"' '/^appVersion:/ {print $$2}' charts/tollgate/Chart.yaml)
 IMAGE_REPO := $(shell awk '/^image:/ {f=1} f && /repository:/ {print $$2; exit}' charts/tollgate/values.yaml)
 # One GOARCH, or several ("amd64 arm64") for a multi-arch image index.
@@ -188,8 +189,31 @@ image-ref: ## Print the image's name, REPO:TAG, as the chart sets it.
 	@echo $(IMAGE_REPO):$(IMAGE_VERSION)
 
 .PHONY: image-push
-image-push: image ## Build and check the image, then push it to the chart's name (credentials: IMAGE_REGISTRY_USER and IMAGE_REGISTRY_PASSWORD, else docker login's).
+image-push: image ## Build and check the image, then push it to the chart's name (credentials: IMAGE_REGISTRY_USER and IMAGE_REGISTRY_PASSWORD, else docker login's); .github/workflows/release.yml runs it.
 	cd tools/image && $(GO) run . -push $(abspath $(BIN))/tollgate-image.tar
+
+.PHONY: release-check
+release-check: ## Refuse a release tag TAG that is not v<appVersion>: the image's tag is the chart's appVersion, so the two cannot drift.
+	@[ "$(TAG)" = "v$(IMAGE_VERSION)" ] || { \
+	  echo "tag '$(TAG)' is not v$(IMAGE_VERSION), the appVersion in charts/tollgate/Chart.yaml: tag v$(IMAGE_VERSION), or set appVersion first"; exit 1; }
+	@echo "tag $(TAG) releases $(IMAGE_REPO):$(IMAGE_VERSION)"
+
+# actionlint for `make validate`, installed like golangci-lint: into bin/, checked against the pinned version.
+# It runs shellcheck on the workflows' run: scripts when shellcheck is on PATH; `make shellcheck` puts it there.
+ACTIONLINT_VERSION ?= v1.7.12
+
+.PHONY: shellcheck
+shellcheck: ## Install shellcheck when it is missing (actionlint checks the workflows' scripts with it).
+	@command -v shellcheck >/dev/null 2>&1 || { \
+	  echo "shellcheck not found: installing it with apt-get"; \
+	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends shellcheck; }
+
+.PHONY: actionlint
+actionlint: shellcheck ## Check .github/workflows with actionlint (ACTIONLINT_VERSION, installed into bin/ when missing) and shellcheck.
+	@v=$$($(BIN)/actionlint -version 2>/dev/null | head -1 || true); [ "$$v" = "$(ACTIONLINT_VERSION)" ] || { \
+	  echo "installing actionlint $(ACTIONLINT_VERSION) into $(BIN)/ (found: $${v:-none})"; \
+	  GOBIN=$(abspath $(BIN)) $(GO) install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION); }
+	$(BIN)/actionlint -shellcheck "$$(command -v shellcheck)"
 
 .PHONY: clean
 clean: ## Remove build output.
