@@ -375,10 +375,19 @@ func (c *Counter) windowStep(ch *Charge, now int64) (bool, int64) {
 		c.compact()
 		return true, 0
 	case ch.Cost == 0:
-		if u := v.usage(); u < ch.Amount {
+		// A check asks whether the counter is over its limit, as
+		// envoyproxy/ratelimit answers hits_addend 0: at the limit it
+		// is not. A limit of 0 refuses every request, checks included.
+		if u := v.usage(); ch.Amount > 0 && u <= ch.Amount {
 			return true, 0
 		}
-		return false, v.retryAfter(fixed, 1, ch.Amount, now)
+		// It fits again once the usage is back at the limit; with a
+		// limit of 0 never (a need above the amount answers the reset).
+		need := uint64(0)
+		if ch.Amount == 0 {
+			need = 1
+		}
+		return false, v.retryAfter(fixed, need, ch.Amount, now)
 	}
 	cost := min(uint64(ch.Cost), MaxCount)
 	fits, retry := true, int64(0)

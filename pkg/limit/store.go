@@ -28,7 +28,10 @@ import (
 // index in [cur-M, cur]. Counting M+1 buckets makes the promise hold for
 // every interval of length W, wherever it starts: an interval of length W
 // touches at most M+1 buckets. A charge fits when usage+Cost <= Amount and
-// then adds Cost to bucket cur; a check fits when usage < Amount. A refund
+// then adds Cost to bucket cur; a check fits when usage <= Amount and
+// Amount > 0: it asks whether the counter is over its limit, as
+// envoyproxy/ratelimit answers hits_addend 0, so at the limit it fits with
+// Remaining 0 (a limit of 0 refuses everything, checks too). A refund
 // subtracts from the newest buckets first, each floored at zero. State
 // older than cur-M is dropped. Remaining = Amount-usage (after the charge),
 // floored at 0. ResetAfter = the time until the newest nonzero counted

@@ -94,8 +94,9 @@ type entry struct {
 	valid   int64
 	retryAt int64
 	at      int64
-	// cost is the cost that did not fit (blocking), or the cost that fit,
-	// at least 1: a check needs room for 1.
+	// cost is the cost that did not fit (blocking), or the cost that fit:
+	// any cost up to it fits too. A check (0) that fit says nothing of a
+	// charge: on a window it fits at the limit.
 	cost     int64
 	blocking bool
 	// The limit the answer was for: a key charged under another amount
@@ -253,7 +254,7 @@ func (s *Store) answer(now int64, charges []limit.Charge, res []limit.Result) bo
 			// key: the store must say whether it fits, and when.
 			return false
 		}
-		if max(c.Cost, 1) > e.cost {
+		if c.Cost > e.cost {
 			return false
 		}
 		res[i] = limit.Result{Fits: true, Remaining: e.res.Remaining, ResetAfter: aged(e.res.ResetAfter, e.at, now)}
@@ -290,7 +291,7 @@ func (s *Store) learn(gen uint64, now int64, charges []limit.Charge, res []limit
 			e.blocking, e.cost, e.retryAt = true, c.Cost, now+r.RetryAfter.Milliseconds()
 			e.valid = min(e.retryAt, exactUntil(c, r, now, true))
 		case r.Fits && !c.Shadow:
-			e.cost = max(c.Cost, 1)
+			e.cost = c.Cost
 			e.valid = min(until, exactUntil(c, r, now, false))
 		default:
 			s.drop(c.Key)

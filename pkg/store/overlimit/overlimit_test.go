@@ -73,7 +73,8 @@ func TestLocalDenials(t *testing.T) {
 			{at: 4000, give: ds(win("a", 1)), wantCalls: 4}, // a smaller cost asks too
 		}},
 		{name: "a check passes through", steps: []step{
-			{at: 2000, give: ds(win("a", 0)), wantCalls: 3},
+			// At the limit, not over it: the store says it fits.
+			{at: 2000, give: ds(win("a", 0)), admitted: true, wantCalls: 3},
 		}},
 		{name: "a refund passes through and invalidates", steps: []step{
 			{at: 2000, give: ds(refund(win("a", 1))), admitted: true, wantCalls: 3},

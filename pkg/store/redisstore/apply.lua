@@ -274,8 +274,11 @@ local function windowStep(c, ch)
     end
     return true, 0
   elseif cost == 0 then
-    if usage(c, top) < amount then return true, 0 end
-    return false, retryAfter(c, top, cur, w, m, fixed, 1, amount)
+    -- A check: is the counter over its limit? (see limit.Charge)
+    if amount > 0 and usage(c, top) <= amount then return true, 0 end
+    local need = 0
+    if amount == 0 then need = 1 end
+    return false, retryAfter(c, top, cur, w, m, fixed, need, amount)
   end
   local fits, retry = true, 0
   if cost > amount or usage(c, top) > amount - cost then
@@ -1325,7 +1328,7 @@ end
 -- another, each all or nothing. The caller derives every result from the
 -- counts the charges found, and the arithmetic is short enough to repeat
 -- there: a charge of cost > 0 fits when cost <= amount - count, a check
--- (cost 0) when count < amount, a refund always.
+-- (cost 0) when 0 < amount and count <= amount, a refund always.
 --
 -- KEYS: for each charge of each decision, in order, the key of the
 -- window now is in and the key of the next window (see loadCount).
@@ -1363,7 +1366,7 @@ local function counts(keys, argv)
         if x > 0 then
           if x > amount or c > amount - x then fits = false end
         elseif x == 0 then
-          if c >= amount then fits = false end
+          if amount == 0 or c > amount then fits = false end
         end
       end
       found[j], cost[j], at[j] = raw ~= false and c, x, key

@@ -242,7 +242,7 @@ func (c *call) decodeCounts(rep []any, charges []limit.Charge, res []limit.Resul
 		case x > 0:
 			r.Fits = uint64(x) <= amount && uint64(n) <= amount-uint64(x)
 		case x == 0:
-			r.Fits = uint64(n) < amount
+			r.Fits = amount > 0 && uint64(n) <= amount
 		default:
 			r.Fits = true
 		}

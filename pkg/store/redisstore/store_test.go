@@ -77,7 +77,8 @@ func TestApply(t *testing.T) {
 			{give: []limit.Charge{with(sliding, 3)}, wantOK: true, want: []limit.Result{{Fits: true, Remaining: 2, ResetAfter: 1027 * ms}}},
 			{at: 100 * ms, give: []limit.Charge{with(sliding, 2)}, wantOK: true, want: []limit.Result{{Fits: true, Remaining: 0, ResetAfter: 1027 * ms}}},
 			{at: 200 * ms, give: []limit.Charge{with(sliding, 3)}, wantOK: false, want: []limit.Result{{Fits: false, Remaining: 0, ResetAfter: 927 * ms, RetryAfter: 827 * ms}}},
-			{at: 200 * ms, give: []limit.Charge{with(sliding, 0)}, wantOK: false, want: []limit.Result{{Fits: false, Remaining: 0, ResetAfter: 927 * ms, RetryAfter: 827 * ms}}},
+			// A check at the limit fits: the counter is not over it.
+			{at: 200 * ms, give: []limit.Charge{with(sliding, 0)}, wantOK: true, want: []limit.Result{{Fits: true, Remaining: 0, ResetAfter: 927 * ms}}},
 			{at: 1027 * ms, give: []limit.Charge{with(sliding, 3)}, wantOK: true, want: []limit.Result{{Fits: true, Remaining: 0, ResetAfter: 1050 * ms}}},
 			{at: 1027 * ms, give: []limit.Charge{with(sliding, -4)}, wantOK: true, want: []limit.Result{{Fits: true, Remaining: 4, ResetAfter: 100 * ms}}},
 		}},
@@ -174,6 +175,7 @@ func TestApplyForce(t *testing.T) {
 			if ok, _ := apply(t, s, later, force(give, 3), never); ok {
 				t.Fatal("admitted past a zero limit")
 			}
+			c.Cost = 1
 			if ok, res := apply(t, s, later, c); ok || res[0].Remaining != 0 {
 				t.Fatalf("the Force charge of a denied decision was not kept: %+v", res[0])
 			}

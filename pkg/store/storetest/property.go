@@ -250,20 +250,24 @@ func propWindow(t *testing.T, newStore func(testing.TB) limit.Store, seed uint64
 }
 
 // checkRetry checks that a denied charge of 1 fits first at RetryAfter,
-// and returns the time it moved to.
+// and returns the time it moved to. It asks without charging: beside a
+// charge on a limit of 0, which denies the decision, so nothing is kept
+// and the charge's Result still says whether it fit. (A check, cost 0,
+// answers another question: whether the counter is over its limit.)
 func checkRetry(tb testing.TB, e *env, step int, c limit.Charge, now int64, retry time.Duration) int64 {
 	tb.Helper()
 	R := retry.Milliseconds()
 	if R < 1 {
 		tb.Fatalf("step %d: denied with RetryAfter %v", step, retry)
 	}
+	never := e.charge("never", withAmount(sliding, 0))
 	e.at(now + R - 1)
-	if _, rs := e.apply(cost(c, 0)); rs[0].Fits {
-		tb.Fatalf("step %d at %dms: a check fits at RetryAfter-1ms (RetryAfter %dms)", step, now, R)
+	if _, rs := e.apply(cost(c, 1), cost(never, 1)); rs[0].Fits {
+		tb.Fatalf("step %d at %dms: a charge of 1 fits at RetryAfter-1ms (RetryAfter %dms)", step, now, R)
 	}
 	e.at(now + R)
-	if _, rs := e.apply(cost(c, 0)); !rs[0].Fits {
-		tb.Fatalf("step %d at %dms: a check does not fit at RetryAfter (%dms): %s", step, now, R, fmtResult(rs[0]))
+	if _, rs := e.apply(cost(c, 1), cost(never, 1)); !rs[0].Fits {
+		tb.Fatalf("step %d at %dms: a charge of 1 does not fit at RetryAfter (%dms): %s", step, now, R, fmtResult(rs[0]))
 	}
 	return now + R
 }

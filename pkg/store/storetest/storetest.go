@@ -253,7 +253,7 @@ var slidingCases = []scriptCase{
 		{at: 30000, cost: 1, want: res(false, 0, 60000, 40000)},
 		{at: 69999, cost: 1, want: res(false, 0, 20001, 1)},
 		{at: 70000, cost: 4, want: res(true, 0, 70000, 0)},
-		{at: 70000, cost: 0, want: res(false, 0, 70000, 20000)},
+		{at: 70000, cost: 1, want: res(false, 0, 70000, 20000)},
 	}},
 	{name: "weighted retry waits for enough room", give: sliding, steps: []step{
 		{at: 0, cost: 3, want: res(true, 7, 70000, 0)},
@@ -268,11 +268,14 @@ var slidingCases = []scriptCase{
 		{at: 1000, cost: 11, want: res(false, 8, 69000, 69000)},
 		{at: 1000, cost: 8, want: res(true, 0, 69000, 0)},
 	}},
-	{name: "check fits while usage is below amount", give: sliding, steps: []step{
+	// A check asks whether the counter is over its limit, as
+	// envoyproxy/ratelimit answers hits_addend 0: at the limit it is not.
+	{name: "check fits up to the limit", give: sliding, steps: []step{
 		{at: 0, cost: 9, want: res(true, 1, 70000, 0)},
 		{at: 0, cost: 0, want: res(true, 1, 70000, 0)},
 		{at: 0, cost: 1, want: res(true, 0, 70000, 0)},
-		{at: 0, cost: 0, want: res(false, 0, 70000, 70000)},
+		{at: 0, cost: 0, want: res(true, 0, 70000, 0)},
+		{at: 0, cost: 1, want: res(false, 0, 70000, 70000)},
 	}},
 	{name: "refund takes the newest bucket first", give: sliding, steps: []step{
 		{at: 0, cost: 3, want: res(true, 7, 70000, 0)},
@@ -340,7 +343,11 @@ var fixedCases = []scriptCase{
 		{at: 0, cost: 2, want: res(true, 1, 60000, 0)},
 		{at: 1000, cost: 0, want: res(true, 1, 59000, 0)},
 		{at: 1000, cost: 1, want: res(true, 0, 59000, 0)},
-		{at: 2000, cost: 0, want: res(false, 0, 58000, 58000)},
+		{at: 2000, cost: 0, want: res(true, 0, 58000, 0)},
+		{at: 2000, cost: 1, want: res(false, 0, 58000, 58000)},
+	}},
+	{name: "a limit of 0 refuses checks too", give: withAmount(fixed, 0), steps: []step{
+		{at: 1000, cost: 0, want: res(false, 0, 59000, 59000)},
 	}},
 	{name: "refund", give: fixed, steps: []step{
 		{at: 0, cost: 3, want: res(true, 0, 60000, 0)},
@@ -517,10 +524,15 @@ func testShadow(t *testing.T, newStore func(testing.TB) limit.Store) {
 	}
 	checkResult(t, "shadow after", r[0], res(true, 0, 70000, 0))
 
-	// A shadow check that does not fit does not block either.
+	// A shadow check fits at the limit (it is not over it); a shadow
+	// charge that does not fit does not block either.
 	ok, r = e.apply(cost(s, 0), cost(k, 1))
+	if !ok || !r[0].Fits {
+		t.Fatalf("shadow check at the limit: admitted %v, fits %v; want true, true", ok, r[0].Fits)
+	}
+	ok, r = e.apply(cost(s, 1), cost(k, 1))
 	if !ok || r[0].Fits {
-		t.Fatalf("shadow check: admitted %v, fits %v; want true, false", ok, r[0].Fits)
+		t.Fatalf("shadow charge at the limit: admitted %v, fits %v; want true, false", ok, r[0].Fits)
 	}
 
 	// A shadow charge that fits is not kept when another charge denies.
@@ -562,7 +574,7 @@ func testForce(t *testing.T, newStore func(testing.TB) limit.Store) {
 			if ok, _ := e.apply(force(3), cost(never, 1)); ok {
 				t.Fatal("admitted past a zero limit")
 			}
-			if ok, r := e.apply(cost(k, 0)); ok || r[0].Remaining != 0 {
+			if ok, r := e.apply(cost(k, 1)); ok || r[0].Remaining != 0 {
 				t.Fatalf("the Force charge of a denied decision was not kept: %+v", r[0])
 			}
 		})
@@ -590,12 +602,12 @@ func testSameKeyTwice(t *testing.T, newStore func(testing.TB) limit.Store) {
 	checkResult(t, "first of 2+3", r[0], res(true, 0, 70000, 0))
 	checkResult(t, "second of 2+3", r[1], res(true, 0, 70000, 0))
 
-	ok, r = e.apply(cost(k, -2), cost(k, 2), cost(k, 0))
+	ok, r = e.apply(cost(k, -2), cost(k, 2), cost(k, 1))
 	if ok {
-		t.Fatal("the check after refund and charge should not fit")
+		t.Fatal("the charge after refund and charge should not fit")
 	}
-	checkResult(t, "refund of -2+2+check", r[0], res(true, 2, 70000, 0))
-	checkResult(t, "check of -2+2+check", r[2], res(false, 2, 70000, 70000))
+	checkResult(t, "refund of -2+2+1", r[0], res(true, 2, 70000, 0))
+	checkResult(t, "last of -2+2+1", r[2], res(false, 2, 70000, 70000))
 
 	tb := e.charge("tb", token) // T = 100s
 	ok, r = e.apply(cost(tb, 6), cost(tb, 5))
