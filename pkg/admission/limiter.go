@@ -62,6 +62,10 @@ type Decision struct {
 	// (retry.go). The adapters tell Envoy as x-envoy-max-retries.
 	Retries    int
 	HasRetries bool
+	// Kept: refused (ReasonLimit) with its charges kept, because a cost
+	// report on a request limit went over it (see addDescriptor). No
+	// wait may retry it: that would charge it twice.
+	Kept bool
 }
 
 // Limiter matches requests against the current rules and applies the
@@ -498,6 +502,18 @@ func (b *built) addDescriptor(dom *limit.Domain, req *limit.Request, i int, ents
 		// A request's override is its own limit, enforced: the rule's
 		// shadow_mode is not its (as envoyproxy/ratelimit has it).
 		c := charge(req.Domain, ents, rate, rateCost, shadow && d.Override == nil)
+		if d.HitsSet && rateCost > 0 {
+			// A descriptor's own hits_addend on a request limit is kept
+			// whatever the count, as envoyproxy/ratelimit keeps every
+			// hit: Envoy's apply_on_stream_done reports the usage of a
+			// request already served so, and a report refused would
+			// let a quota never run out. It is answered OVER_LIMIT once
+			// over (limits), so the same hits_addend on the request
+			// path is refused. Envoy's call cannot say which it is, so
+			// it still asks (a weighed request: shedding and breakers
+			// refuse it); a token_limit's report settles instead.
+			c.Force = true
+		}
 		if r != nil && r.Fair != nil && d.Override == nil {
 			// Envoy's own limit for the descriptor is not the shared one.
 			c.Fair, c.Fair.Policy = fair, r.Fair.Rate
@@ -579,7 +595,9 @@ func markTooLarge(b *built, dec *Decision) {
 // ReasonTooLarge. A shadow charge and a cost report never block, and a
 // concurrency lease has no capacity of this kind.
 func neverFits(c *limit.Charge, p plan) bool {
-	return p.limit != nil && !c.Shadow && !c.Force && c.Cost > 0 && uint64(c.Cost) > p.capacity
+	// A token limit's cost report never fails; a request limit's
+	// hits_addend, kept either way, is refused like any request.
+	return p.limit != nil && !c.Shadow && !(c.Force && p.limit.Kind == limit.Tokens) && c.Cost > 0 && uint64(c.Cost) > p.capacity
 }
 
 // capacity is the most l admits at once: a token bucket's burst, else

@@ -187,13 +187,28 @@ func (l *Limiter) limits(ctx context.Context, p *pass) (bool, error) {
 		return true, fmt.Errorf("apply %d charges: %w", len(b.charges), err)
 	}
 	p.admitted = admitted
-	if !admitted {
+	if admitted && reportOver(b, p.res) {
+		dec.Kept = true
+	}
+	if !admitted || dec.Kept {
 		dec.Code, dec.Reason = limit.CodeOverLimit, ReasonLimit
 		if len(dec.Probes) > 0 {
 			l.release(ctx, p.now, p.dom, dec)
 		}
 	}
 	return false, nil
+}
+
+// reportOver says whether a cost report on a request limit took its
+// counter over the limit: the store kept it, and the answer is
+// OVER_LIMIT, as envoyproxy/ratelimit answers a hit that goes over.
+func reportOver(b *built, res []limit.Result) bool {
+	for k, pl := range b.plans {
+		if c := &b.charges[k]; c.Force && !c.Shadow && !res[k].Fits && pl.limit != nil && pl.limit.Kind == limit.Requests {
+			return true
+		}
+	}
+	return false
 }
 
 // report tells each descriptor which of its limits answered, then which
@@ -232,7 +247,7 @@ func reportLimit(st *limit.Status, c *limit.Charge, pl plan, rs limit.Result) {
 		st.ShadowOver = true
 		rs.Fits = true
 	}
-	if !rs.Fits && c.Force {
+	if !rs.Fits && c.Force && pl.limit.Kind == limit.Tokens {
 		rs.Fits = true // kept and not blocking: the budget now shows 0 left
 	}
 	if !rs.Fits && !st.TooLarge && neverFits(c, pl) {

@@ -385,7 +385,7 @@ func (l *Limiter) hold(ctx context.Context, req *limit.Request, dec *Decision, d
 // store_failure), and not too large for any wait. The stage's comment
 // says why no other refusal waits.
 func mayWait(dec *Decision) bool {
-	return dec.Code == limit.CodeOverLimit && dec.Reason == ReasonLimit && !dec.Degraded && dec.TooLarge() == nil
+	return dec.Code == limit.CodeOverLimit && dec.Reason == ReasonLimit && !dec.Degraded && !dec.Kept && dec.TooLarge() == nil
 }
 
 // wait holds one refused request (dec) of a tier that may wait.

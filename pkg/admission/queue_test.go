@@ -585,3 +585,32 @@ func TestQueueWithoutQueue(t *testing.T) {
 		})
 	}
 }
+
+// TestKeptReportNeverWaits: a hits_addend of a descriptor's own on a
+// request limit is kept past the limit and answered OVER_LIMIT at once:
+// a wait would retry it, and charge it twice.
+func TestKeptReportNeverWaits(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		l, _ := queueLimiter(t, 1, nil)
+		ctx := context.Background()
+		tenant := func(hits uint64, set bool) *limit.Request {
+			return &limit.Request{Domain: "q", Tier: "free", Descriptors: []limit.Descriptor{{Entries: entries("tenant", "a"), Hits: hits, HitsSet: set}}}
+		}
+		if dec, err := l.Decide(ctx, tenant(0, false)); err != nil || dec.Code != limit.CodeOK {
+			t.Fatalf("first request: %+v, %v; want OK", dec, err)
+		}
+		start := time.Now()
+		dec, err := l.Decide(ctx, tenant(1, true))
+		if err != nil || dec.Code != limit.CodeOverLimit || !dec.Kept || dec.Reason != ReasonLimit {
+			t.Fatalf("a report of 1 at the limit: %+v, %v; want OVER_LIMIT, kept", dec, err)
+		}
+		if got := time.Since(start); got != 0 {
+			t.Errorf("answered after %v, want at once", got)
+		}
+		// 2 of 1 used: a check is over the limit until the window ends.
+		if dec, err := l.Decide(ctx, tenant(0, true)); err != nil || dec.Code != limit.CodeOverLimit || dec.Kept {
+			t.Errorf("a check after the report: %+v, %v; want OVER_LIMIT, nothing kept", dec, err)
+		}
+	})
+}

@@ -17,6 +17,7 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tollgate-dev/tollgate/test/redistest"
 	"github.com/tollgate-dev/tollgate/test/tollgatetest"
@@ -92,6 +93,13 @@ func desc(kv ...string) *rlpb.RateLimitDescriptor {
 	return d
 }
 
+// hits gives d a hits_addend of its own, as Envoy sends one set by the
+// rate limit action (apply_on_stream_done reports usage so).
+func hits(d *rlpb.RateLimitDescriptor, n uint64) *rlpb.RateLimitDescriptor {
+	d.HitsAddend = wrapperspb.UInt64(n)
+	return d
+}
+
 func override(d *rlpb.RateLimitDescriptor, n uint32) *rlpb.RateLimitDescriptor {
 	d.Limit = &rlpb.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: n, Unit: typev3.RateLimitUnit_MINUTE}
 	return d
@@ -125,6 +133,33 @@ func run(t *testing.T, c rlsv3.RateLimitServiceClient) {
 		st := call(25, desc("limited", "big")).GetStatuses()[0]
 		if st.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT || st.GetLimitRemaining() != 0 {
 			t.Errorf("hits_addend 25 on 20/minute: %v, want OVER_LIMIT with 0 remaining", st)
+		}
+	})
+	t.Run("a check exactly at the limit is OK with 0 remaining", func(t *testing.T) {
+		if st := call(20, desc("limited", "at")).GetStatuses()[0]; st.GetCode() != rlsv3.RateLimitResponse_OK || st.GetLimitRemaining() != 0 {
+			t.Fatalf("20 hits on 20/minute: %v, want OK with 0 remaining", st)
+		}
+		if st := call(0, hits(desc("limited", "at"), 0)).GetStatuses()[0]; st.GetCode() != rlsv3.RateLimitResponse_OK || st.GetLimitRemaining() != 0 {
+			t.Errorf("hits_addend 0 at the limit: %v, want OK with 0 remaining", st)
+		}
+		if st := call(1, desc("limited", "at")).GetStatuses()[0]; st.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Errorf("one more hit: %v, want OVER_LIMIT", st)
+		}
+	})
+	t.Run("a cost report is charged past the limit", func(t *testing.T) {
+		if st := call(15, desc("limited", "debit")).GetStatuses()[0]; st.GetCode() != rlsv3.RateLimitResponse_OK || st.GetLimitRemaining() != 5 {
+			t.Fatalf("15 hits on 20/minute: %v, want OK with 5 remaining", st)
+		}
+		// The report after the response: 10 more, past the limit. Its
+		// answer (which Envoy ignores) is OVER_LIMIT, and it is kept.
+		if st := call(0, hits(desc("limited", "debit"), 10)).GetStatuses()[0]; st.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT || st.GetLimitRemaining() != 0 {
+			t.Errorf("a report of 10 with 5 left: %v, want OVER_LIMIT with 0 remaining", st)
+		}
+		if st := call(0, hits(desc("limited", "debit"), 0)).GetStatuses()[0]; st.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Errorf("a check after the report: %v, want OVER_LIMIT (25 of 20 used)", st)
+		}
+		if resp := call(1, desc("limited", "debit")); resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Errorf("a request after the report: %v, want OVER_LIMIT", resp)
 		}
 	})
 	t.Run("fixed windows reset at the epoch-aligned minute", func(t *testing.T) {
