@@ -31,6 +31,8 @@
 //	    store_failure: deny            # (Optional) allow|deny|local when the store cannot answer; default the
 //	                                   #   nearest parent rule's, else the file's, else --store-failure
 //	    fair_share: {key: tenant}      # (Optional) the limits are one budget the key's values share by weight; see fairshare.go
+//	    metadata: {name: svc}          # (Optional) any mapping: returned in the RLS response's dynamic metadata, under
+//	                                   #   "metadata", merged from the descriptors not over their limits (first wins)
 //	    descriptors: []                # (Optional) child rules, matched by the next descriptor entry
 //	store_failure: local               # (Optional) allow|deny|local for every rule that sets none; default --store-failure
 //	tiers:                             # (Optional) plan multipliers; default none (every limit as written)
@@ -121,7 +123,7 @@ var (
 	breakerKeys    = []string{"key", "failure_threshold", "failure_rate", "min_requests", "window", "open_for", "half_open_probes", "close_after", "probe_lease", "timeout", "cache"}
 	descriptorKeys = []string{
 		"key", "value", "rate_limit", "token_limit", "shadow_mode", "detailed_metric", "descriptors",
-		"quota_mode", "value_to_metric", "share_threshold", "max_concurrent", "store_failure", "fair_share",
+		"quota_mode", "value_to_metric", "share_threshold", "max_concurrent", "store_failure", "fair_share", "metadata",
 		"unit", // ignored with a warning, as envoyproxy/ratelimit ignores it here
 	}
 	rateLimitKeys = []string{
@@ -311,6 +313,9 @@ func (w *walker) rule(n *yaml.Node, path string, depth int, seen map[string]int)
 	}
 	if sn, has := f["store_failure"]; has {
 		r.StoreFailure = w.storeFailure(sn, path+".store_failure")
+	}
+	if mn, has := f["metadata"]; has {
+		r.Metadata = w.metadata(mn, path+".metadata")
 	}
 	if cn, has := f["descriptors"]; has {
 		r.Children = w.rules(cn, path+".descriptors", depth+1)

@@ -1131,3 +1131,57 @@ descriptors:
 		}
 	}
 }
+
+// TestMetadata: a descriptor's metadata loads as protobuf's Struct holds
+// it (numbers as float64, other scalars as their text), aliases
+// included; what a Struct cannot hold is refused with its path.
+func TestMetadata(t *testing.T) {
+	t.Parallel()
+	d, err := Parse("rules.yaml", []byte(`domain: d
+descriptors:
+  - key: key1
+    value: value1
+    descriptors:
+      - key: subkey1
+        rate_limit: {unit: second, requests_per_unit: 5}
+        metadata:
+          name: service_1
+          weight: 3
+          ratio: 0.5
+          on: true
+          none: null
+          when: 2026-11-27
+          tags: &tags [a, 1]
+          nested: {deeper: {x: "2"}}
+      - key: subkey1
+        value: subvalue1
+        rate_limit: {unit: second, requests_per_unit: 10}
+        metadata: {again: *tags}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{
+		"name": "service_1", "weight": 3.0, "ratio": 0.5, "on": true, "none": nil, "when": "2026-11-27",
+		"tags": []any{"a", 1.0}, "nested": map[string]any{"deeper": map[string]any{"x": "2"}},
+	}
+	kids := d.Descriptors[0].Children
+	if diff := cmp.Diff(want, kids[0].Metadata); diff != "" {
+		t.Errorf("metadata (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(map[string]any{"again": []any{"a", 1.0}}, kids[1].Metadata); diff != "" {
+		t.Errorf("metadata through an alias (-want +got):\n%s", diff)
+	}
+	for _, tt := range []struct{ give, want string }{
+		{"metadata: [a, b]", "rules.yaml:5: descriptors[0].metadata: want a mapping, got a list"},
+		{"metadata: {x: .nan}", "rules.yaml:5: descriptors[0].metadata.x: .nan is not a number JSON can hold"},
+		{"metadata: {x: 1, x: 2}", "rules.yaml:5: descriptors[0].metadata.x: repeated key"},
+		{"metadata: {[a]: 1}", "rules.yaml:5: descriptors[0].metadata: a key must be a string, got a list"},
+		{"metadata: " + strings.Repeat("{a: ", 18) + "1" + strings.Repeat("}", 18), "nested deeper than 16 levels"},
+	} {
+		_, err := Parse("rules.yaml", []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n    "+tt.give+"\n"))
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: error %v, want %q", tt.give, err, tt.want)
+		}
+	}
+}

@@ -43,6 +43,11 @@ type Rule struct {
 	// members share by weight (docs/fair-share.md); they are then never
 	// scaled by the plan multiplier.
 	Fair *FairShare
+	// Metadata is the rule's metadata (envoyproxy/ratelimit's): values
+	// as protobuf's Struct holds them (map[string]any, []any, string,
+	// float64, bool, nil), for the RLS response's dynamic metadata.
+	// Read only.
+	Metadata map[string]any
 	// Replaces names limits (rate_limit.name) that this rule displaces when
 	// both match in one request.
 	Replaces []string

@@ -110,6 +110,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReques
 		// filter emits as dynamic metadata for the access log.
 		resp.DynamicMetadata = s.ticket(req, dec)
 	}
+	if dom != nil {
+		resp.DynamicMetadata = addMetadata(resp.DynamicMetadata, ruleMetadata(req, dec))
+	}
 	return resp, nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 	"time"
 
@@ -51,6 +52,19 @@ descriptors:
     value: /api*v1
     share_threshold: true
     rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: key1
+    value: value1
+    descriptors:
+      - key: subkey1
+        rate_limit: {unit: second, requests_per_unit: 5}
+        metadata: {name: service_1}
+      - key: subkey1
+        value: subvalue1
+        rate_limit: {unit: second, requests_per_unit: 10}
+  - key: key2
+    rate_limit: {unit: minute, requests_per_unit: 20}
+    metadata:
+      service_with_quota: {name: service_2}
   - key: rpc
     value: svc*ep*rpc
     share_threshold: true
@@ -212,6 +226,25 @@ func run(t *testing.T, c rlsv3.RateLimitServiceClient) {
 		remaining(t, "shared", []string{"barab", "bar123b", "barb"}, []int{19, 18, 17})
 		remaining(t, "route", []string{"/apiv1", "/api/users/v1", "/api/v2"}, []int{99, 98, -1})
 		remaining(t, "rpc", []string{"svc1ep2rpc", "svcAepBrpc", "svcrpc", "svcep-rpc"}, []int{49, 48, -1, 47})
+	})
+	t.Run("descriptor metadata is returned for the descriptors within their limits", func(t *testing.T) {
+		meta := func(ds ...*rlpb.RateLimitDescriptor) map[string]any {
+			t.Helper()
+			if f := call(1, ds...).GetDynamicMetadata().GetFields()["metadata"]; f != nil {
+				return f.GetStructValue().AsMap()
+			}
+			return nil
+		}
+		if got := meta(desc("key1", "value1", "subkey1", "y")); !reflect.DeepEqual(got, map[string]any{"name": "service_1"}) {
+			t.Errorf("key1=value1, subkey1=y: metadata %v, want name service_1", got)
+		}
+		if got := meta(desc("key1", "value1", "subkey1", "subvalue1")); got != nil {
+			t.Errorf("key1=value1, subkey1=subvalue1: metadata %v, want none (its rule has none)", got)
+		}
+		want := map[string]any{"name": "service_1", "service_with_quota": map[string]any{"name": "service_2"}}
+		if got := meta(desc("key1", "value1", "subkey1", "z"), desc("key2", "k")); !reflect.DeepEqual(got, want) {
+			t.Errorf("two descriptors: metadata %v, want %v", got, want)
+		}
 	})
 	t.Run("several * match in order", func(t *testing.T) {
 		remaining(t, "multi", []string{"foobarbaz", "foo-bar-baz", "foobazbar", "foobarbaz"}, []int{9, 9, -1, 8})
