@@ -80,9 +80,11 @@
 //
 // share_threshold (Optional, wildcard values only, as in
 // envoyproxy/ratelimit) makes every value the pattern matches share one
-// counter. Two more keys of envoyproxy/ratelimit load so its files do, but
-// change nothing yet: quota_mode (the rule is enforced as an ordinary
-// limit) and value_to_metric (metric names).
+// counter. value_to_metric (Optional) names the entry's value in the
+// metrics of the limits at the rule and below it, as envoyproxy/ratelimit
+// names it in its stats (limit.Domain.MetricEntries). quota_mode loads so
+// envoyproxy/ratelimit's files do, but the rule is enforced as an
+// ordinary limit.
 package config
 
 import (
@@ -307,7 +309,7 @@ func (w *walker) rule(n *yaml.Node, path string, depth int, seen map[string]int)
 	r.Shadow = w.flag(f, "shadow_mode", path)
 	r.DetailedMetric = w.flag(f, "detailed_metric", path)
 	w.flag(f, "quota_mode", path)
-	w.flag(f, "value_to_metric", path)
+	r.ValueToMetric = w.flag(f, "value_to_metric", path)
 	if r.ShareThreshold = w.flag(f, "share_threshold", path); r.ShareThreshold && !r.Wildcard() {
 		w.addf(f["share_threshold"], path+".share_threshold", "applies only to a wildcard value (one holding a *)")
 	}

@@ -1185,3 +1185,88 @@ descriptors:
 		}
 	}
 }
+
+// TestMetricEntries: detailed_metric, value_to_metric and share_threshold
+// name a descriptor in metrics as envoyproxy/ratelimit names its stats.
+func TestMetricEntries(t *testing.T) {
+	t.Parallel()
+	d, err := Parse("rules.yaml", []byte(`domain: d
+descriptors:
+  - {key: files, value: "files/*", share_threshold: true, detailed_metric: true, rate_limit: {unit: minute, requests_per_unit: 1}}
+  - {key: wild, value: "foo*", rate_limit: {unit: minute, requests_per_unit: 1}}
+  - {key: wildv, value: "foo*", value_to_metric: true, rate_limit: {unit: minute, requests_per_unit: 1}}
+  - key: route
+    value: "api/*"
+    share_threshold: true
+    value_to_metric: true
+    descriptors:
+      - {key: method, rate_limit: {unit: minute, requests_per_unit: 1}}
+  - key: svc
+    value_to_metric: true
+    descriptors:
+      - {key: method, rate_limit: {unit: minute, requests_per_unit: 1}}
+  - key: plain
+    descriptors:
+      - {key: method, detailed_metric: true, rate_limit: {unit: minute, requests_per_unit: 1}}
+  - key: mid
+    value: "a*z"
+    share_threshold: true
+    descriptors:
+      - {key: id, value_to_metric: true, rate_limit: {unit: minute, requests_per_unit: 1}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := limit.NewRuleSet(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dom := rs.Domain("d")
+	name := func(es []limit.Entry) string {
+		var b strings.Builder
+		for i, e := range es {
+			if i > 0 {
+				b.WriteByte('.')
+			}
+			b.WriteString(e.Key)
+			if e.Value != "" {
+				b.WriteString("_" + e.Value)
+			}
+		}
+		return b.String()
+	}
+	for _, tt := range []struct {
+		give     []string // key, value pairs
+		byValue  bool     // whether the rule reached names values at all
+		detailed bool
+		want     string
+	}{
+		// share_threshold wins even over detailed_metric: the pattern.
+		{[]string{"files", "files/a.txt"}, false, true, "files_files/*"},
+		// A wildcard without flags keeps its pattern; with value_to_metric the value.
+		{[]string{"wild", "foobar"}, false, false, "wild_foo*"},
+		{[]string{"wildv", "foobar"}, true, false, "wildv_foobar"},
+		// share_threshold beats value_to_metric; a key-only child is its key.
+		{[]string{"route", "api/v1", "method", "GET"}, true, false, "route_api/*.method"},
+		// value_to_metric on a key-only parent names its value.
+		{[]string{"svc", "billing", "method", "GET"}, true, false, "svc_billing.method"},
+		// detailed_metric names every value.
+		{[]string{"plain", "x", "method", "GET"}, false, true, "plain_x.method_GET"},
+		{[]string{"mid", "abcz", "id", "7"}, true, false, "mid_a*z.id_7"},
+	} {
+		var es []limit.Entry
+		for i := 0; i+1 < len(tt.give); i += 2 {
+			es = append(es, limit.Entry{Key: tt.give[i], Value: tt.give[i+1]})
+		}
+		r := dom.Match(es)
+		if r == nil {
+			t.Fatalf("%v matched nothing", tt.give)
+		}
+		if r.ByValue() != tt.byValue || r.DetailedMetric != tt.detailed {
+			t.Errorf("%v: ByValue %v, DetailedMetric %v; want %v, %v", tt.give, r.ByValue(), r.DetailedMetric, tt.byValue, tt.detailed)
+		}
+		if got := name(dom.MetricEntries(es, r.DetailedMetric)); got != tt.want {
+			t.Errorf("%v: named %s, want %s", tt.give, got, tt.want)
+		}
+	}
+}

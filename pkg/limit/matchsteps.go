@@ -56,3 +56,39 @@ func (d *Domain) MatchSteps(entries []Entry) []MatchStep {
 	}
 	return out
 }
+
+// ByValue reports whether the rule's metrics name entry values
+// (value_to_metric on it or on a rule above it): see MetricEntries.
+func (r *Rule) ByValue() bool { return r.byValue }
+
+// MetricEntries is how the metrics of the rule entries reach (tier
+// entries removed) name them, as envoyproxy/ratelimit names its stats,
+// for a rule with DetailedMetric (detailed) or ByValue. An entry keeps its
+// value when detailed, when the rule it reached has ValueToMetric, or
+// when that rule names the value exactly; an entry a wildcard matched is
+// otherwise named by the pattern, and one a key-only rule matched by its
+// key alone (Value ""). An entry a ShareThreshold wildcard matched is
+// named by the pattern in every case: its values share one counter.
+// Entries past the walk's end are left as they are.
+func (d *Domain) MetricEntries(entries []Entry, detailed bool) []Entry {
+	out := make([]Entry, len(entries))
+	copy(out, entries)
+	node := &d.root
+	for i, e := range entries {
+		next := node.child(e)
+		if next == nil {
+			break
+		}
+		switch {
+		case next.ShareThreshold && next.Wildcard():
+			out[i].Value = next.Value
+		case detailed || next.ValueToMetric || (next.Value != "" && !next.Wildcard()):
+		case next.Wildcard():
+			out[i].Value = next.Value
+		default:
+			out[i].Value = ""
+		}
+		node = next
+	}
+	return out
+}

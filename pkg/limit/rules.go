@@ -29,6 +29,10 @@ type Rule struct {
 	Shadow bool
 	// DetailedMetric lets metrics carry the descriptor's values.
 	DetailedMetric bool
+	// ValueToMetric lets metrics carry the value of the entry this rule
+	// matches, for the limits at it and below it (envoyproxy/ratelimit's
+	// value_to_metric); see Domain.MetricEntries.
+	ValueToMetric bool
 	// ShareThreshold, on a wildcard rule, makes every value the pattern
 	// matches count on one shared counter (envoyproxy/ratelimit's
 	// share_threshold) instead of one counter per value.
@@ -61,6 +65,7 @@ type Rule struct {
 	// /debug/config: "tenant.model_gpt-4o".
 	ID string
 
+	byValue  bool             // ValueToMetric here or on an ancestor
 	exact    map[string]*Rule // "key\x00value" -> child
 	wildcard []*Rule          // children whose Value holds a '*', most literal bytes first
 	parts    []string         // a wildcard Value split at each '*'
@@ -305,6 +310,7 @@ func index(r *Rule, prefix string) error {
 		if c.StoreFailure == FailureUnset {
 			c.StoreFailure = r.StoreFailure // the nearest ancestor's, or the domain's
 		}
+		c.byValue = r.byValue || c.ValueToMetric
 		switch {
 		case c.Value == "":
 			if r.keyOnly == nil {

@@ -45,7 +45,7 @@ func newMetrics(reg prometheus.Registerer, o options) (*metrics, error) {
 		detailed: &detailedSeries{
 			vec: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Name: "tollgate_rls_detailed_decisions_total",
-				Help: "Descriptor decisions of rules with detailed_metric, labelled with the descriptor's key=value entries; past the cap of series per domain and rule (--detailed-metric-series), descriptor=\"overflow\".",
+				Help: "Descriptor decisions of rules with detailed_metric or value_to_metric, labelled with the descriptor's key=value entries as envoyproxy/ratelimit names its stats; past the cap of series per domain and rule (--detailed-metric-series), descriptor=\"overflow\".",
 			}, []string{"domain", "rule", "descriptor", "result"}),
 			overflow: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Name: "tollgate_rls_detailed_overflow_total",
@@ -75,8 +75,8 @@ func newMetrics(reg prometheus.Registerer, o options) (*metrics, error) {
 // observe counts one decision. known says whether the domain is in the
 // rules; only then is its name a label value, so a client cannot grow the
 // series count by inventing domains.
-func (m *metrics) observe(domain string, known bool, req *limit.Request, dec *admission.Decision) {
-	if !known {
+func (m *metrics) observe(domain string, dom *limit.Domain, req *limit.Request, dec *admission.Decision) {
+	if dom == nil {
 		domain = labelUnknown
 	}
 	// Decision.Tier is a plan name from the rules, never the client's
@@ -97,8 +97,12 @@ func (m *metrics) observe(domain string, known bool, req *limit.Request, dec *ad
 			result = resultShadowShed
 		}
 		m.decisions.WithLabelValues(domain, rule, tier, result).Inc()
-		if st.Rule != nil && st.Rule.DetailedMetric && i < len(req.Descriptors) {
-			m.detailed.inc(domain, rule, descriptorLabel(req.Descriptors[i].Entries), result)
+		if r := st.Rule; r != nil && (r.DetailedMetric || r.ByValue()) && dom != nil && i < len(req.Descriptors) {
+			ents := req.Descriptors[i].Entries
+			if dom.Tiers != nil {
+				ents = limit.StripTier(ents, dom.Tiers.Key)
+			}
+			m.detailed.inc(domain, rule, descriptorLabel(dom.MetricEntries(ents, r.DetailedMetric)), result)
 		}
 	}
 }
@@ -125,9 +129,11 @@ func labels(st *limit.Status) (rule, result string) {
 	return rule, result
 }
 
-// descriptorLabel renders entries as "k1=v1,k2=v2". A rule opts in to this
-// cardinality with detailed_metric. Label values must be UTF-8 (the client
-// library panics otherwise), and entries come from the client.
+// descriptorLabel renders entries as "k1=v1,k2=v2", an entry without a
+// value as its key alone (see limit.Domain.MetricEntries). A rule opts in
+// to this cardinality with detailed_metric or value_to_metric. Label
+// values must be UTF-8 (the client library panics otherwise), and entries
+// come from the client.
 func descriptorLabel(entries []limit.Entry) string {
 	var b strings.Builder
 	for i, e := range entries {
@@ -135,8 +141,10 @@ func descriptorLabel(entries []limit.Entry) string {
 			b.WriteByte(',')
 		}
 		b.WriteString(e.Key)
-		b.WriteByte('=')
-		b.WriteString(e.Value)
+		if e.Value != "" {
+			b.WriteByte('=')
+			b.WriteString(e.Value)
+		}
 	}
 	return strings.ToValidUTF8(b.String(), "\uFFFD")
 }

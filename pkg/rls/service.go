@@ -102,7 +102,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReques
 		return nil, s.fail(ctx, req.Domain, err, "")
 	}
 	dom := s.decider.Rules().Domain(req.Domain)
-	s.metrics.observe(req.Domain, dom != nil, req, dec)
+	s.metrics.observe(req.Domain, dom, req, dec)
 	resp := toResponse(dec)
 	if dec.Code == limit.CodeOK && dom != nil && (len(dom.Breakers) > 0 || dom.Shedding != nil) {
 		// The outcome of a request admitted here reaches the breakers and

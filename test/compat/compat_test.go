@@ -6,10 +6,13 @@ package compat
 
 import (
 	"context"
+	"io"
 	"math"
+	"net/http"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -51,7 +54,13 @@ descriptors:
   - key: route
     value: /api*v1
     share_threshold: true
+    detailed_metric: true
     rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: svc
+    value_to_metric: true
+    descriptors:
+      - key: method
+        rate_limit: {unit: minute, requests_per_unit: 100}
   - key: key1
     value: value1
     descriptors:
@@ -95,6 +104,7 @@ func TestCompat(t *testing.T) {
 			}
 			t.Cleanup(func() { _ = cc.Close() })
 			run(t, rlsv3.NewRateLimitServiceClient(cc))
+			metricNames(t, p.Admin)
 		})
 	}
 }
@@ -246,7 +256,49 @@ func run(t *testing.T, c rlsv3.RateLimitServiceClient) {
 			t.Errorf("two descriptors: metadata %v, want %v", got, want)
 		}
 	})
+	t.Run("value_to_metric names the value", func(t *testing.T) {
+		for _, v := range []string{"billing", "search", "billing"} {
+			if st := call(1, desc("svc", v, "method", "GET")).GetStatuses()[0]; st.GetCode() != rlsv3.RateLimitResponse_OK {
+				t.Errorf("svc=%s: %v, want OK", v, st)
+			}
+		}
+	})
 	t.Run("several * match in order", func(t *testing.T) {
 		remaining(t, "multi", []string{"foobarbaz", "foo-bar-baz", "foobazbar", "foobarbaz"}, []int{9, 9, -1, 8})
 	})
+}
+
+// metricNames checks, after run, that detailed_metric and value_to_metric
+// name descriptors as envoyproxy/ratelimit names its stats: a
+// share_threshold entry by its pattern, even under detailed_metric, and a
+// value_to_metric entry by its value.
+func metricNames(t *testing.T, admin string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+admin+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`tollgate_rls_detailed_decisions_total{descriptor="route=/api*v1",domain="compat",result="ok",rule="route_/api*v1"} 2`,
+		`tollgate_rls_detailed_decisions_total{descriptor="svc=billing,method",domain="compat",result="ok",rule="svc.method"} 2`,
+		`tollgate_rls_detailed_decisions_total{descriptor="svc=search,method",domain="compat",result="ok",rule="svc.method"} 1`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	if strings.Contains(string(body), `descriptor="route=/apiv1"`) {
+		t.Error("a share_threshold entry is named by its value")
+	}
 }
