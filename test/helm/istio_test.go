@@ -2,6 +2,7 @@ package helm
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -246,4 +248,43 @@ func containsAll(s string, subs []string) bool {
 		}
 	}
 	return true
+}
+
+// tollgateDrain is pkg/server's DefaultDrainTimeout: how long Tollgate lets
+// calls finish after SIGTERM.
+const tollgateDrain = 10 * time.Second
+
+// TestIstioDrainOutlastsTollgate: with every values file the pods ask a
+// classic Istio sidecar to drain longer than Tollgate does, and to be done
+// before the kubelet's SIGKILL; a pod annotation of the user's own wins.
+func TestIstioDrainOutlastsTollgate(t *testing.T) {
+	t.Parallel()
+	for _, values := range valuesFiles(t) {
+		dep := one[*appsv1.Deployment](t, mustRender(t, values), "Deployment")
+		raw, ok := dep.Spec.Template.Annotations["proxy.istio.io/config"]
+		if !ok {
+			t.Errorf("%s: no proxy.istio.io/config annotation", caseName(values))
+			continue
+		}
+		var cfg struct {
+			TerminationDrainDuration string `json:"terminationDrainDuration"`
+		}
+		if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
+			t.Errorf("%s: proxy.istio.io/config %q: %v", caseName(values), raw, err)
+			continue
+		}
+		d, err := time.ParseDuration(cfg.TerminationDrainDuration)
+		grace := time.Duration(*dep.Spec.Template.Spec.TerminationGracePeriodSeconds) * time.Second
+		if err != nil || d <= tollgateDrain || d >= grace {
+			t.Errorf("%s: sidecar drain %q (%v): want above Tollgate's %v and below the grace period %v", caseName(values), cfg.TerminationDrainDuration, err, tollgateDrain, grace)
+		}
+	}
+	own := filepath.Join(t.TempDir(), "own.yaml")
+	if err := os.WriteFile(own, []byte("podAnnotations:\n  proxy.istio.io/config: '{\"holdApplicationUntilProxyStarts\": true}'\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dep := one[*appsv1.Deployment](t, mustRender(t, own), "Deployment")
+	if got := dep.Spec.Template.Annotations["proxy.istio.io/config"]; got != `{"holdApplicationUntilProxyStarts": true}` {
+		t.Errorf("the user's own proxy.istio.io/config became %q", got)
+	}
 }
