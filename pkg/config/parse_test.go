@@ -616,9 +616,9 @@ func TestParseLimits(t *testing.T) {
 			want: &limit.Rule{Key: "k", MaxConcurrent: 4, Lease: 90 * time.Second},
 		},
 		{
-			name: "envoyproxy/ratelimit keys that change nothing yet, and share_threshold",
+			name: "quota_mode changes nothing yet; value_to_metric and share_threshold",
 			give: "{key: k, value: p*, quota_mode: true, value_to_metric: true, share_threshold: true}",
-			want: &limit.Rule{Key: "k", Value: "p*", ShareThreshold: true},
+			want: &limit.Rule{Key: "k", Value: "p*", ShareThreshold: true, ValueToMetric: true},
 		},
 		{
 			name: "scalars read as written, nulls as absent",
