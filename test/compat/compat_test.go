@@ -38,6 +38,12 @@ descriptors:
   - key: free
     unit: second
     rate_limit: {unlimited: true, requests_per_unit: 5}
+  - key: zero
+    rate_limit: {unit: minute}
+  - key: generic
+    rate_limit: {name: generic, unit: minute, requests_per_unit: 1}
+  - key: special
+    rate_limit: {unit: minute, requests_per_unit: 3, replaces: [{name: generic}]}
   - key: quiet
     shadow_mode: true
     rate_limit: {name: quiet, unit: minute, requests_per_unit: 1}
@@ -206,6 +212,37 @@ func run(t *testing.T, c rlsv3.RateLimitServiceClient) {
 		}
 		if second.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
 			t.Errorf("second call %v, want OVER_LIMIT", second)
+		}
+	})
+	t.Run("an override where no rule matches resets at the epoch-aligned minute", func(t *testing.T) {
+		before := time.Now()
+		st := call(1, override(desc("nothing", "matches"), 7)).GetStatuses()[0]
+		after := time.Now()
+		lo := before.Truncate(time.Minute).Add(time.Minute).Sub(after) - time.Second
+		hi := after.Truncate(time.Minute).Add(time.Minute).Sub(before) + time.Second
+		if got := st.GetDurationUntilReset().AsDuration(); got < lo || got > hi || st.GetLimitRemaining() != 6 || st.GetCurrentLimit().GetRequestsPerUnit() != 7 {
+			t.Errorf("status %v: reset %v, want between %v and %v, 6 of 7 remaining", st, got, lo, hi)
+		}
+	})
+	t.Run("a unit without requests_per_unit is a limit of 0", func(t *testing.T) {
+		if st := call(1, desc("zero", "z")).GetStatuses()[0]; st.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT || st.GetCurrentLimit().GetRequestsPerUnit() != 0 {
+			t.Errorf("status %v, want OVER_LIMIT under 0/minute", st)
+		}
+	})
+	t.Run("replaces drops the named limit; a status names its limit", func(t *testing.T) {
+		resp := call(1, desc("generic", "g"), desc("special", "s"))
+		g, s := resp.GetStatuses()[0], resp.GetStatuses()[1]
+		if g.GetCode() != rlsv3.RateLimitResponse_OK || g.GetCurrentLimit() != nil {
+			t.Errorf("the replaced descriptor: %v, want OK with no limit", g)
+		}
+		if s.GetCurrentLimit().GetRequestsPerUnit() != 3 || s.GetLimitRemaining() != 2 {
+			t.Errorf("the replacing descriptor: %v, want 2 of 3 remaining", s)
+		}
+		// Without the replacing descriptor the named limit counts, and
+		// the status carries its name.
+		st := call(1, desc("generic", "g")).GetStatuses()[0]
+		if st.GetCurrentLimit().GetName() != "generic" || st.GetLimitRemaining() != 0 {
+			t.Errorf("generic alone: %v, want the limit named generic with 0 remaining (it was not charged before)", st)
 		}
 	})
 	t.Run("an override under shadow_mode is enforced", func(t *testing.T) {
