@@ -49,6 +49,13 @@ const MinKeyBytes = 16
 // maxAmount keeps amounts exact where the Redis store counts, as for rules.
 const maxAmount = 1 << 53
 
+// The sizes of the digests a sha256 field must not hold.
+const md5Bytes, sha1Bytes = 16, 20
+
+// emptyHash is the SHA-256 of the empty string, what sha256sum prints
+// for a key variable that was never set.
+var emptyHash = sha256.Sum256(nil)
+
 // The keys each mapping accepts, in the order error messages list them.
 var (
 	fileKeys     = []string{"tenants", "keys"}
@@ -88,6 +95,37 @@ type keySet struct {
 	// why; both are zero from Parse.
 	skipped  int
 	problems config.Errors
+	// refs are the tiers and limit names the file uses.
+	refs []Ref
+}
+
+// RefKind is what a Ref names.
+type RefKind uint8
+
+const (
+	// RefTier is a tier (a tenant's or a key's tier).
+	RefTier RefKind = iota + 1
+	// RefLimit is a limit name (a key of limits).
+	RefLimit
+)
+
+func (k RefKind) String() string {
+	if k == RefTier {
+		return "tier"
+	}
+	return "limit"
+}
+
+// Ref is a name in a keys file that only the rules can resolve: a tier,
+// which must be a plan of the rules' tiers, or a limit name, which must
+// name a rate_limit or token_limit. It says where the name is, so that
+// tollgate validate and serve can point at it (extauthz.Settings.Against).
+// Names are not secrets: problems may quote them, as they quote tenants.
+type Ref struct {
+	Kind RefKind
+	Name string
+	Line int
+	Path string
 }
 
 type entry struct {
@@ -121,6 +159,15 @@ func (k *Keys) Len() int {
 		return 0
 	}
 	return len(k.set.byHash)
+}
+
+// Refs are the tiers and limit names the file uses, in file order: every
+// listing, including those a reload left out.
+func (k *Keys) Refs() []Ref {
+	if k == nil || k.set == nil {
+		return nil
+	}
+	return k.set.refs
 }
 
 // Skipped is how many entries of the file, under tenants and under keys,
@@ -229,6 +276,14 @@ type parser struct {
 	// listing; skipped counts the entries left out.
 	badTenants map[string]int
 	skipped    int
+	refs       []Ref
+}
+
+// ref records a name only the rules resolve, at n.
+func (p *parser) ref(kind RefKind, name string, n *yaml.Node, path string) {
+	if name != "" {
+		p.refs = append(p.refs, Ref{Kind: kind, Name: name, Line: p.w.Resolve(n).Line, Path: path})
+	}
 }
 
 func newParser(name string, each bool) *parser {
@@ -299,6 +354,7 @@ func (p *parser) file(root *yaml.Node) *Keys {
 		return nil
 	}
 	set := &keySet{byHash: make(map[[sha256.Size]byte]*entry, len(list.Content)), tenants: len(p.tenants)}
+	defer func() { set.refs = p.refs }()
 	seen := make(map[[sha256.Size]byte]firstKey, len(list.Content))
 	for i, e := range list.Content {
 		if p.w.Stopped() {
@@ -367,6 +423,7 @@ func (p *parser) tenant(n *yaml.Node, path string) tenant {
 	f, _ := p.w.SecretMapping(n, path, tenantKeys)
 	if v, has := f["tier"]; has {
 		t.tier = p.label(v, path+".tier")
+		p.ref(RefTier, t.tier, v, path+".tier")
 	}
 	if v, has := f["limits"]; has {
 		t.limits = p.limits(v, path+".limits")
@@ -393,8 +450,20 @@ func (p *parser) key(n *yaml.Node, path string) (hash [sha256.Size]byte, hashed 
 		if good {
 			// The decoder's error would quote the digit it choked on.
 			b, err := hex.DecodeString(s)
-			if err != nil || len(b) != sha256.Size {
+			switch {
+			case err == nil && (len(b) == md5Bytes || len(b) == sha1Bytes):
+				// Another, weaker hash: it would never match, as only
+				// the SHA-256 of a presented key is compared.
+				p.w.Addf(hn, path+".sha256", "is %d hexadecimal digits, the length of %s; want the key's SHA-256 (64 digits: printf %%s \"$KEY\" | sha256sum)",
+					2*len(b), map[int]string{md5Bytes: "an MD5", sha1Bytes: "a SHA-1"}[len(b)])
+				good = false
+			case err != nil || len(b) != sha256.Size:
 				p.w.Addf(hn, path+".sha256", "want the key's SHA-256 as 64 hexadecimal digits")
+				good = false
+			case [sha256.Size]byte(b) == emptyHash:
+				// Never a real key: a key the file lists must be at least
+				// MinKeyBytes long, and no client presents an empty one.
+				p.w.Addf(hn, path+".sha256", "is the SHA-256 of the empty string: hash the key itself (printf %%s \"$KEY\" | sha256sum, with the key set)")
 				good = false
 			}
 			copy(hash[:], b)
@@ -432,6 +501,7 @@ func (p *parser) key(n *yaml.Node, path string) (hash [sha256.Size]byte, hashed 
 	id.Tier = t.tier
 	if v, has := f["tier"]; has {
 		id.Tier = p.label(v, path+".tier")
+		p.ref(RefTier, id.Tier, v, path+".tier")
 	}
 	if v, has := f["name"]; has {
 		id.KeyName = p.label(v, path+".name")
@@ -472,7 +542,8 @@ func (p *parser) label(n *yaml.Node, path string) string {
 // limits reads a mapping from limit names to overrides.
 func (p *parser) limits(n *yaml.Node, path string) map[string]limit.Override {
 	out := map[string]limit.Override{}
-	p.named(n, path, "limit names to {amount, unit, unit_multiplier}", func(name string, _, v *yaml.Node, path string) {
+	p.named(n, path, "limit names to {amount, unit, unit_multiplier}", func(name string, k, v *yaml.Node, path string) {
+		p.ref(RefLimit, name, k, path)
 		if o, ok := p.override(v, path); ok {
 			out[name] = o
 		}

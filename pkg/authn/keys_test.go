@@ -433,3 +433,52 @@ func BenchmarkLookup(b *testing.B) {
 		}
 	}
 }
+
+// TestWeakHashes: a sha256 field holding another digest, or the SHA-256
+// of the empty string, is refused with its line and path, never its value.
+func TestWeakHashes(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct{ give, want string }{
+		{strings.Repeat("ab", 16), "keys.yaml:2: keys[0].sha256: is 32 hexadecimal digits, the length of an MD5; want the key's SHA-256"},
+		{strings.Repeat("ab", 20), "keys.yaml:2: keys[0].sha256: is 40 hexadecimal digits, the length of a SHA-1; want the key's SHA-256"},
+		{"e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", "keys.yaml:2: keys[0].sha256: is the SHA-256 of the empty string"},
+		{strings.Repeat("zz", 32), "keys.yaml:2: keys[0].sha256: want the key's SHA-256 as 64 hexadecimal digits"},
+	} {
+		_, err := Parse("keys.yaml", []byte("keys:\n  - sha256: \""+tt.give+"\"\n    tenant: t\n"))
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("sha256 %s: error %v, want %q", tt.give, err, tt.want)
+		}
+		if err != nil && strings.Contains(err.Error(), tt.give) {
+			t.Errorf("the error quotes the hash: %v", err)
+		}
+	}
+}
+
+// TestRefs: the tiers and limit names a keys file uses are listed with
+// where they are, for the check against the rules.
+func TestRefs(t *testing.T) {
+	t.Parallel()
+	k, err := Parse("keys.yaml", []byte(`tenants:
+  acme:
+    tier: premium
+    limits: {tenant_requests: {amount: 5}}
+keys:
+  - key: "0123456789abcdefXYZ"
+    tenant: acme
+    tier: gold
+    limits:
+      tokens_day: {amount: 9}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Ref{
+		{Kind: RefTier, Name: "premium", Line: 3, Path: "tenants.acme.tier"},
+		{Kind: RefLimit, Name: "tenant_requests", Line: 4, Path: "tenants.acme.limits.tenant_requests"},
+		{Kind: RefTier, Name: "gold", Line: 8, Path: "keys[0].tier"},
+		{Kind: RefLimit, Name: "tokens_day", Line: 10, Path: "keys[0].limits.tokens_day"},
+	}
+	if got := k.Refs(); !reflect.DeepEqual(got, want) {
+		t.Errorf("Refs() = %+v\nwant %+v", got, want)
+	}
+}
