@@ -305,6 +305,10 @@ func (w *walker) uint(n *yaml.Node, path string, lo, hi uint64) (uint64, bool) {
 
 // closest returns the word in words nearest to s, if it is near enough
 // to be the likely intent (a typo, a missing or extra letter).
+// Closest is the word of words nearest s by edit distance, when one is
+// near enough to be a likely typo of it (at most 2 edits); "" otherwise.
+func Closest(s string, words []string) string { return closest(s, words) }
+
 func closest(s string, words []string) string {
 	best, bestD := "", 3
 	for _, w := range words {

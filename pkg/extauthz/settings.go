@@ -159,6 +159,11 @@ type Settings struct {
 	// UsageHeader is the response header the access log reads actual
 	// usage from, lower case; empty when none.
 	UsageHeader string
+
+	// domainLine and descriptorLines are where domain and each of
+	// Descriptors are, for Against.
+	domainLine      int
+	descriptorLines []int
 }
 
 // LoadSettings reads an authz config and the keys file it names.
@@ -209,7 +214,7 @@ func (p *settingsParser) file(name string, root *yaml.Node) *Settings {
 	if n, has := f["domain"]; !has {
 		p.w.Addf(at, "", "domain is required")
 	} else if d, ok := p.w.Name(n, "domain", limit.MaxDomainBytes); ok {
-		s.Domain = d
+		s.Domain, s.domainLine = d, p.w.Resolve(n).Line
 	}
 	p.callers(f, at, s)
 	if n, has := f["model"]; has {
@@ -218,7 +223,7 @@ func (p *settingsParser) file(name string, root *yaml.Node) *Settings {
 	if n, has := f["descriptors"]; !has {
 		p.w.Addf(at, "", "descriptors is required")
 	} else {
-		s.Descriptors = p.descriptors(n, "descriptors")
+		s.Descriptors, s.descriptorLines = p.descriptors(n, "descriptors")
 	}
 	if n, has := f["estimate"]; has {
 		p.estimate(n, s)
@@ -400,17 +405,17 @@ func (p *settingsParser) headerList(n *yaml.Node, path string) []string {
 	return out
 }
 
-func (p *settingsParser) descriptors(n *yaml.Node, path string) [][]Entry {
+func (p *settingsParser) descriptors(n *yaml.Node, path string) (out [][]Entry, lines []int) {
 	l := p.w.Resolve(n)
 	if l.Kind != yaml.SequenceNode {
 		p.w.Addf(l, path, "want a list of descriptors (each a list of {key, from}), got %s", config.Shape(l))
-		return nil
+		return nil, nil
 	}
 	if len(l.Content) == 0 || len(l.Content) > maxDescriptorsInSetting {
 		p.w.Addf(l, path, "want 1 to %d descriptors, got %d", maxDescriptorsInSetting, len(l.Content))
-		return nil
+		return nil, nil
 	}
-	out := make([][]Entry, 0, len(l.Content))
+	out = make([][]Entry, 0, len(l.Content))
 	for i, d := range l.Content {
 		if p.w.Stopped() {
 			break
@@ -433,9 +438,10 @@ func (p *settingsParser) descriptors(n *yaml.Node, path string) [][]Entry {
 		}
 		if len(entries) == len(dn.Content) {
 			out = append(out, entries)
+			lines = append(lines, dn.Line)
 		}
 	}
-	return out
+	return out, lines
 }
 
 func (p *settingsParser) entry(n *yaml.Node, path string) (Entry, bool) {

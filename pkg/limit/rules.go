@@ -392,6 +392,18 @@ func (r *Rule) child(e Entry) *Rule {
 	return r.keyOnly[e.Key]
 }
 
+// ValueMatches reports whether r's Value takes value v: equal, or
+// matched by the pattern of a wildcard Value; an empty Value takes any.
+func ValueMatches(r *Rule, v string) bool {
+	switch {
+	case r.Value == "":
+		return true
+	case r.Wildcard():
+		return globMatch(strings.Split(r.Value, "*"), v)
+	}
+	return r.Value == v
+}
+
 // globMatch reports whether v matches the pattern split at its '*'s
 // into parts (at least two): v starts with the first part, ends with the
 // last, and holds the ones between in order, without overlaps. Taking
