@@ -8,25 +8,43 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tollgate-dev/tollgate/pkg/config"
+	"github.com/tollgate-dev/tollgate/pkg/extauthz"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
-// validate loads the rules at PATH as serve would and reports each
-// problem on its own line, so an editor or CI can jump to it.
+const validateUsage = `Usage: tollgate validate [--authz-config FILE] [--strict] PATH
+
+Checks the files serve would load, as serve loads them, and prints each
+problem as file:line: path: message, so an editor or CI can jump to it:
+the rules at PATH (a rule file, or a directory of *.yaml files), and with
+--authz-config the ext_authz settings and the keys file they name, each
+alone and against the rules (the domain, the descriptors, the keys' tiers
+and limit names). Warnings are what loads but is ignored or read
+leniently; --strict refuses them too.
+
+Exit status: 0 valid, 1 problems (or warnings under --strict), 2 usage.
+
+`
+
+// validate loads the files at PATH (and --authz-config) as serve would
+// and reports each problem on its own line.
 func (a *App) validate(args []string) int {
 	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
 	fs.SetOutput(a.Stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: tollgate validate PATH\n\nPATH is a rule file or a directory of *.yaml files.\n")
+		fmt.Fprint(fs.Output(), validateUsage)
+		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	authzPath := fs.String("authz-config", "", "ext_authz settings file, checked with its keys file and against the rules")
+	strict := fs.Bool("strict", false, "refuse warnings too: exit 1 when there is any")
+	if err := a.parseArgs(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return ExitOK
 		}
 		return ExitUsage
 	}
 	if fs.NArg() != 1 {
-		fs.Usage()
+		fmt.Fprintf(a.Stderr, "tollgate validate: want one PATH, got %d arguments\nRun 'tollgate validate --help' for its usage.\n", fs.NArg())
 		return ExitUsage
 	}
 	rs, err := config.Load(fs.Arg(0))
@@ -35,10 +53,30 @@ func (a *App) validate(args []string) int {
 		fmt.Fprintln(a.Stderr, err)
 		return ExitError
 	}
-	for _, w := range append(append(ruleWarnings(rs), queueWarnings(rs)...), fairWarnings(rs)...) {
+	warnings := append(append(ruleWarnings(rs), queueWarnings(rs)...), fairWarnings(rs)...)
+	summary := fmt.Sprintf("ok: %d domains", len(rs.Domains()))
+	if *authzPath != "" {
+		set, err := extauthz.LoadSettings(*authzPath)
+		if err != nil {
+			fmt.Fprintln(a.Stderr, err)
+			return ExitError
+		}
+		problems, more := set.Against(rs)
+		if len(problems) > 0 {
+			fmt.Fprintln(a.Stderr, problems)
+			return ExitError
+		}
+		warnings = append(warnings, more...)
+		summary += fmt.Sprintf("; authz config %s: domain %s, %d descriptors, %d keys", *authzPath, set.Domain, len(set.Descriptors), set.Keys.Len())
+	}
+	for _, w := range warnings {
 		fmt.Fprintln(a.Stderr, w)
 	}
-	fmt.Fprintf(a.Stdout, "ok: %d domains\n", len(rs.Domains()))
+	if *strict && len(warnings) > 0 {
+		fmt.Fprintf(a.Stderr, "tollgate validate: %d warnings, refused under --strict\n", len(warnings))
+		return ExitError
+	}
+	fmt.Fprintln(a.Stdout, summary)
 	return ExitOK
 }
 
