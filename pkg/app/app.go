@@ -85,7 +85,7 @@ func (a *App) Run(ctx context.Context, args []string) int {
 		fmt.Fprint(a.Stdout, usage)
 		return ExitOK
 	default:
-		fmt.Fprintf(a.Stderr, "tollgate: unknown command %q\n\n%s", cmd, usage)
+		fmt.Fprintf(a.Stderr, "tollgate: unknown command %q\nRun 'tollgate --help' for the commands.\n", cmd)
 		return ExitUsage
 	}
 }
@@ -116,10 +116,11 @@ func envName(flagName string) string {
 	return "TOLLGATE_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
-// parseFlags parses args into fs, then fills every flag the command line
-// did not set from its environment variable: a flag beats the variable.
+// parseFlags parses args into fs (parseArgs), then fills every flag the
+// command line did not set from its environment variable: a flag beats
+// the variable.
 func (a *App) parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
+	if err := a.parseArgs(fs, args); err != nil {
 		return err
 	}
 	set := map[string]bool{}
@@ -132,7 +133,7 @@ func (a *App) parseFlags(fs *flag.FlagSet, args []string) error {
 		name := envName(f.Name)
 		if v, ok := a.lookupEnv(name); ok {
 			if e := fs.Set(f.Name, v); e != nil {
-				err = fmt.Errorf("%s=%q: %w", name, v, e)
+				err = fmt.Errorf("%s=%q (--%s): %s", name, v, f.Name, refusal(v, f.Value, e))
 			}
 		}
 	})

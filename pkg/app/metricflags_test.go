@@ -37,7 +37,7 @@ func TestMetricFlags(t *testing.T) {
 		{name: "flag wins", give: []string{"--detailed-metric-series=9"}, env: map[string]string{"TOLLGATE_DETAILED_METRIC_SERIES": "7"}, want: 9},
 		{name: "zero", give: []string{"--detailed-metric-series=0"}, want: 0},
 		{name: "negative", give: []string{"--detailed-metric-series=-1"}, wantUsageText: "--detailed-metric-series must be 0 or more"},
-		{name: "not a number", give: []string{"--detailed-metric-series=many"}, wantUsageText: "not an integer"},
+		{name: "not a number", give: []string{"--detailed-metric-series=many"}, wantUsageText: `--detailed-metric-series "many": want a whole number, such as 100`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

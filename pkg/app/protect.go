@@ -35,7 +35,7 @@ func (s *setInt) String() string {
 func (s *setInt) Set(v string) error {
 	n, err := strconv.Atoi(v)
 	if err != nil {
-		return errors.New("not an integer")
+		return errors.New(wantWholeNumber)
 	}
 	s.n, s.set = n, true
 	return nil

@@ -45,7 +45,7 @@ func TestProtectFlags(t *testing.T) {
 		{name: "zero is no cap", give: []string{"--max-in-flight=0", "--max-connections=0"}, wantInFlight: -1, wantConns: -1},
 		{name: "negative in flight", give: []string{"--max-in-flight=-1"}, wantUsageText: "--max-in-flight must be 0 (no cap) or more"},
 		{name: "negative connections", give: []string{"--max-connections=-5"}, wantUsageText: "--max-connections must be 0 (no cap) or more"},
-		{name: "not a number", give: []string{"--max-in-flight=lots"}, wantUsageText: "not an integer"},
+		{name: "not a number", give: []string{"--max-in-flight=lots"}, wantUsageText: `--max-in-flight "lots": want a whole number, such as 100`},
 		{name: "zero streams", give: []string{"--max-concurrent-streams=0"}, wantUsageText: "--max-concurrent-streams must be between 1 and 2147483647"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

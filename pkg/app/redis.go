@@ -145,7 +145,7 @@ func (b batchFlag) String() string {
 func (b batchFlag) Set(v string) error {
 	n, err := strconv.Atoi(strings.TrimSpace(v))
 	if err != nil {
-		return fmt.Errorf("%q is not a whole number", v)
+		return errors.New(wantWholeNumber)
 	}
 	b.r.batch, b.r.batchSet = n, true
 	return nil
