@@ -55,7 +55,7 @@ Commands:
   validate PATH    check a rule file or directory; print each problem as file:line: path: message
   explain [flags]  show which rules, plan, shedding step, breakers and store keys a request meets
   health [flags]   ask the admin port of a serve on this host whether it is ready; exit 0 or 1
-  version          print the version
+  version          print the version (also: tollgate --version)
 
 Run 'tollgate serve -h' for serve's flags.
 `
@@ -79,7 +79,7 @@ func (a *App) Run(ctx context.Context, args []string) int {
 		return a.explain(rest)
 	case "health":
 		return a.health(ctx, rest)
-	case "version":
+	case "version", "--version", "-version", "-v":
 		return a.version(rest)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(a.Stdout, usage)

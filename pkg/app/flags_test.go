@@ -145,3 +145,17 @@ func TestFlagValueRefused(t *testing.T) {
 		})
 	}
 }
+
+func TestVersionFlag(t *testing.T) {
+	t.Parallel()
+	for _, give := range []string{"version", "--version", "-version", "-v"} {
+		t.Run(give, func(t *testing.T) {
+			t.Parallel()
+			var stdout, stderr buffer
+			a := &App{Stdout: &stdout, Stderr: &stderr, Version: "v1.2.3"}
+			if got := a.Run(context.Background(), []string{give}); got != ExitOK || stdout.String() != "v1.2.3\n" {
+				t.Errorf("tollgate %s: exit %d, stdout %q, stderr %q; want 0 and \"v1.2.3\\n\"", give, got, stdout.String(), stderr.String())
+			}
+		})
+	}
+}
