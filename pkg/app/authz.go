@@ -16,6 +16,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/config"
 	"github.com/tollgate-dev/tollgate/pkg/extauthz"
 	"github.com/tollgate-dev/tollgate/pkg/extproc"
+	"github.com/tollgate-dev/tollgate/pkg/limit"
 	"github.com/tollgate-dev/tollgate/pkg/outcome"
 	"github.com/tollgate-dev/tollgate/pkg/server"
 	"github.com/tollgate-dev/tollgate/pkg/ticket"
@@ -49,6 +50,36 @@ type authz struct {
 	// now stamps the reload state /readyz shows.
 	now   func() time.Time
 	state reloadState
+	// rules are the rules in force, which the settings are checked
+	// against (extauthz.Settings.Against).
+	rules func() *limit.RuleSet
+}
+
+// against checks s against rs: its problems as a config.Errors, nil
+// without any; its warnings are logged.
+func (az *authz) against(s *extauthz.Settings, rs *limit.RuleSet) error {
+	problems, warnings := s.Against(rs)
+	for _, w := range warnings {
+		az.log.Warn("authz: "+w, zap.String("kind", "authz_warning"))
+	}
+	if len(problems) > 0 {
+		return problems
+	}
+	return nil
+}
+
+// rulesProblems is what a rules reload to rs would break in the authz
+// settings in force, nil without --authz-config: serve keeps the old
+// rules rather than serve both files inconsistent.
+func (az *authz) rulesProblems(rs *limit.RuleSet) error {
+	if az == nil || az.check == nil {
+		return nil
+	}
+	problems, _ := az.check.Settings().Against(rs)
+	if len(problems) > 0 {
+		return problems
+	}
+	return nil
 }
 
 // reloadState is what /readyz says of the authz settings in force and of
@@ -80,11 +111,14 @@ func newAuthz(f authzFlags, lim extauthz.Decider, loop *outcome.Loop, log *zap.L
 	if err != nil {
 		return nil, err
 	}
-	az := &authz{path: f.config, als: als, usage: usage, loop: loop, log: log, now: time.Now}
+	az := &authz{path: f.config, als: als, usage: usage, loop: loop, log: log, now: time.Now, rules: lim.Rules}
 	if f.config == "" {
 		return az, nil
 	}
 	set, err := extauthz.LoadSettings(f.config)
+	if err == nil {
+		err = az.against(set, lim.Rules())
+	}
 	if err != nil {
 		logProblems(log, "authz config", err)
 		return nil, fmt.Errorf("load authz config %q: the problems above must be fixed", f.config)
@@ -236,6 +270,9 @@ func (az *authz) watch(ctx context.Context) {
 		return
 	}
 	onChange := func(s *extauthz.Settings, err error) {
+		if err == nil {
+			err = az.against(s, az.rules())
+		}
 		if err != nil {
 			az.reloads.WithLabelValues("failure").Inc()
 			az.failed(err)

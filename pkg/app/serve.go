@@ -169,7 +169,9 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, args []string, log *z
 		return err
 	}
 	return serveAll(ctx, srv, grpcLis, adminLis,
-		func(ctx context.Context) { watchRules(ctx, f.config, apis.lim, sh, m.reloads, log) },
+		func(ctx context.Context) {
+			watchRules(ctx, f.config, apis.lim, sh, m.reloads, apis.az.rulesProblems, log)
+		},
 		apis.az.watch,
 		func(ctx context.Context) { st.keepKeys(ctx, apis.loop.Sealer()) },
 	)
@@ -421,8 +423,20 @@ func serveAll(ctx context.Context, srv *server.Server, grpcLis, adminLis net.Lis
 }
 
 // watchRules applies each change of the rules at path until ctx ends.
-func watchRules(ctx context.Context, path string, lim *admission.Limiter, sh *pressureruntime.Runtime, reloads *reloadMetrics, log *zap.Logger) {
+// A reload that the authz settings in force disagree with (gate) is
+// rejected like rules that do not load.
+func watchRules(ctx context.Context, path string, lim *admission.Limiter, sh *pressureruntime.Runtime, reloads *reloadMetrics, gate func(*limit.RuleSet) error, log *zap.Logger) {
+	// config.Watch loads the rules once as it starts, so that a change
+	// since runServe's load is not missed. That load belongs to the start:
+	// it is applied but neither logged nor counted as a reload (a change
+	// in the moment between the two loads goes unannounced).
+	started := false
 	onChange := func(rs *limit.RuleSet, err error) {
+		atStart := !started
+		started = true
+		if err == nil {
+			err = gate(rs)
+		}
 		if err != nil {
 			reloads.failed()
 			logProblems(log, "rules reload rejected; the previous rules keep serving", err)
@@ -431,6 +445,10 @@ func watchRules(ctx context.Context, path string, lim *admission.Limiter, sh *pr
 		lim.SetRules(rs)
 		if err := sh.Apply(rs); err != nil {
 			log.Error("pressure and breakers reload incomplete", zap.Error(err))
+		}
+		if atStart {
+			log.Info("watching rules", zap.String("path", path))
+			return
 		}
 		reloads.reloaded()
 		log.Info("rules reloaded", zap.String("path", path), zap.Int("domains", len(rs.Domains())))

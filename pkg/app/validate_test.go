@@ -1,10 +1,14 @@
 package app
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 )
 
 // TestValidateAuthz: validate checks the authz config and its keys file,
@@ -108,4 +112,96 @@ func TestValidateAuthz(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestServeAuthzAgainstRules: serve refuses to start with an authz config
+// the rules disagree with, and rejects a reload of either file that would
+// make them disagree, keeping the files in force.
+func TestServeAuthzAgainstRules(t *testing.T) {
+	t.Parallel()
+	setup := func(settings string) (dir, authzPath string) {
+		dir = t.TempDir()
+		writeFile(t, filepath.Join(dir, "rules.yaml"), authzRules)
+		authzDir := filepath.Join(dir, "authz")
+		if err := os.Mkdir(authzDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		authzPath = filepath.Join(authzDir, "authz.yaml")
+		writeFile(t, authzPath, settings)
+		writeFile(t, filepath.Join(authzDir, "keys.yaml"), authzKeys)
+		return dir, authzPath
+	}
+
+	t.Run("start", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		dir, authzPath := setup(strings.Replace(authzSettings, "domain: e2e", "domain: e2f", 1))
+		stderr := &buffer{}
+		_, code := startServe(ctx, t, stderr, map[string]string{"TOLLGATE_AUTHZ_CONFIG": authzPath}, "--config", dir)
+		if code != ExitError {
+			t.Fatalf("serve with a misspelt authz domain: exit %d, want %d:\n%s", code, ExitError, stderr)
+		}
+		if want := `domain: \"e2f\" is not a domain of the rules (they declare e2e)`; !strings.Contains(stderr.String(), want) {
+			t.Errorf("the log lacks %q:\n%s", want, stderr)
+		}
+	})
+
+	t.Run("reloads", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		dir, authzPath := setup(authzSettings)
+		stderr := &buffer{}
+		conn, code := startServe(ctx, t, stderr, map[string]string{"TOLLGATE_AUTHZ_CONFIG": authzPath}, "--config", dir)
+		if conn == nil {
+			t.Fatalf("serve exited with %d:\n%s", code, stderr)
+		}
+		client := authv3.NewAuthorizationClient(conn)
+		// status is Check's HTTP status: 200, 429 over a limit, 401 for a
+		// key not in force. Each admitted Check spends 400 of the
+		// tenant's 1,000 tokens, so the third is over the rules' limit.
+		status := func() int {
+			t.Helper()
+			resp, err := client.Check(ctx, authzCheck(authzKey))
+			if err != nil {
+				t.Fatalf("Check: %v", err)
+			}
+			if resp.GetOkResponse() != nil {
+				return 200
+			}
+			return int(resp.GetDeniedResponse().GetStatus().GetCode())
+		}
+		await := func(what string) {
+			t.Helper()
+			for !strings.Contains(stderr.String(), what) {
+				select {
+				case <-ctx.Done():
+					t.Fatalf("the log never said %q:\n%s", what, stderr)
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+		}
+		if got := status(); got != 200 {
+			t.Fatalf("Check at start = %d, want 200", got)
+		}
+		edits := 0
+		// Rules without the authz domain: rejected, the old ones serve.
+		rewrite(t, filepath.Join(dir, "rules.yaml"), strings.Replace(authzRules, "domain: e2e", "domain: other", 1), &edits)
+		await(`rules reload rejected; the previous rules keep serving`)
+		await(`is not a domain of the rules (they declare other)`)
+		if got := status(); got != 200 {
+			t.Errorf("Check after the rejected rules reload = %d, want 200", got)
+		}
+		// A keys file naming a limit the rules lack: rejected.
+		rewrite(t, filepath.Join(filepath.Dir(authzPath), "keys.yaml"),
+			"keys:\n  - {key: \""+authzKey+"\", tenant: acme, limits: {tokenz: {amount: 1}}}\n", &edits)
+		await(`authz config reload rejected; the previous settings keep serving`)
+		await(`\"tokenz\" names no rate_limit or token_limit of domain \"e2e\"`)
+		// The key still in force (not 401), the old rules' token limit
+		// still counting (a rules file without the domain would admit).
+		if got := status(); got != 429 {
+			t.Errorf("Check after the rejected keys reload = %d, want 429 from the rules in force", got)
+		}
+	})
 }
