@@ -213,6 +213,7 @@ descriptors:
   - key: tenant
     rate_limit: {unit: minute, requests_per_unit: 100, name: raised}
 `
+	e.watching()
 	edits := 0
 	e.poll("the raised limit", func() bool {
 		rewrite(t, rulesPath, raised, &edits)

@@ -90,12 +90,11 @@ type reloader struct {
 	success, failed int
 }
 
-// newReloader waits for the watcher's first report, which counts as a
-// successful reload and shows it watches: from then on each rewrite is
-// exactly one more reload.
+// newReloader waits for the watcher's first report, which shows it
+// watches: from then on each rewrite is exactly one more reload.
 func newReloader(r *replica, path string) *reloader {
 	r.t.Helper()
-	r.poll("the watcher's first report", func() bool { return r.reloads("success") >= 1 })
+	r.watching()
 	return &reloader{r: r, path: path, success: r.reloads("success"), failed: r.reloads("failure")}
 }
 
