@@ -20,6 +20,8 @@ import (
 
 const explainUsage = `Usage: tollgate explain --config PATH --domain D --descriptor k=v[,k=v...] [--descriptor ...]
                         [--hits N] [--pressure P [--scope global|MODEL]] [--json]
+       tollgate explain --config PATH --authz-config FILE [--api-key KEY | --api-key-sha256 HEX]
+                        [--header 'name: value' ...] [--method M] [--path P] [--body FILE|-] [--json]
 
 Explains, without a store, what ShouldRateLimit would do with one request: for
 each descriptor the rule it matches and why, the plan and its multiplier, the
@@ -27,6 +29,12 @@ effective limits, the shedding step at pressure P, the breakers asked and the
 store keys charged. The descriptors are one request, as Envoy sends them:
 replaces and all-or-nothing apply across them. In a value, write \, \= and \\
 for a comma, an equals sign and a backslash.
+
+With --authz-config it explains an ext_authz Check instead: who the API key
+is (given, or by the SHA-256 the keys file lists; never printed), the
+descriptors and token estimate the authz config makes of the request, the
+rules' explanation of that decision, and the answer Check gives on a fresh
+store: status, headers and body.
 
 Exit status: 0 explained, 1 bad input (rules, domain, descriptor), 2 usage.
 
@@ -39,6 +47,11 @@ type explainFlags struct {
 	hits                  uint64
 	pressure              float64
 	pressureSet, json     bool
+
+	// An ext_authz Check, with authzConfig.
+	authzConfig, apiKey, apiKeyHash string
+	headers                         []string
+	method, path, body              string
 }
 
 // explain answers "why was this request limited?" from the rules alone.
@@ -67,13 +80,29 @@ func (a *App) explain(args []string) int {
 	})
 	fs.StringVar(&f.scope, "scope", limit.ScopeGlobal, "the pressure scope --pressure is for: global, or a model's name")
 	fs.BoolVar(&f.json, "json", false, "print JSON instead of text")
+	fs.StringVar(&f.authzConfig, "authz-config", "", "explain an ext_authz Check under this authz config (and its keys file) instead of descriptors")
+	fs.StringVar(&f.apiKey, "api-key", "", "with --authz-config: the API key the request presents (never printed)")
+	fs.StringVar(&f.apiKeyHash, "api-key-sha256", "", "with --authz-config: the SHA-256 of the key, as the keys file lists it, instead of --api-key")
+	fs.Func("header", "with --authz-config: a request header as 'name: value' (repeat for several)", func(s string) error {
+		f.headers = append(f.headers, s)
+		return nil
+	})
+	fs.StringVar(&f.method, "method", "POST", "with --authz-config: the request's method")
+	fs.StringVar(&f.path, "path", "/v1/chat/completions", "with --authz-config: the request's path")
+	fs.StringVar(&f.body, "body", "", "with --authz-config: a file holding the request body, - for standard input")
 	if err := a.parseFlags(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return ExitOK
 		}
 		return ExitUsage
 	}
+	if f.authzConfig != "" {
+		return a.explainCheck(f)
+	}
 	switch {
+	case f.apiKey != "" || f.apiKeyHash != "" || len(f.headers) > 0 || f.body != "":
+		fmt.Fprintln(a.Stderr, "tollgate explain: --api-key, --api-key-sha256, --header and --body need --authz-config")
+		return ExitUsage
 	case f.domain == "":
 		fmt.Fprintln(a.Stderr, "tollgate explain: --domain is required")
 		return ExitUsage

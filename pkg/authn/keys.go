@@ -153,6 +153,26 @@ func (k *Keys) Lookup(presented string) (Identity, bool) {
 	return e.id, true
 }
 
+// LookupHash is Lookup by the key's SHA-256, for tools that are given
+// the hash a keys file lists rather than the key (tollgate explain).
+func (k *Keys) LookupHash(hash [sha256.Size]byte) (Identity, bool) {
+	if k == nil {
+		return Identity{}, false
+	}
+	e, ok := k.set.byHash[hash]
+	if !ok {
+		return Identity{}, false
+	}
+	return e.id, true
+}
+
+// Single is a Keys that accepts one key, as id: what tollgate explain
+// presents in place of a key it knows only by hash.
+func Single(key string, id Identity) *Keys {
+	h := sha256.Sum256([]byte(key))
+	return &Keys{set: &keySet{byHash: map[[sha256.Size]byte]*entry{h: {hash: h, id: id}}}}
+}
+
 // Len is the number of keys Lookup accepts: the enabled ones.
 func (k *Keys) Len() int {
 	if k == nil {
