@@ -105,6 +105,7 @@ func (a *App) serve(ctx context.Context, args []string) int {
 		return ExitUsage
 	}
 	defer func() { _ = log.Sync() }()
+	defer routeRedisLog(log)()
 	if err := a.runServe(ctx, f, args, log); err != nil {
 		log.Error("serve", zap.Error(err))
 		return ExitError
