@@ -2,6 +2,8 @@ package app
 
 import (
 	"context"
+	"io"
+	"net"
 	"strings"
 	"testing"
 )
@@ -155,6 +157,58 @@ func TestVersionFlag(t *testing.T) {
 			a := &App{Stdout: &stdout, Stderr: &stderr, Version: "v1.2.3"}
 			if got := a.Run(context.Background(), []string{give}); got != ExitOK || stdout.String() != "v1.2.3\n" {
 				t.Errorf("tollgate %s: exit %d, stdout %q, stderr %q; want 0 and \"v1.2.3\\n\"", give, got, stdout.String(), stderr.String())
+			}
+		})
+	}
+}
+
+// TestServeListensWhereAsked: both ports move by flag or by variable, and
+// the flag wins (a variable that cannot be listened on is overruled).
+func TestServeListensWhereAsked(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		give []string
+		env  map[string]string
+	}{
+		{
+			name: "gRPC by flag, admin by variable",
+			give: []string{"--grpc-addr", "127.0.0.1:0"},
+			env:  map[string]string{"TOLLGATE_GRPC_ADDR": "256.0.0.1:0", "TOLLGATE_ADMIN_ADDR": "127.0.0.1:0"},
+		},
+		{
+			name: "admin by flag, gRPC by variable",
+			give: []string{"--admin-addr", "127.0.0.1:0"},
+			env:  map[string]string{"TOLLGATE_GRPC_ADDR": "127.0.0.1:0", "TOLLGATE_ADMIN_ADDR": "256.0.0.1:0"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			defer cancel()
+			stderr := &buffer{}
+			addrs := make(chan Addrs, 1)
+			a := &App{Stdout: io.Discard, Stderr: stderr, Listening: func(ad Addrs) { addrs <- ad }, LookupEnv: env(tt.env)}
+			runCtx, stop := context.WithCancel(context.Background())
+			exit := make(chan int, 1)
+			go func() { exit <- a.Run(runCtx, append([]string{"serve", "--config", "../../config"}, tt.give...)) }()
+			defer func() {
+				stop()
+				<-exit
+			}()
+			select {
+			case ad := <-addrs:
+				for name, addr := range map[string]net.Addr{"gRPC": ad.GRPC, "admin": ad.Admin} {
+					if tcp, ok := addr.(*net.TCPAddr); !ok || !tcp.IP.Equal(net.IPv4(127, 0, 0, 1)) || tcp.Port == 0 {
+						t.Errorf("%s listens on %v, want 127.0.0.1 and a port", name, addr)
+					}
+				}
+			case code := <-exit:
+				exit <- code
+				t.Fatalf("serve exited with %d:\n%s", code, stderr.String())
+			case <-ctx.Done():
+				t.Fatalf("serve never listened:\n%s", stderr.String())
 			}
 		})
 	}
