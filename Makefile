@@ -19,10 +19,13 @@ build: ## Build bin/tollgate and bin/tollgate-load.
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/tollgate ./cmd/tollgate
 	$(GO) build -o $(BIN)/tollgate-load ./cmd/tollgate-load
 
+# ARGS are more flags for `make run`; a flag given twice takes the last value.
+ARGS ?=
+
 .PHONY: run
-run: build ## Serve the config/ examples (rules, and ext_authz with demo keys) on :8081 (gRPC) and :8080 (admin) with the in-memory store.
+run: build ## Serve the config/ examples (rules, and ext_authz with demo keys) on :8081 (gRPC) and :8080 (admin) with the in-memory store; more serve flags in ARGS='--grpc-addr :9081 --redis-url redis://localhost:6379'.
 	$(BIN)/tollgate serve --config config --authz-config config/authz/authz.yaml \
-	  --pressure-token-file config/authz/pressure.token --log-format console
+	  --pressure-token-file config/authz/pressure.token --log-format console $(ARGS)
 
 .PHONY: redis
 redis: ## Install redis-server when it is missing (tests start their own servers).
