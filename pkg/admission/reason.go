@@ -43,10 +43,14 @@ type Answer struct {
 	// so its statuses report no limit; the wait (Decision.RetryAfter)
 	// and the reason go in headers of their own.
 	BeforeLimits bool
-	// Code and Message are the OpenAI-style error code and the client's
-	// message of an answer that no limit shapes; "" where the status's
-	// limit words them (429, 413) or the caller does (401).
-	Code, Message string
+	// Type, Code and Message are the OpenAI-style error type and code
+	// and the client's message of an answer that no limit shapes; ""
+	// where the status's limit words them (429, 413: see
+	// headers.LimitError) or the caller does (401). The type is OpenAI's
+	// for a 503 ("server_error"), so clients classify the refusal as
+	// they would the upstream's; OpenAI sends no code there, so the code
+	// is Tollgate's.
+	Type, Code, Message string
 }
 
 // answers is the table: one row per Reason.
@@ -54,9 +58,9 @@ var answers = [...]Answer{
 	ReasonNone:  {Name: "none", Result: "ok", Status: 200},
 	ReasonLimit: {Name: "limit", Status: 429, RetryAfter: true},
 	ReasonShed: {Name: "shed", Result: "shed", Status: 503, RetryAfter: true, BeforeLimits: true,
-		Code: "overloaded", Message: "The service is overloaded; requests of your plan are paused"},
+		Type: "server_error", Code: "overloaded", Message: "The service is overloaded; requests of your plan are paused"},
 	ReasonBreaker: {Name: "breaker", Result: "breaker_open", Status: 503, RetryAfter: true, BeforeLimits: true,
-		Code: "upstream_unavailable", Message: "The model is failing and temporarily unavailable"},
+		Type: "server_error", Code: "upstream_unavailable", Message: "The model is failing and temporarily unavailable"},
 	ReasonTooLarge:        {Name: "too_large", Result: "too_large", Status: 413},
 	ReasonUnauthenticated: {Name: "unauthenticated", Result: "unauthenticated", Status: 401},
 }

@@ -46,14 +46,14 @@ func TestToAnswerAdmission(t *testing.T) {
 		{
 			name: "shed",
 			give: refused(admission.ReasonShed, 30*time.Second),
-			want: denied(`{"error":{"message":"The service is overloaded; requests of your plan are paused. Retry after 30 seconds.","type":"server_error","code":"overloaded"}}`,
+			want: denied(`{"error":{"message":"The service is overloaded; requests of your plan are paused. Retry after 30 seconds.","type":"server_error","code":"overloaded","tollgate_reason":"shed"}}`,
 				"shed", "30"),
 			wantResult: resultShed,
 		},
 		{
 			name: "breaker open",
 			give: refused(admission.ReasonBreaker, 1200*time.Millisecond),
-			want: denied(`{"error":{"message":"The model is failing and temporarily unavailable. Retry after 2 seconds.","type":"server_error","code":"upstream_unavailable"}}`,
+			want: denied(`{"error":{"message":"The model is failing and temporarily unavailable. Retry after 2 seconds.","type":"server_error","code":"upstream_unavailable","tollgate_reason":"breaker"}}`,
 				"breaker", "2"),
 			wantResult: resultBreakerOpen,
 		},

@@ -2,7 +2,6 @@ package extauthz
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -46,15 +45,21 @@ type problem struct {
 	msg     string
 	param   string // the request field at fault, if one is
 	result  string // metric label
+	// reason is the body's tollgate_reason: the admission Reason's name
+	// of a refusal by the pipeline or for the key; "" (none) for the
+	// request's own faults, whose codes are Tollgate's already.
+	reason string
 }
 
 func (p *problem) Error() string { return p.msg }
 
 var (
+	// OpenAI answers both with a 401 invalid_request_error, the unknown
+	// key with code invalid_api_key and the missing one with none.
 	errMissingKey = &problem{status: typev3.StatusCode(admission.ReasonUnauthenticated.Answer().Status), errCode: "missing_api_key", result: admission.ReasonUnauthenticated.Answer().Result,
-		msg: "No API key was provided. Send it as Authorization: Bearer <key>."}
+		reason: admission.ReasonUnauthenticated.String(), msg: "No API key was provided. Send it as Authorization: Bearer <key>."}
 	errUnknownKey = &problem{status: typev3.StatusCode(admission.ReasonUnauthenticated.Answer().Status), errCode: "invalid_api_key", result: admission.ReasonUnauthenticated.Answer().Result,
-		msg: "The API key provided is not valid."}
+		reason: admission.ReasonUnauthenticated.String(), msg: "The API key provided is not valid."}
 	errValueTooLong = &problem{status: 400, errCode: "invalid_request", result: resultBadRequest,
 		msg: fmt.Sprintf("A request field or header that rate limits are keyed on is longer than %d bytes.", limit.MaxValueBytes)}
 	errInvalidRequest = &problem{status: 400, errCode: "invalid_request", result: resultBadRequest,
@@ -109,7 +114,7 @@ func refusal(c *call) (*authv3.CheckResponse, string, error) {
 	case a.Status == 413:
 		return tooLargeResponse(c, &a, c.dec.TooLarge()), a.Result, nil
 	}
-	return overLimitResponse(c), resultOverLimit, nil
+	return overLimitResponse(c, &a), resultOverLimit, nil
 }
 
 // option is a header set whatever the request held.
@@ -289,25 +294,11 @@ func (m *metaValues) fill(c *call) *structpb.Struct {
 	return &m.meta
 }
 
-func overLimitResponse(c *call) *authv3.CheckResponse {
-	p := &problem{status: 429, errType: "rate_limit_error", result: resultOverLimit}
-	what, name, retry := denial(c.dec)
-	switch what {
-	case "concurrency":
-		p.errCode = "concurrency_limit_exceeded"
-		p.msg = "Too many requests are in flight"
-	case "tokens":
-		p.errCode = "token_budget_exceeded"
-		p.msg = "Token budget exceeded"
-	default:
-		p.errCode = "rate_limit_exceeded"
-		p.msg = "Rate limit exceeded"
-	}
-	if name != "" {
-		p.msg += " (" + name + ")"
-	}
-	p.msg += ". Retry after " + strconv.FormatInt(max(1, headers.CeilSeconds(retry)), 10) + " seconds."
-	return deniedResponse(p, c)
+// overLimitResponse answers a refusal by the limits with a 429 and
+// OpenAI's rate limit error (see headers.LimitError).
+func overLimitResponse(c *call, a *admission.Answer) *authv3.CheckResponse {
+	e := headers.LimitError(c.dec.Statuses)
+	return deniedResponse(&problem{status: 429, errType: e.Type, errCode: e.Code, msg: e.Message, result: resultOverLimit, reason: a.Name}, c)
 }
 
 // tooLargeResponse answers a request that can never fit st's limit
@@ -318,25 +309,19 @@ func overLimitResponse(c *call) *authv3.CheckResponse {
 // x-ratelimit-reset (see headers.Append), and the message gives the
 // limit and what the request costs.
 func tooLargeResponse(c *call, a *admission.Answer, st *limit.Status) *authv3.CheckResponse {
-	name, tokens := "", false
-	if st.Limit != nil {
-		name, tokens = st.Limit.Name, st.Limit.Kind == limit.Tokens
-	}
-	p := &problem{status: typev3.StatusCode(a.Status), errType: "invalid_request_error", errCode: headers.CodeTooLarge,
-		msg: headers.TooLargeMessage(name, tokens, st.Capacity, st.Cost)}
-	return deniedResponse(p, c)
+	e := headers.TooLargeError(st)
+	return deniedResponse(&problem{status: typev3.StatusCode(a.Status), errType: e.Type, errCode: e.Code, msg: e.Message, reason: a.Name}, c)
 }
 
 // unavailableResponse answers a request refused before any limit (tier
 // shedding or an open breaker) with a's status (503, which OpenAI clients
-// retry), code and message, Retry-After when a says waiting helps, and
-// x-tollgate-reason. The type is OpenAI's own for a 503 ("server_error"),
-// so clients classify it as they would the upstream's.
+// retry), type, code and message, Retry-After when a says waiting helps,
+// and x-tollgate-reason.
 func unavailableResponse(c *call, a *admission.Answer) *authv3.CheckResponse {
 	secs := strconv.FormatInt(max(1, headers.CeilSeconds(c.dec.RetryAfter)), 10)
-	p := &problem{status: typev3.StatusCode(a.Status), errType: "server_error", errCode: a.Code, msg: a.Message + "."}
+	p := &problem{status: typev3.StatusCode(a.Status), errType: a.Type, errCode: a.Code, msg: a.Message + ".", reason: a.Name}
 	if a.RetryAfter {
-		p.msg = a.Message + ". Retry after " + secs + " seconds."
+		p.msg = headers.RetryMessage(a.Message, c.dec.RetryAfter)
 	}
 	resp := deniedResponse(p, c)
 	d := resp.GetDeniedResponse()
@@ -349,58 +334,14 @@ func unavailableResponse(c *call, a *admission.Answer) *authv3.CheckResponse {
 	return resp
 }
 
-// denial describes what denied dec: the kind of limit, its name, and how
-// long until the request would fit.
-func denial(dec *admission.Decision) (what, name string, retry time.Duration) {
-	for i := range dec.Statuses {
-		st := &dec.Statuses[i]
-		if st.Code != limit.CodeOverLimit {
-			continue
-		}
-		wait := st.RetryAfter
-		if wait <= 0 {
-			wait = st.ResetAfter
-		}
-		if wait < retry && what != "" {
-			continue
-		}
-		retry = wait
-		switch {
-		case st.Concurrency:
-			what, name = "concurrency", ""
-		case st.Limit != nil && st.Limit.Kind == limit.Tokens:
-			what, name = "tokens", st.Limit.Name
-		default:
-			what = "requests"
-			if st.Limit != nil {
-				name = st.Limit.Name
-			}
-		}
-	}
-	return what, name, retry
-}
-
-// errorBody is the OpenAI error shape.
-type errorBody struct {
-	Error errorDetail `json:"error"`
-}
-
-type errorDetail struct {
-	Message string `json:"message"`
-	Type    string `json:"type"`
-	Code    string `json:"code"`
-	// Param names the request field at fault, when one is.
-	Param string `json:"param,omitempty"`
-}
-
 // deniedResponse answers p with an OpenAI-style JSON body, and the rate
 // limit headers when a decision denied.
 func deniedResponse(p *problem, c *call) *authv3.CheckResponse {
-	typ := p.errType
-	if typ == "" {
-		typ = "invalid_request_error"
+	e := headers.Error{Message: p.msg, Type: p.errType, Code: p.errCode, Param: p.param, Reason: p.reason}
+	if e.Type == "" {
+		e.Type = headers.TypeInvalidRequest
 	}
-	body, _ := json.Marshal(errorBody{Error: errorDetail{Message: p.msg, Type: typ, Code: p.errCode, Param: p.param}})
+	body := e.Body()
 	var buf [1 + maxRateLimitHeaders]headers.Header
 	all := rateLimitHeaders(c, append(buf[:0], headers.Header{Key: "content-type", Value: "application/json"}))
 	return &authv3.CheckResponse{
@@ -430,9 +371,9 @@ func grpcCode(s typev3.StatusCode) codes.Code {
 	}
 }
 
-// maxRateLimitHeaders is the most rateLimitHeaders appends: the four of
+// maxRateLimitHeaders is the most rateLimitHeaders appends: those of
 // headers.Append, the estimate marker and the degraded marker.
-const maxRateLimitHeaders = 6
+const maxRateLimitHeaders = headers.MaxAppended + 2
 
 // rateLimitHeaders appends to dst the x-ratelimit-* and retry-after
 // headers of the decision, as ShouldRateLimit sends them, the estimate
@@ -461,7 +402,7 @@ func quota(st *limit.Status) headers.Quota {
 		q.Reset = st.RetryAfter
 	}
 	if l := st.Limit; l != nil {
-		q.HasLimit, q.Amount, q.Name, q.Remaining = true, l.Amount, l.Name, st.Remaining
+		q.HasLimit, q.Amount, q.Name, q.Remaining, q.Tokens = true, l.Amount, l.Name, st.Remaining, l.Kind == limit.Tokens
 		q.WindowSeconds = uint64(l.Window() / time.Second)
 	}
 	return q

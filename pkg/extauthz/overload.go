@@ -28,7 +28,7 @@ func OverloadResponse() *authv3.CheckResponse {
 			Headers: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: headers.Degraded, Value: headers.DegradedOverload}},
 				{Header: &corev3.HeaderValue{Key: "retry-after", Value: "1"}},
 				{Header: &corev3.HeaderValue{Key: "content-type", Value: "application/json"}}},
-			Body: `{"error":{"message":"The rate limiter is overloaded. Retry after 1 second.","type":"server_error","code":"overloaded"}}`,
+			Body: `{"error":{"message":"The rate limiter is overloaded. Retry after 1 second.","type":"server_error","code":"overloaded","tollgate_reason":"overload"}}`,
 		}},
 	}
 }

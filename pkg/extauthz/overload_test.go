@@ -25,7 +25,7 @@ func TestOverloadResponse(t *testing.T) {
 				{Header: &corev3.HeaderValue{Key: "retry-after", Value: "1"}},
 				{Header: &corev3.HeaderValue{Key: "content-type", Value: "application/json"}},
 			},
-			Body: `{"error":{"message":"The rate limiter is overloaded. Retry after 1 second.","type":"server_error","code":"overloaded"}}`,
+			Body: `{"error":{"message":"The rate limiter is overloaded. Retry after 1 second.","type":"server_error","code":"overloaded","tollgate_reason":"overload"}}`,
 		}},
 	}
 	if diff := cmp.Diff(want, OverloadResponse(), protocmp.Transform()); diff != "" {

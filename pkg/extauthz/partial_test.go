@@ -126,7 +126,15 @@ func TestCheckPartialBody(t *testing.T) {
 	okHeaders := func(model string) []*corev3.HeaderValueOption {
 		return []*corev3.HeaderValueOption{hv(HeaderTenant, "acme"), hv(HeaderTier, "premium"), hv(HeaderModel, model)}
 	}
-	rlHeaders := []*corev3.HeaderValueOption{hv("x-ratelimit-limit", limitHeader), hv("x-ratelimit-remaining", "999"), hv("x-ratelimit-reset", resetHeader), hv(HeaderEstimate, "partial-body")}
+	// rlHeaders are an admission's headers with tokens reserved, and
+	// the estimate marker when partial.
+	rlHeaders := func(tokens uint64, partial bool) []*corev3.HeaderValueOption {
+		hs := rateHeaders(limitHeader, 10000, tokens)
+		if partial {
+			hs = append(hs, hv(HeaderEstimate, "partial-body"))
+		}
+		return hs
+	}
 	// reservedMeta is the metadata of an admission that reserved tokens,
 	// prompt of them the prompt's.
 	reservedMeta := func(model string, tokens, prompt uint64) map[string]*structpb.Value {
@@ -160,7 +168,7 @@ func TestCheckPartialBody(t *testing.T) {
 		{
 			name: "model inside the prefix is charged to it, estimated from content-length",
 			give: envoyCheck(chatBody("gpt-4o", 2000, 5), cut, key...),
-			want: okResp(okHeaders("gpt-4o"), nil, rlHeaders, reservedMeta("gpt-4o", bigBodyTokens, bigBodyTokens-100)),
+			want: okResp(okHeaders("gpt-4o"), nil, rlHeaders(bigBodyTokens, true), reservedMeta("gpt-4o", bigBodyTokens, bigBodyTokens-100)),
 		},
 		{
 			name: "a cut body without content-length is 413",
@@ -203,7 +211,7 @@ func TestCheckPartialBody(t *testing.T) {
 			// Envoy drops the client's header and writes its own "false".
 			name: "a client's partial-body true on a whole body: Envoy's false stands",
 			give: envoyCheck(chatBody("gpt-4o", 400, 900), envoyBody{maxRequestBytes: 4096}, "authorization", bearer(keyAcme), PartialBodyHeader, "true"),
-			want: okResp(okHeaders("gpt-4o"), nil, rlHeaders[:3], reservedMeta("gpt-4o", 1000, 100)),
+			want: okResp(okHeaders("gpt-4o"), nil, rlHeaders(1000, false), reservedMeta("gpt-4o", 1000, 100)),
 		},
 		{
 			// Not as Envoy sends it; whoever wrote it, the body is charged
@@ -211,7 +219,7 @@ func TestCheckPartialBody(t *testing.T) {
 			name: "partial-body true on a whole body is charged no less than the whole body",
 			give: with(envoyCheck(chatBody("gpt-4o", 400, 900), envoyBody{maxRequestBytes: 4096}, key...), PartialBodyHeader, "true"),
 			// 477 bytes at 4 a token and max_tokens 900; whole, 100 + 900.
-			want: okResp(okHeaders("gpt-4o"), nil, rlHeaders, reservedMeta("gpt-4o", 120+900, 120)),
+			want: okResp(okHeaders("gpt-4o"), nil, rlHeaders(120+900, true), reservedMeta("gpt-4o", 120+900, 120)),
 		},
 		{
 			name: "a client's partial-body false without with_request_body: Envoy drops it, the body is not sent",
@@ -233,7 +241,7 @@ func TestCheckPartialBody(t *testing.T) {
 			settings: headerModel,
 			give:     envoyCheck(chatBody("gpt-4o", 400, 900), envoyBody{}, "authorization", bearer(keyAcme), "x-model", "gpt-4o"),
 			// 477 bytes, every one a prompt character, and no max_tokens seen.
-			want: okResp(okHeaders("gpt-4o"), nil, rlHeaders, reservedMeta("gpt-4o", 120+100, 120)),
+			want: okResp(okHeaders("gpt-4o"), nil, rlHeaders(120+100, true), reservedMeta("gpt-4o", 120+100, 120)),
 		},
 		{
 			name:     "without with_request_body, a chunked body and a model from the header only is 500: no size",
@@ -248,13 +256,13 @@ func TestCheckPartialBody(t *testing.T) {
 				r.Attributes.Request.Http.Method = "GET"
 				return r
 			}(),
-			want: okResp(okHeaders("gpt-4o"), nil, rlHeaders[:3], reservedMeta("gpt-4o", 100, 0)),
+			want: okResp(okHeaders("gpt-4o"), nil, rlHeaders(100, false), reservedMeta("gpt-4o", 100, 0)),
 		},
 		{
 			name:     "model from the header only: a cut body is charged from content-length",
 			settings: headerModel,
 			give:     envoyCheck(modelLastBody("gpt-4o", 2000, 5), cut, "authorization", bearer(keyAcme), "x-model", "gpt-4o"),
-			want:     okResp(okHeaders("gpt-4o"), nil, rlHeaders, reservedMeta("gpt-4o", bigBodyTokens, bigBodyTokens-100)),
+			want:     okResp(okHeaders("gpt-4o"), nil, rlHeaders(bigBodyTokens, true), reservedMeta("gpt-4o", bigBodyTokens, bigBodyTokens-100)),
 		},
 		{
 			name:     "model from the header only: a cut body without content-length is 413",
@@ -266,21 +274,21 @@ func TestCheckPartialBody(t *testing.T) {
 			name:     "partial_body estimate: model after the cut is taken from the header",
 			settings: estimateOption,
 			give:     envoyCheck(modelLastBody("gpt-4o", 2000, 5), cut, "authorization", bearer(keyAcme), "x-model", "tiny"),
-			want:     okResp(okHeaders("tiny"), nil, rlHeaders, reservedMeta("tiny", bigBodyTokens, bigBodyTokens-100)),
+			want:     okResp(okHeaders("tiny"), nil, rlHeaders(bigBodyTokens, true), reservedMeta("tiny", bigBodyTokens, bigBodyTokens-100)),
 		},
 		{
 			name:     "partial_body estimate: without content-length, estimated from the bytes received",
 			settings: estimateOption,
 			give:     envoyCheck(chatBody("gpt-4o", 2000, 5), envoyBody{maxRequestBytes: cutAt, noLength: true}, key...),
 			// 256 + 64 bytes at 4 a token, and default_max_tokens.
-			want: okResp(okHeaders("gpt-4o"), nil, rlHeaders, reservedMeta("gpt-4o", 80+100, 80)),
+			want: okResp(okHeaders("gpt-4o"), nil, rlHeaders(80+100, true), reservedMeta("gpt-4o", 80+100, 80)),
 		},
 		{
 			name:     "partial_body estimate: a body not sent is admitted without a model",
 			settings: estimateOption,
 			give:     envoyCheck(chatBody("gpt-4o", 400, 900), envoyBody{}, key...),
 			want: okResp([]*corev3.HeaderValueOption{hv(HeaderTenant, "acme"), hv(HeaderTier, "premium")}, []string{HeaderModel},
-				[]*corev3.HeaderValueOption{hv("x-ratelimit-limit", `1000, 1000;w=60;name="tenant_requests"`), hv("x-ratelimit-remaining", "999"), hv("x-ratelimit-reset", resetHeader), hv(HeaderEstimate, "partial-body")},
+				append(rateHeaders(`1000, 1000;w=60;name="tenant_requests"`, 0, 0), hv(HeaderEstimate, "partial-body")),
 				map[string]*structpb.Value{"tenant": str("acme"), "tier": str("premium"), "tollgate_reservation": str(fmt.Sprintf("%+v", ticket.Ticket{
 					ID: "req.1", Domain: "ai", At: t0, Descriptors: []limit.Descriptor{{Entries: []limit.Entry{{Key: "tenant", Value: "acme"}}}},
 				}))}),

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/tollgate-dev/tollgate/test/testutil"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -83,6 +84,24 @@ func opened(t testing.TB, h *harness, resp *authv3.CheckResponse) *authv3.CheckR
 	return resp
 }
 
+// rateHeaders are the rate limit headers of a request admitted first
+// under the test rules: the draft-03 trio from tenant_requests (one of
+// 1000 taken: the least room), its -requests trio and, when budget is not
+// 0, the -tokens trio of the model's token budget of budget with reserved
+// taken. policies is x-ratelimit-limit's value.
+func rateHeaders(policies string, budget, reserved uint64) []*corev3.HeaderValueOption {
+	hs := []*corev3.HeaderValueOption{
+		hv("x-ratelimit-limit", policies), hv("x-ratelimit-remaining", "999"), hv("x-ratelimit-reset", resetHeader),
+		hv("x-ratelimit-limit-requests", "1000"), hv("x-ratelimit-remaining-requests", "999"), hv("x-ratelimit-reset-requests", "1m3s"),
+	}
+	if budget > 0 {
+		// An hour's sliding window counts 21 buckets of 180 s.
+		hs = append(hs, hv("x-ratelimit-limit-tokens", strconv.FormatUint(budget, 10)),
+			hv("x-ratelimit-remaining-tokens", strconv.FormatUint(budget-reserved, 10)), hv("x-ratelimit-reset-tokens", "1h3m0s"))
+	}
+	return hs
+}
+
 const (
 	limitHeader = `1000, 1000;w=60;name="tenant_requests", 10000;w=3600;name="tenant_model_tokens"`
 	// A minute's sliding window counts 21 buckets of 3 s: a request made at
@@ -99,7 +118,7 @@ func TestCheck(t *testing.T) {
 			want: okResp(
 				[]*corev3.HeaderValueOption{hv(HeaderTenant, "acme"), hv(HeaderTier, "premium"), hv(HeaderModel, "gpt-4o")},
 				nil,
-				[]*corev3.HeaderValueOption{hv("x-ratelimit-limit", limitHeader), hv("x-ratelimit-remaining", "999"), hv("x-ratelimit-reset", resetHeader)},
+				rateHeaders(limitHeader, 10000, 1000),
 				map[string]*structpb.Value{
 					"tenant": str("acme"), "tier": str("premium"), "model": str("gpt-4o"),
 					"reservation_id": str("req.1"), "reserved_tokens": num(1000), "reserved_at_ms": num(float64(t0.UnixMilli())),
@@ -112,7 +131,7 @@ func TestCheck(t *testing.T) {
 			want: okResp(
 				[]*corev3.HeaderValueOption{hv(HeaderTenant, "small"), hv(HeaderModel, "gpt-4o")},
 				[]string{HeaderTier},
-				[]*corev3.HeaderValueOption{hv("x-ratelimit-limit", `1000, 1000;w=60;name="tenant_requests", 2000;w=3600;name="tenant_model_tokens"`), hv("x-ratelimit-remaining", "999"), hv("x-ratelimit-reset", resetHeader)},
+				rateHeaders(`1000, 1000;w=60;name="tenant_requests", 2000;w=3600;name="tenant_model_tokens"`, 2000, 100),
 				map[string]*structpb.Value{
 					"tenant": str("small"), "model": str("gpt-4o"),
 					"reservation_id": str("req.1"), "reserved_tokens": num(100), "reserved_at_ms": num(float64(t0.UnixMilli())),
@@ -125,7 +144,7 @@ func TestCheck(t *testing.T) {
 			want: okResp(
 				[]*corev3.HeaderValueOption{hv(HeaderTenant, "small")},
 				[]string{HeaderTier, HeaderModel},
-				[]*corev3.HeaderValueOption{hv("x-ratelimit-limit", `1000, 1000;w=60;name="tenant_requests"`), hv("x-ratelimit-remaining", "999"), hv("x-ratelimit-reset", resetHeader)},
+				rateHeaders(`1000, 1000;w=60;name="tenant_requests"`, 0, 0),
 				// Nothing reserved, but a ticket all the same: the
 				// outcome of an admitted request feeds breakers and
 				// pressure only with one.
@@ -140,7 +159,7 @@ func TestCheck(t *testing.T) {
 			want: okResp(
 				[]*corev3.HeaderValueOption{hv(HeaderTenant, "freeco"), hv(HeaderTier, "free"), hv(HeaderModel, "llama")},
 				nil,
-				[]*corev3.HeaderValueOption{hv("x-ratelimit-limit", limitHeader), hv("x-ratelimit-remaining", "999"), hv("x-ratelimit-reset", resetHeader)},
+				rateHeaders(limitHeader, 10000, 10),
 				map[string]*structpb.Value{
 					"tenant": str("freeco"), "tier": str("free"), "model": str("llama"),
 					"reservation_id": str("req.1"), "reserved_tokens": num(10), "reserved_at_ms": num(float64(t0.UnixMilli())),
@@ -154,7 +173,7 @@ func TestCheck(t *testing.T) {
 				[]*corev3.HeaderValueOption{hv(HeaderTenant, "acme"), hv(HeaderTier, "premium"), hv(HeaderModel, "gpt-4o")},
 				nil,
 				// 2000 bytes at 4 a token, and no max_tokens in the prefix: 500 + 100.
-				[]*corev3.HeaderValueOption{hv("x-ratelimit-limit", limitHeader), hv("x-ratelimit-remaining", "999"), hv("x-ratelimit-reset", resetHeader), hv(HeaderEstimate, "partial-body")},
+				append(rateHeaders(limitHeader, 10000, 600), hv(HeaderEstimate, "partial-body")),
 				map[string]*structpb.Value{
 					"tenant": str("acme"), "tier": str("premium"), "model": str("gpt-4o"),
 					"reservation_id": str("req.1"), "reserved_tokens": num(600), "reserved_at_ms": num(float64(t0.UnixMilli())),
@@ -165,19 +184,19 @@ func TestCheck(t *testing.T) {
 			name: "no key is 401",
 			give: checkRequest(chatBody("gpt-4o", 4, 1), "authorization", "Basic dXNlcjpwYXNz"),
 			want: deniedResp(codes.Unauthenticated, 401,
-				`{"error":{"message":"No API key was provided. Send it as Authorization: Bearer \u003ckey\u003e.","type":"invalid_request_error","code":"missing_api_key"}}`),
+				`{"error":{"message":"No API key was provided. Send it as Authorization: Bearer \u003ckey\u003e.","type":"invalid_request_error","code":"missing_api_key","tollgate_reason":"unauthenticated"}}`),
 		},
 		{
 			name: "an unknown key is 401",
 			give: checkRequest(chatBody("gpt-4o", 4, 1), "authorization", bearer("sk-nobody-0123456789")),
 			want: deniedResp(codes.Unauthenticated, 401,
-				`{"error":{"message":"The API key provided is not valid.","type":"invalid_request_error","code":"invalid_api_key"}}`),
+				`{"error":{"message":"The API key provided is not valid.","type":"invalid_request_error","code":"invalid_api_key","tollgate_reason":"unauthenticated"}}`),
 		},
 		{
 			name: "a disabled key is 401",
 			give: checkRequest(chatBody("gpt-4o", 4, 1), "x-api-key", keyOff),
 			want: deniedResp(codes.Unauthenticated, 401,
-				`{"error":{"message":"The API key provided is not valid.","type":"invalid_request_error","code":"invalid_api_key"}}`),
+				`{"error":{"message":"The API key provided is not valid.","type":"invalid_request_error","code":"invalid_api_key","tollgate_reason":"unauthenticated"}}`),
 		},
 		{
 			name: "a body that is not JSON is 400",
@@ -232,7 +251,7 @@ func TestCheck(t *testing.T) {
 			want: okResp(
 				[]*corev3.HeaderValueOption{hv(HeaderTenant, "acme"), hv(HeaderTier, "gold"), hv(HeaderModel, "gpt-4o")},
 				nil,
-				[]*corev3.HeaderValueOption{hv("x-ratelimit-limit", limitHeader), hv("x-ratelimit-remaining", "999"), hv("x-ratelimit-reset", resetHeader)},
+				rateHeaders(limitHeader, 10000, 20),
 				map[string]*structpb.Value{
 					"tenant": str("acme"), "tier": str("gold"), "model": str("gpt-4o"),
 					"reservation_id": str("req.1"), "reserved_tokens": num(20), "reserved_at_ms": num(float64(t0.UnixMilli())),
@@ -244,14 +263,14 @@ func TestCheck(t *testing.T) {
 			settings: trustedSettings,
 			give:     checkRequest(chatBody("gpt-4o", 40, 10), "x-tenant-id", "acme", "x-api-key", "sk-wrong-0123456789"),
 			want: deniedResp(codes.Unauthenticated, 401,
-				`{"error":{"message":"The API key provided is not valid.","type":"invalid_request_error","code":"invalid_api_key"}}`),
+				`{"error":{"message":"The API key provided is not valid.","type":"invalid_request_error","code":"invalid_api_key","tollgate_reason":"unauthenticated"}}`),
 		},
 		{
 			name:     "trusted headers mode without the tenant header is 401",
 			settings: trustedSettings,
 			give:     checkRequest(chatBody("gpt-4o", 40, 10), "x-tier", "gold"),
 			want: deniedResp(codes.Unauthenticated, 401,
-				`{"error":{"message":"No API key was provided. Send it as Authorization: Bearer \u003ckey\u003e.","type":"invalid_request_error","code":"missing_api_key"}}`),
+				`{"error":{"message":"No API key was provided. Send it as Authorization: Bearer \u003ckey\u003e.","type":"invalid_request_error","code":"missing_api_key","tollgate_reason":"unauthenticated"}}`),
 		},
 	}
 	runCheckCases(t, tests)
@@ -286,12 +305,21 @@ func TestCheckTokenBudget(t *testing.T) {
 			// The tokens were all reserved at t0, in the bucket that leaves
 			// the hour's count 21 buckets of 180 s later.
 			want := deniedResp(codes.ResourceExhausted, 429,
-				`{"error":{"message":"Token budget exceeded (tenant_model_tokens). Retry after 3779 seconds.","type":"rate_limit_error","code":"token_budget_exceeded"}}`,
-				// The figures are the token budget's: it has the least left.
+				// OpenAI's rate limit error for tokens, as it answers a TPM
+				// limit: type tokens, code rate_limit_exceeded.
+				`{"error":{"message":"Token budget exceeded (tenant_model_tokens). Retry after 3779 seconds.","type":"tokens","code":"rate_limit_exceeded","tollgate_reason":"limit"}}`,
+				// The figures are the token budget's: it denied.
 				hv("x-ratelimit-limit", `10000, 1000;w=60;name="tenant_requests", 10000;w=3600;name="tenant_model_tokens"`),
 				hv("x-ratelimit-remaining", "0"),
 				hv("x-ratelimit-reset", "3779"),
 				hv("retry-after", "3779"),
+				// Each kind's own: the requests with room, the budget without.
+				hv("x-ratelimit-limit-requests", "1000"),
+				hv("x-ratelimit-remaining-requests", "990"),
+				hv("x-ratelimit-reset-requests", "1m2s"),
+				hv("x-ratelimit-limit-tokens", "10000"),
+				hv("x-ratelimit-remaining-tokens", "0"),
+				hv("x-ratelimit-reset-tokens", "1h2m59s"),
 			)
 			if diff := cmp.Diff(want, h.check(t, req), protocmp.Transform()); diff != "" {
 				t.Errorf("11th Check (-want +got):\n%s", diff)

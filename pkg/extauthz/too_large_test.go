@@ -65,11 +65,11 @@ func TestCheckTooLarge(t *testing.T) {
 					t.Errorf("header %s = %q, want %q", k, got[k], want)
 				}
 			}
-			var body errorBody
+			var body struct{ Error headers.Error }
 			if err := json.Unmarshal([]byte(d.GetBody()), &body); err != nil {
 				t.Fatalf("body %q: %v", d.GetBody(), err)
 			}
-			if want := (errorDetail{Message: tt.wantMsg, Type: "invalid_request_error", Code: "request_too_large"}); body.Error != want {
+			if want := (headers.Error{Message: tt.wantMsg, Type: "invalid_request_error", Code: "request_too_large", Reason: "too_large"}); body.Error != want {
 				t.Errorf("body = %+v, want %+v", body.Error, want)
 			}
 			if n := testutil.Gather(t, h.reg)[`tollgate_authz_checks_total{domain="ai",result="too_large",tier="`+tt.tier+`"}`]; n != 1 {

@@ -1,8 +1,10 @@
 // Package headers formats the rate limit response headers every adapter
-// sends: Envoy's draft-03 x-ratelimit-* trio and Retry-After. It is shared
-// by pkg/rls (ShouldRateLimit) and pkg/extauthz (Check), so a client sees
-// the same headers whichever API admitted or denied it. It imports no
-// protos: each adapter converts its own statuses to Quotas.
+// sends (Envoy's draft-03 x-ratelimit-* trio, OpenAI's per-kind
+// x-ratelimit-*-requests and -tokens, Retry-After) and the OpenAI-style
+// error bodies of its refusals. It is shared by pkg/rls (ShouldRateLimit)
+// and pkg/extauthz (Check), so a client sees the same headers and bodies
+// whichever API admitted or denied it. It imports no protos: each adapter
+// converts its own statuses to Quotas.
 package headers
 
 import (
@@ -17,6 +19,16 @@ const (
 	Remaining  = "x-ratelimit-remaining"
 	Reset      = "x-ratelimit-reset"
 	RetryAfter = "retry-after"
+	// The same figures per kind of limit, as OpenAI names them: the
+	// request limits' and the token budgets' separately, each kind's from
+	// its own quota with the least room. A reset is a duration as OpenAI
+	// writes it ("1s", "6m0s", "12ms"), not a number of seconds.
+	LimitRequests     = "x-ratelimit-limit-requests"
+	RemainingRequests = "x-ratelimit-remaining-requests"
+	ResetRequests     = "x-ratelimit-reset-requests"
+	LimitTokens       = "x-ratelimit-limit-tokens"     //nolint:gosec // G101: a header's name, not a credential
+	RemainingTokens   = "x-ratelimit-remaining-tokens" //nolint:gosec // G101: a header's name, not a credential
+	ResetTokens       = "x-ratelimit-reset-tokens"     //nolint:gosec // G101: a header's name, not a credential
 	// Reason says, on a refusal before any limit, which step refused:
 	// "shed" (tier shedding by pressure) or "breaker" (an open circuit
 	// breaker); on a refusal by a limit the request can never fit,
@@ -53,7 +65,14 @@ type Quota struct {
 	// TooLarge: the request can never fit this quota (its cost is more
 	// than the limit's capacity), so no wait is reported.
 	TooLarge bool
+	// Tokens: the limit is a token budget (limit.Tokens); its figures go
+	// in the -tokens headers, a request limit's in the -requests ones.
+	Tokens bool
 }
+
+// MaxAppended is the most headers Append appends: the draft-03 trio,
+// Retry-After and both kinds' three.
+const MaxAppended = 10
 
 // Header is one response header.
 type Header struct {
@@ -71,85 +90,178 @@ type Header struct {
 // window reset rather than one second short of it. Retry-After, on a
 // denial, is the longest wait among the denying quotas, as Envoy's
 // enable_retry_after_header computes it, at least one second. It appends
-// nothing when no quota has a limit and none is over. A caller that
-// passes a small array's slice as dst allocates nothing here.
+// nothing when no quota has a limit and none is over.
+//
+// Then, for each kind of limit among the quotas, OpenAI's three headers
+// (x-ratelimit-limit-tokens ...), their figures picked the same way among
+// that kind's quotas, the limit a plain number and the reset a duration
+// rounded up to the millisecond. A client that reads OpenAI's headers
+// thus sees the token budget even when a request limit has less room.
+// A caller that passes a small array's slice as dst allocates nothing
+// here but the one string the values share.
 //
 // A denial by a quota marked TooLarge invites no retry: the figures are
-// that quota's, without x-ratelimit-reset and Retry-After, and
-// x-tollgate-reason: too_large and x-should-retry: false say why.
+// that quota's (for its kind; the other kind's as usual), without any
+// reset and Retry-After, and x-tollgate-reason: too_large and
+// x-should-retry: false say why.
 func Append(dst []Header, quotas []Quota) []Header {
-	var minQ *Quota
 	var retry time.Duration
 	over := false
+	var tooLarge *Quota
 	for i := range quotas {
 		q := &quotas[i]
 		if q.TooLarge && q.Over && q.HasLimit {
-			return appendTooLarge(dst, quotas, q)
+			tooLarge = q
+			break
 		}
 		if q.Over {
 			over = true
 			retry = max(retry, q.Reset)
 		}
-		if !q.HasLimit {
-			continue
-		}
-		// A denial reports the limit that denied (the one with the longest
-		// wait, which Retry-After also gives), not a looser one that
-		// happens to have less room: with weighted costs a denying token
-		// budget can still show room, just not enough.
-		switch {
-		case minQ == nil:
-			minQ = q
-		case q.Over != minQ.Over:
-			if q.Over {
-				minQ = q
-			}
-		case q.Over:
-			if q.Reset > minQ.Reset {
-				minQ = q
-			}
-		case q.Remaining < minQ.Remaining:
-			minQ = q
-		}
 	}
-	if minQ == nil && !over {
+	all := tooLarge
+	if all == nil {
+		all = worst(quotas, anyKind)
+	}
+	if all == nil && !over {
 		return dst
 	}
 	// Every value is written into one buffer and converted to one string,
 	// which the values then slice: one allocation for all of them.
 	var buf [256]byte
 	b := buf[:0]
-	var ends [4]int
+	var vals [MaxAppended]Header // keys, with the values' ends in b for now
+	var ends [MaxAppended]int
 	n := 0
-	if minQ != nil {
-		b = appendPolicies(b, quotas, minQ.Amount)
-		ends[0] = len(b)
-		b = strconv.AppendUint(b, minQ.Remaining, 10)
-		ends[1] = len(b)
-		b = strconv.AppendInt(b, CeilSeconds(minQ.Reset), 10)
-		ends[2] = len(b)
-		n = 3
+	add := func(key string) {
+		vals[n].Key, ends[n] = key, len(b)
+		n++
 	}
-	if over {
-		b = strconv.AppendInt(b, max(1, CeilSeconds(retry)), 10)
-		ends[n] = len(b)
-	}
-	vals := string(b)
-	if minQ != nil {
-		dst = append(dst,
-			Header{Limit, vals[:ends[0]]},
-			Header{Remaining, vals[ends[0]:ends[1]]},
-			Header{Reset, vals[ends[1]:ends[2]]},
-		)
-	}
-	if over {
-		from := 0
-		if n > 0 {
-			from = ends[n-1] //nolint:gosec // G602: n > 0 here
+	if all != nil {
+		b = appendPolicies(b, quotas, all.Amount)
+		add(Limit)
+		b = strconv.AppendUint(b, all.Remaining, 10)
+		add(Remaining)
+		if tooLarge == nil {
+			b = strconv.AppendInt(b, CeilSeconds(all.Reset), 10)
+			add(Reset)
 		}
-		dst = append(dst, Header{RetryAfter, vals[from:ends[n]]})
+	}
+	if over && tooLarge == nil {
+		b = strconv.AppendInt(b, max(1, CeilSeconds(retry)), 10)
+		add(RetryAfter)
+	}
+	for _, k := range [...]kind{requestsKind, tokensKind} {
+		q := worst(quotas, k)
+		if tooLarge != nil && tooLarge.Tokens == (k == tokensKind) {
+			q = tooLarge
+		}
+		if q == nil {
+			continue
+		}
+		names := &kindNames[k]
+		b = strconv.AppendUint(b, q.Amount, 10)
+		add(names[0])
+		b = strconv.AppendUint(b, q.Remaining, 10)
+		add(names[1])
+		if tooLarge == nil {
+			b = appendDuration(b, q.Reset)
+			add(names[2])
+		}
+	}
+	s := string(b)
+	from := 0
+	for i := range n {
+		dst = append(dst, Header{vals[i].Key, s[from:ends[i]]})
+		from = ends[i]
+	}
+	if tooLarge != nil {
+		dst = append(dst, Header{Reason, ReasonTooLarge}, Header{ShouldRetry, "false"})
 	}
 	return dst
+}
+
+// kind selects the quotas worst looks at.
+type kind uint8
+
+const (
+	anyKind kind = iota
+	requestsKind
+	tokensKind
+)
+
+// kindNames are each kind's limit, remaining and reset headers.
+var kindNames = [...][3]string{
+	requestsKind: {LimitRequests, RemainingRequests, ResetRequests},
+	tokensKind:   {LimitTokens, RemainingTokens, ResetTokens},
+}
+
+// worst is the quota with a limit of kind k that the headers report: on
+// a denial the denying one with the longest wait, else the one with the
+// least room, the first on a tie; nil when there is none. A denial
+// reports the limit that denied, not a looser one that happens to have
+// less room: with weighted costs a denying token budget can still show
+// room, just not enough.
+func worst(quotas []Quota, k kind) *Quota {
+	var w *Quota
+	for i := range quotas {
+		q := &quotas[i]
+		if !q.HasLimit || (k != anyKind && q.Tokens != (k == tokensKind)) {
+			continue
+		}
+		switch {
+		case w == nil:
+			w = q
+		case q.Over != w.Over:
+			if q.Over {
+				w = q
+			}
+		case q.Over:
+			if q.Reset > w.Reset {
+				w = q
+			}
+		case q.Remaining < w.Remaining:
+			w = q
+		}
+	}
+	return w
+}
+
+// appendDuration appends d, rounded up to the millisecond, as OpenAI
+// writes its resets, which is time.Duration's String: "0s", "12ms",
+// "1.5s", "6m0s", "1h2m3s".
+func appendDuration(b []byte, d time.Duration) []byte {
+	if d <= 0 {
+		return append(b, "0s"...)
+	}
+	ms := d / time.Millisecond
+	if d%time.Millisecond != 0 {
+		ms++ // not (d + 999999) / 1e6, which would wrap past MaxInt64 - 999999
+	}
+	if ms < 1000 {
+		b = strconv.AppendInt(b, int64(ms), 10)
+		return append(b, "ms"...)
+	}
+	h, m, s, frac := ms/3600000, ms/60000%60, ms/1000%60, ms%1000
+	if h > 0 {
+		b = strconv.AppendInt(b, int64(h), 10)
+		b = append(b, 'h')
+	}
+	if h > 0 || m > 0 {
+		b = strconv.AppendInt(b, int64(m), 10)
+		b = append(b, 'm')
+	}
+	b = strconv.AppendInt(b, int64(s), 10)
+	if frac > 0 {
+		b = append(b, '.', byte('0'+frac/100))
+		if frac%100 > 0 {
+			b = append(b, byte('0'+frac/10%10))
+			if frac%10 > 0 {
+				b = append(b, byte('0'+frac%10))
+			}
+		}
+	}
+	return append(b, 's')
 }
 
 // CodeTooLarge is the OpenAI-style error code of a request that can never
@@ -180,22 +292,6 @@ func TooLargeMessage(name string, tokens bool, capacity, cost uint64) string {
 	b = strconv.AppendUint(b, cost, 10)
 	b = append(b, ". The request must be made smaller; retrying it cannot succeed."...)
 	return string(b)
-}
-
-// appendTooLarge is Append for a denial by q, a quota the request can
-// never fit.
-func appendTooLarge(dst []Header, quotas []Quota, q *Quota) []Header {
-	var buf [256]byte
-	b := appendPolicies(buf[:0], quotas, q.Amount)
-	end := len(b)
-	b = strconv.AppendUint(b, q.Remaining, 10)
-	vals := string(b)
-	return append(dst,
-		Header{Limit, vals[:end]},
-		Header{Remaining, vals[end:]},
-		Header{Reason, ReasonTooLarge},
-		Header{ShouldRetry, "false"},
-	)
 }
 
 // appendPolicies appends x-ratelimit-limit's value: amount, then a quota

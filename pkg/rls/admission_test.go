@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	commonrl "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/google/go-cmp/cmp"
@@ -31,11 +30,10 @@ func TestToResponseAdmission(t *testing.T) {
 			give: &admission.Decision{Code: limit.CodeOverLimit, Reason: admission.ReasonShed, RetryAfter: 1500 * time.Millisecond,
 				Statuses: []limit.Status{{Code: limit.CodeOverLimit}, {Code: limit.CodeOverLimit}}},
 			want: &rlsv3.RateLimitResponse{
-				OverallCode: rlsv3.RateLimitResponse_OVER_LIMIT,
-				Statuses:    []*rlsv3.RateLimitResponse_DescriptorStatus{over, over},
-				ResponseHeadersToAdd: []*corev3.HeaderValue{
-					{Key: "retry-after", Value: "2"}, {Key: "x-tollgate-reason", Value: "shed"},
-				},
+				OverallCode:          rlsv3.RateLimitResponse_OVER_LIMIT,
+				Statuses:             []*rlsv3.RateLimitResponse_DescriptorStatus{over, over},
+				ResponseHeadersToAdd: hdrs("content-type", "application/json", HeaderRetryAfter, "2", HeaderReason, "shed"),
+				RawBody:              []byte(`{"error":{"message":"The service is overloaded; requests of your plan are paused. Retry after 2 seconds.","type":"server_error","code":"overloaded","tollgate_reason":"shed"}}`),
 			},
 		},
 		{
@@ -43,11 +41,10 @@ func TestToResponseAdmission(t *testing.T) {
 			give: &admission.Decision{Code: limit.CodeOverLimit, Reason: admission.ReasonBreaker, RetryAfter: 20 * time.Second,
 				Statuses: []limit.Status{{Code: limit.CodeOverLimit}}},
 			want: &rlsv3.RateLimitResponse{
-				OverallCode: rlsv3.RateLimitResponse_OVER_LIMIT,
-				Statuses:    []*rlsv3.RateLimitResponse_DescriptorStatus{over},
-				ResponseHeadersToAdd: []*corev3.HeaderValue{
-					{Key: "retry-after", Value: "20"}, {Key: "x-tollgate-reason", Value: "breaker"},
-				},
+				OverallCode:          rlsv3.RateLimitResponse_OVER_LIMIT,
+				Statuses:             []*rlsv3.RateLimitResponse_DescriptorStatus{over},
+				ResponseHeadersToAdd: hdrs("content-type", "application/json", HeaderRetryAfter, "20", HeaderReason, "breaker"),
+				RawBody:              []byte(`{"error":{"message":"The model is failing and temporarily unavailable. Retry after 20 seconds.","type":"server_error","code":"upstream_unavailable","tollgate_reason":"breaker"}}`),
 			},
 		},
 	}

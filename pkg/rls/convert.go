@@ -1,7 +1,6 @@
 package rls
 
 import (
-	"encoding/json"
 	"math"
 	"strconv"
 	"sync"
@@ -129,12 +128,13 @@ func toResponse(dec *admission.Decision) *rlsv3.RateLimitResponse {
 		resp.Statuses[i] = toStatus(&dec.Statuses[i], &msgs[i])
 	}
 	resp.ResponseHeadersToAdd = responseHeaders(resp.Statuses, dec.Statuses)
-	if st := dec.TooLarge(); st != nil {
+	if dec.Code == limit.CodeOverLimit {
 		// OVER_LIMIT is all RLS can say, and Envoy answers it with its
-		// configured status (429 by default); the body says that no
-		// retry helps, as Check's 413 does. Envoy lets the service's
-		// content-type replace its local reply's text/plain.
-		resp.RawBody = tooLargeBody(st)
+		// configured status (429 by default); the body says why, as
+		// Check's does, and for a request too large that no retry
+		// helps. Envoy lets the service's content-type replace its
+		// local reply's text/plain.
+		resp.RawBody = errorBody(dec)
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: "content-type", Value: "application/json"})
 	}
 	if a := dec.Reason.Answer(); a.BeforeLimits {
@@ -220,22 +220,28 @@ func toStatus(st *limit.Status, m *statusMsgs) *rlsv3.RateLimitResponse_Descript
 	return out
 }
 
-// tooLargeBody is the OpenAI-style error body of a request that can
-// never fit st's limit, the same as Check's but for the status.
-func tooLargeBody(st *limit.Status) []byte {
-	name, tokens := "", false
-	if st.Limit != nil {
-		name, tokens = st.Limit.Name, st.Limit.Kind == limit.Tokens
+// errorBody is the OpenAI-style error body of a refusal, the same as
+// Check's: OpenAI's rate limit error for a limit (see
+// headers.LimitError), the reason's row for a refusal before the limits,
+// and for a request too large its limit and cost.
+func errorBody(dec *admission.Decision) []byte {
+	a := dec.Reason.Answer()
+	var e headers.Error
+	switch st := dec.TooLarge(); {
+	case st != nil:
+		e = headers.TooLargeError(st)
+	case a.BeforeLimits:
+		e = headers.Error{Type: a.Type, Code: a.Code, Message: a.Message + "."}
+		if a.RetryAfter {
+			e.Message = headers.RetryMessage(a.Message, dec.RetryAfter)
+		}
+	default:
+		e = headers.LimitError(dec.Statuses)
 	}
-	type detail struct {
-		Message string `json:"message"`
-		Type    string `json:"type"`
-		Code    string `json:"code"`
+	if dec.Reason != admission.ReasonNone {
+		e.Reason = a.Name
 	}
-	b, _ := json.Marshal(struct {
-		Error detail `json:"error"`
-	}{detail{headers.TooLargeMessage(name, tokens, st.Capacity, st.Cost), "invalid_request_error", headers.CodeTooLarge}})
-	return b
+	return e.Body()
 }
 
 func capUint32(v uint64) uint32 {
@@ -267,9 +273,10 @@ func responseHeaders(statuses []*rlsv3.RateLimitResponse_DescriptorStatus, decid
 			Reset:         st.GetDurationUntilReset().AsDuration(),
 			Over:          st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT,
 			TooLarge:      i < len(decided) && decided[i].TooLarge,
+			Tokens:        i < len(decided) && decided[i].Limit != nil && decided[i].Limit.Kind == limit.Tokens,
 		})
 	}
-	var hbuf [4]headers.Header
+	var hbuf [headers.MaxAppended]headers.Header
 	hs := headers.Append(hbuf[:0], quotas)
 	if len(hs) == 0 {
 		return nil

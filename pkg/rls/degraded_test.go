@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/tollgate-dev/tollgate/pkg/admission"
+	"github.com/tollgate-dev/tollgate/pkg/headers"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
@@ -39,9 +40,12 @@ func TestDegradedAnswers(t *testing.T) {
 			name: "deny",
 			give: limit.FailureDeny,
 			want: &rlsv3.RateLimitResponse{
-				OverallCode:          over,
-				Statuses:             []*rlsv3.RateLimitResponse_DescriptorStatus{st(over, rl("per-tenant", 5, rlsv3.RateLimitResponse_RateLimit_MINUTE), 0, time.Second)},
-				ResponseHeadersToAdd: hdrs(HeaderLimit, `5, 5;w=60;name="per-tenant"`, HeaderRemaining, "0", HeaderReset, "1", HeaderRetryAfter, "1", HeaderDegraded, "store"),
+				OverallCode: over,
+				Statuses:    []*rlsv3.RateLimitResponse_DescriptorStatus{st(over, rl("per-tenant", 5, rlsv3.RateLimitResponse_RateLimit_MINUTE), 0, time.Second)},
+				ResponseHeadersToAdd: hdrs(HeaderLimit, `5, 5;w=60;name="per-tenant"`, HeaderRemaining, "0", HeaderReset, "1", HeaderRetryAfter, "1",
+					headers.LimitRequests, "5", headers.RemainingRequests, "0", headers.ResetRequests, "1s",
+					"content-type", "application/json", HeaderDegraded, "store"),
+				RawBody: []byte(`{"error":{"message":"Rate limit exceeded (per-tenant). Retry after 1 second.","type":"requests","code":"rate_limit_exceeded","tollgate_reason":"limit"}}`),
 			},
 		},
 	}

@@ -16,7 +16,9 @@ func TestOverloadResponse(t *testing.T) {
 	degraded := &corev3.HeaderValue{Key: "x-tollgate-degraded", Value: "overload"}
 	admit := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, ResponseHeadersToAdd: []*corev3.HeaderValue{degraded}}
 	refuse := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OVER_LIMIT,
-		ResponseHeadersToAdd: []*corev3.HeaderValue{degraded, {Key: "retry-after", Value: "1"}}}
+		ResponseHeadersToAdd: []*corev3.HeaderValue{degraded, {Key: "retry-after", Value: "1"}, {Key: "content-type", Value: "application/json"}},
+		// Check's body past --max-in-flight.
+		RawBody: []byte(`{"error":{"message":"The rate limiter is overloaded. Retry after 1 second.","type":"server_error","code":"overloaded","tollgate_reason":"overload"}}`)}
 	tests := []struct {
 		name string
 		give limit.StoreFailure

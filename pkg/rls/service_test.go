@@ -119,8 +119,12 @@ func TestShouldRateLimit(t *testing.T) {
 	t.Parallel()
 	perTenant := rl("per-tenant", 5, rlsv3.RateLimitResponse_RateLimit_MINUTE)
 	perModel := rl("", 2, rlsv3.RateLimitResponse_RateLimit_SECOND)
-	tenantHeaders := func(remaining, reset string) []*corev3.HeaderValue {
-		return hdrs(HeaderLimit, `5, 5;w=60;name="per-tenant"`, HeaderRemaining, remaining, HeaderReset, reset)
+	// tenantHeaders are per-tenant's headers: the draft-03 trio, reset
+	// in whole seconds, and the same as -requests, resetRequests a
+	// duration to the millisecond.
+	tenantHeaders := func(remaining, reset, resetRequests string) []*corev3.HeaderValue {
+		return hdrs(HeaderLimit, `5, 5;w=60;name="per-tenant"`, HeaderRemaining, remaining, HeaderReset, reset,
+			headers.LimitRequests, "5", headers.RemainingRequests, remaining, headers.ResetRequests, resetRequests)
 	}
 	tests := []struct {
 		name  string
@@ -134,7 +138,7 @@ func TestShouldRateLimit(t *testing.T) {
 			want: &rlsv3.RateLimitResponse{
 				OverallCode:          ok,
 				Statuses:             []*rlsv3.RateLimitResponse_DescriptorStatus{st(ok, perTenant, 4, 39750*time.Millisecond)},
-				ResponseHeadersToAdd: tenantHeaders("4", "40"),
+				ResponseHeadersToAdd: tenantHeaders("4", "40", "39.75s"),
 			},
 		},
 		{
@@ -144,17 +148,20 @@ func TestShouldRateLimit(t *testing.T) {
 			want: &rlsv3.RateLimitResponse{
 				OverallCode: over,
 				Statuses:    []*rlsv3.RateLimitResponse_DescriptorStatus{st(over, perTenant, 0, 15*time.Second)},
-				ResponseHeadersToAdd: append(tenantHeaders("0", "15"),
-					&corev3.HeaderValue{Key: HeaderRetryAfter, Value: "15"}),
+				ResponseHeadersToAdd: hdrs(HeaderLimit, `5, 5;w=60;name="per-tenant"`, HeaderRemaining, "0", HeaderReset, "15", HeaderRetryAfter, "15",
+					headers.LimitRequests, "5", headers.RemainingRequests, "0", headers.ResetRequests, "15s",
+					"content-type", "application/json"),
+				RawBody: []byte(`{"error":{"message":"Rate limit exceeded (per-tenant). Retry after 15 seconds.","type":"requests","code":"rate_limit_exceeded","tollgate_reason":"limit"}}`),
 			},
 		},
 		{
 			name: "nested rule and a descriptor no rule matches",
 			give: request("ai", 0, desc("tenant", "acme", "model", "gpt-4o"), desc("other", "x")),
 			want: &rlsv3.RateLimitResponse{
-				OverallCode:          ok,
-				Statuses:             []*rlsv3.RateLimitResponse_DescriptorStatus{st(ok, perModel, 1, 750*time.Millisecond), okNoLimit()},
-				ResponseHeadersToAdd: hdrs(HeaderLimit, "2, 2;w=1", HeaderRemaining, "1", HeaderReset, "1"),
+				OverallCode: ok,
+				Statuses:    []*rlsv3.RateLimitResponse_DescriptorStatus{st(ok, perModel, 1, 750*time.Millisecond), okNoLimit()},
+				ResponseHeadersToAdd: hdrs(HeaderLimit, "2, 2;w=1", HeaderRemaining, "1", HeaderReset, "1",
+					headers.LimitRequests, "2", headers.RemainingRequests, "1", headers.ResetRequests, "750ms"),
 			},
 		},
 		{
@@ -166,7 +173,8 @@ func TestShouldRateLimit(t *testing.T) {
 					st(ok, perTenant, 4, 39750*time.Millisecond),
 					st(ok, perModel, 1, 750*time.Millisecond),
 				},
-				ResponseHeadersToAdd: hdrs(HeaderLimit, `2, 5;w=60;name="per-tenant", 2;w=1`, HeaderRemaining, "1", HeaderReset, "1"),
+				ResponseHeadersToAdd: hdrs(HeaderLimit, `2, 5;w=60;name="per-tenant", 2;w=1`, HeaderRemaining, "1", HeaderReset, "1",
+					headers.LimitRequests, "2", headers.RemainingRequests, "1", headers.ResetRequests, "750ms"),
 			},
 		},
 		{
@@ -180,7 +188,10 @@ func TestShouldRateLimit(t *testing.T) {
 					st(ok, perTenant, 4, 39750*time.Millisecond),
 					st(over, perModel, 0, 250*time.Millisecond),
 				},
-				ResponseHeadersToAdd: hdrs(HeaderLimit, `2, 5;w=60;name="per-tenant", 2;w=1`, HeaderRemaining, "0", HeaderReset, "1", HeaderRetryAfter, "1"),
+				ResponseHeadersToAdd: hdrs(HeaderLimit, `2, 5;w=60;name="per-tenant", 2;w=1`, HeaderRemaining, "0", HeaderReset, "1", HeaderRetryAfter, "1",
+					headers.LimitRequests, "2", headers.RemainingRequests, "0", headers.ResetRequests, "250ms",
+					"content-type", "application/json"),
+				RawBody: []byte(`{"error":{"message":"Rate limit exceeded. Retry after 1 second.","type":"requests","code":"rate_limit_exceeded","tollgate_reason":"limit"}}`),
 			},
 		},
 		{
@@ -205,7 +216,7 @@ func TestShouldRateLimit(t *testing.T) {
 			want: &rlsv3.RateLimitResponse{
 				OverallCode:          ok,
 				Statuses:             []*rlsv3.RateLimitResponse_DescriptorStatus{st(ok, perTenant, 4, 39750*time.Millisecond), okNoLimit(), okNoLimit()},
-				ResponseHeadersToAdd: tenantHeaders("4", "40"),
+				ResponseHeadersToAdd: tenantHeaders("4", "40", "39.75s"),
 			},
 		},
 		{
@@ -214,7 +225,7 @@ func TestShouldRateLimit(t *testing.T) {
 			want: &rlsv3.RateLimitResponse{
 				OverallCode:          ok,
 				Statuses:             []*rlsv3.RateLimitResponse_DescriptorStatus{st(ok, perTenant, 2, 39750*time.Millisecond)},
-				ResponseHeadersToAdd: tenantHeaders("2", "40"),
+				ResponseHeadersToAdd: tenantHeaders("2", "40", "39.75s"),
 			},
 		},
 		{
@@ -223,7 +234,7 @@ func TestShouldRateLimit(t *testing.T) {
 			want: &rlsv3.RateLimitResponse{
 				OverallCode:          ok,
 				Statuses:             []*rlsv3.RateLimitResponse_DescriptorStatus{st(ok, perTenant, 4, 39750*time.Millisecond)},
-				ResponseHeadersToAdd: tenantHeaders("4", "40"),
+				ResponseHeadersToAdd: tenantHeaders("4", "40", "39.75s"),
 			},
 		},
 		{
@@ -233,7 +244,7 @@ func TestShouldRateLimit(t *testing.T) {
 			want: &rlsv3.RateLimitResponse{
 				OverallCode:          ok,
 				Statuses:             []*rlsv3.RateLimitResponse_DescriptorStatus{st(ok, perTenant, 3, 39750*time.Millisecond)},
-				ResponseHeadersToAdd: tenantHeaders("3", "40"),
+				ResponseHeadersToAdd: tenantHeaders("3", "40", "39.75s"),
 			},
 		},
 		{
@@ -249,9 +260,10 @@ func TestShouldRateLimit(t *testing.T) {
 					{Code: over, CurrentLimit: perTenant},
 				},
 				ResponseHeadersToAdd: hdrs(HeaderLimit, `5, 5;w=60;name="per-tenant"`, HeaderRemaining, "0",
-					HeaderReason, headers.ReasonTooLarge, headers.ShouldRetry, "false", "content-type", "application/json"),
-				RawBody: []byte(`{"error":{"message":"Request too large for the requests limit \"per-tenant\": Limit 5, Requested 6. ` +
-					`The request must be made smaller; retrying it cannot succeed.","type":"invalid_request_error","code":"request_too_large"}}`),
+					headers.LimitRequests, "5", headers.RemainingRequests, "0",
+					HeaderReason, headers.ReasonTooLarge, headers.ShouldRetry, "false",
+					"content-type", "application/json"),
+				RawBody: []byte(`{"error":{"message":"Request too large for the requests limit \"per-tenant\": Limit 5, Requested 6. The request must be made smaller; retrying it cannot succeed.","type":"invalid_request_error","code":"request_too_large","tollgate_reason":"too_large"}}`),
 			},
 		},
 		{
@@ -265,9 +277,10 @@ func TestShouldRateLimit(t *testing.T) {
 					{Code: over, CurrentLimit: perTenant},
 				},
 				ResponseHeadersToAdd: hdrs(HeaderLimit, `5, 2;w=1, 5;w=60;name="per-tenant"`, HeaderRemaining, "0",
-					HeaderReason, headers.ReasonTooLarge, headers.ShouldRetry, "false", "content-type", "application/json"),
-				RawBody: []byte(`{"error":{"message":"Request too large for the requests limit \"per-tenant\": Limit 5, Requested 6. ` +
-					`The request must be made smaller; retrying it cannot succeed.","type":"invalid_request_error","code":"request_too_large"}}`),
+					headers.LimitRequests, "5", headers.RemainingRequests, "0",
+					HeaderReason, headers.ReasonTooLarge, headers.ShouldRetry, "false",
+					"content-type", "application/json"),
+				RawBody: []byte(`{"error":{"message":"Request too large for the requests limit \"per-tenant\": Limit 5, Requested 6. The request must be made smaller; retrying it cannot succeed.","type":"invalid_request_error","code":"request_too_large","tollgate_reason":"too_large"}}`),
 			},
 		},
 		{
@@ -276,7 +289,7 @@ func TestShouldRateLimit(t *testing.T) {
 			want: &rlsv3.RateLimitResponse{
 				OverallCode:          ok,
 				Statuses:             []*rlsv3.RateLimitResponse_DescriptorStatus{st(ok, perTenant, 0, 39750*time.Millisecond)},
-				ResponseHeadersToAdd: tenantHeaders("0", "40"),
+				ResponseHeadersToAdd: tenantHeaders("0", "40", "39.75s"),
 			},
 		},
 		{
@@ -286,7 +299,7 @@ func TestShouldRateLimit(t *testing.T) {
 			want: &rlsv3.RateLimitResponse{
 				OverallCode:          ok,
 				Statuses:             []*rlsv3.RateLimitResponse_DescriptorStatus{st(ok, perTenant, 4, 39750*time.Millisecond)},
-				ResponseHeadersToAdd: tenantHeaders("4", "40"),
+				ResponseHeadersToAdd: tenantHeaders("4", "40", "39.75s"),
 			},
 		},
 		{
@@ -299,16 +312,18 @@ func TestShouldRateLimit(t *testing.T) {
 				Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{st(ok, &rlsv3.RateLimitResponse_RateLimit{
 					RequestsPerUnit: 3, Unit: rlsv3.RateLimitResponse_RateLimit_SECOND, UnitMultiplier: wrapperspb.UInt32(30),
 				}, 2, 9750*time.Millisecond)},
-				ResponseHeadersToAdd: hdrs(HeaderLimit, `3, 3;w=30`, HeaderRemaining, "2", HeaderReset, "10"),
+				ResponseHeadersToAdd: hdrs(HeaderLimit, "3, 3;w=30", HeaderRemaining, "2", HeaderReset, "10",
+					headers.LimitRequests, "3", headers.RemainingRequests, "2", headers.ResetRequests, "9.75s"),
 			},
 		},
 		{
 			name: "override without a rule or multiplier",
 			give: request("ai", 0, withLimit(desc("other", "x"), 10, typev3.RateLimitUnit_MINUTE, nil)),
 			want: &rlsv3.RateLimitResponse{
-				OverallCode:          ok,
-				Statuses:             []*rlsv3.RateLimitResponse_DescriptorStatus{st(ok, rl("", 10, rlsv3.RateLimitResponse_RateLimit_MINUTE), 9, 39750*time.Millisecond)},
-				ResponseHeadersToAdd: hdrs(HeaderLimit, "10, 10;w=60", HeaderRemaining, "9", HeaderReset, "40"),
+				OverallCode: ok,
+				Statuses:    []*rlsv3.RateLimitResponse_DescriptorStatus{st(ok, rl("", 10, rlsv3.RateLimitResponse_RateLimit_MINUTE), 9, 39750*time.Millisecond)},
+				ResponseHeadersToAdd: hdrs(HeaderLimit, "10, 10;w=60", HeaderRemaining, "9", HeaderReset, "40",
+					headers.LimitRequests, "10", headers.RemainingRequests, "9", headers.ResetRequests, "39.75s"),
 			},
 		},
 		{
@@ -316,9 +331,10 @@ func TestShouldRateLimit(t *testing.T) {
 			prior: []*rlsv3.RateLimitRequest{request("ai", 0, desc("shadow", "x"))},
 			give:  request("ai", 0, desc("shadow", "x")),
 			want: &rlsv3.RateLimitResponse{
-				OverallCode:          ok,
-				Statuses:             []*rlsv3.RateLimitResponse_DescriptorStatus{st(ok, rl("", 1, rlsv3.RateLimitResponse_RateLimit_MINUTE), 0, 39750*time.Millisecond)},
-				ResponseHeadersToAdd: hdrs(HeaderLimit, "1, 1;w=60", HeaderRemaining, "0", HeaderReset, "40"),
+				OverallCode: ok,
+				Statuses:    []*rlsv3.RateLimitResponse_DescriptorStatus{st(ok, rl("", 1, rlsv3.RateLimitResponse_RateLimit_MINUTE), 0, 39750*time.Millisecond)},
+				ResponseHeadersToAdd: hdrs(HeaderLimit, "1, 1;w=60", HeaderRemaining, "0", HeaderReset, "40",
+					headers.LimitRequests, "1", headers.RemainingRequests, "0", headers.ResetRequests, "39.75s"),
 			},
 		},
 		{
@@ -329,7 +345,8 @@ func TestShouldRateLimit(t *testing.T) {
 				Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{
 					st(ok, rl("", math.MaxUint32, rlsv3.RateLimitResponse_RateLimit_HOUR), math.MaxUint32, 2799750*time.Millisecond),
 				},
-				ResponseHeadersToAdd: hdrs(HeaderLimit, "4294967295, 4294967295;w=3600", HeaderRemaining, "4294967295", HeaderReset, "2800"),
+				ResponseHeadersToAdd: hdrs(HeaderLimit, "4294967295, 4294967295;w=3600", HeaderRemaining, "4294967295", HeaderReset, "2800",
+					headers.LimitRequests, "4294967295", headers.RemainingRequests, "4294967295", headers.ResetRequests, "46m39.75s"),
 			},
 		},
 	}
@@ -437,6 +454,8 @@ func TestShouldRateLimitCanceled(t *testing.T) {
 func TestToResponseEdges(t *testing.T) {
 	t.Parallel()
 	minute := &limit.Limit{Amount: 10, Unit: limit.Minute}
+	rpm := &limit.Limit{Name: "tenant_requests", Kind: limit.Requests, Amount: 100, Unit: limit.Minute}
+	tph := &limit.Limit{Name: "tenant_gpt4o_tokens", Kind: limit.Tokens, Amount: 3000, Unit: limit.Hour}
 	tests := []struct {
 		name string
 		give *admission.Decision
@@ -448,9 +467,12 @@ func TestToResponseEdges(t *testing.T) {
 				{Code: limit.CodeOverLimit, Limit: minute, ResetAfter: 1500 * time.Millisecond},
 			}},
 			want: &rlsv3.RateLimitResponse{
-				OverallCode:          over,
-				Statuses:             []*rlsv3.RateLimitResponse_DescriptorStatus{st(over, rl("", 10, rlsv3.RateLimitResponse_RateLimit_MINUTE), 0, 1500*time.Millisecond)},
-				ResponseHeadersToAdd: hdrs(HeaderLimit, "10, 10;w=60", HeaderRemaining, "0", HeaderReset, "2", HeaderRetryAfter, "2"),
+				OverallCode: over,
+				Statuses:    []*rlsv3.RateLimitResponse_DescriptorStatus{st(over, rl("", 10, rlsv3.RateLimitResponse_RateLimit_MINUTE), 0, 1500*time.Millisecond)},
+				ResponseHeadersToAdd: hdrs(HeaderLimit, "10, 10;w=60", HeaderRemaining, "0", HeaderReset, "2", HeaderRetryAfter, "2",
+					headers.LimitRequests, "10", headers.RemainingRequests, "0", headers.ResetRequests, "1.5s",
+					"content-type", "application/json"),
+				RawBody: []byte(`{"error":{"message":"Rate limit exceeded. Retry after 2 seconds.","type":"requests","code":"rate_limit_exceeded"}}`),
 			},
 		},
 		{
@@ -459,9 +481,12 @@ func TestToResponseEdges(t *testing.T) {
 				{Code: limit.CodeOverLimit, Limit: minute},
 			}},
 			want: &rlsv3.RateLimitResponse{
-				OverallCode:          over,
-				Statuses:             []*rlsv3.RateLimitResponse_DescriptorStatus{st(over, rl("", 10, rlsv3.RateLimitResponse_RateLimit_MINUTE), 0, 0)},
-				ResponseHeadersToAdd: hdrs(HeaderLimit, "10, 10;w=60", HeaderRemaining, "0", HeaderReset, "0", HeaderRetryAfter, "1"),
+				OverallCode: over,
+				Statuses:    []*rlsv3.RateLimitResponse_DescriptorStatus{st(over, rl("", 10, rlsv3.RateLimitResponse_RateLimit_MINUTE), 0, 0)},
+				ResponseHeadersToAdd: hdrs(HeaderLimit, "10, 10;w=60", HeaderRemaining, "0", HeaderReset, "0", HeaderRetryAfter, "1",
+					headers.LimitRequests, "10", headers.RemainingRequests, "0", headers.ResetRequests, "0s",
+					"content-type", "application/json"),
+				RawBody: []byte(`{"error":{"message":"Rate limit exceeded. Retry after 1 second.","type":"requests","code":"rate_limit_exceeded"}}`),
 			},
 		},
 		{
@@ -477,7 +502,10 @@ func TestToResponseEdges(t *testing.T) {
 					// A denial reports 0 left, whatever its counter holds.
 					st(over, rl("", 100, rlsv3.RateLimitResponse_RateLimit_HOUR), 0, 7200*time.Millisecond),
 				},
-				ResponseHeadersToAdd: hdrs(HeaderLimit, "100, 10;w=60, 100;w=3600", HeaderRemaining, "0", HeaderReset, "8", HeaderRetryAfter, "8"),
+				ResponseHeadersToAdd: hdrs(HeaderLimit, "100, 10;w=60, 100;w=3600", HeaderRemaining, "0", HeaderReset, "8", HeaderRetryAfter, "8",
+					headers.LimitRequests, "100", headers.RemainingRequests, "0", headers.ResetRequests, "7.2s",
+					"content-type", "application/json"),
+				RawBody: []byte(`{"error":{"message":"Rate limit exceeded. Retry after 8 seconds.","type":"requests","code":"rate_limit_exceeded"}}`),
 			},
 		},
 		{
@@ -490,7 +518,56 @@ func TestToResponseEdges(t *testing.T) {
 				Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{st(ok, &rlsv3.RateLimitResponse_RateLimit{
 					Name: "a\"b\\c\n", RequestsPerUnit: 7, Unit: rlsv3.RateLimitResponse_RateLimit_WEEK, UnitMultiplier: wrapperspb.UInt32(2),
 				}, 6, time.Hour)},
-				ResponseHeadersToAdd: hdrs(HeaderLimit, `7, 7;w=1209600;name="a\"b\\c"`, HeaderRemaining, "6", HeaderReset, "3600"),
+				ResponseHeadersToAdd: hdrs(HeaderLimit, `7, 7;w=1209600;name="a\"b\\c"`, HeaderRemaining, "6", HeaderReset, "3600",
+					headers.LimitRequests, "7", headers.RemainingRequests, "6", headers.ResetRequests, "1h0m0s"),
+			},
+		},
+		{
+			name: "admitted under a request limit and a token budget: each kind in its own headers",
+			give: &admission.Decision{Code: limit.CodeOK, Reason: admission.ReasonNone, Statuses: []limit.Status{
+				{Code: limit.CodeOK, Limit: rpm, Remaining: 99, ResetAfter: 59500 * time.Millisecond},
+				{Code: limit.CodeOK, Limit: tph, Remaining: 2016, ResetAfter: 3600 * time.Second},
+			}},
+			want: &rlsv3.RateLimitResponse{
+				OverallCode: ok,
+				Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{
+					st(ok, rl("tenant_requests", 100, rlsv3.RateLimitResponse_RateLimit_MINUTE), 99, 59500*time.Millisecond),
+					st(ok, rl("tenant_gpt4o_tokens", 3000, rlsv3.RateLimitResponse_RateLimit_HOUR), 2016, time.Hour),
+				},
+				ResponseHeadersToAdd: hdrs(HeaderLimit, `100, 100;w=60;name="tenant_requests", 3000;w=3600;name="tenant_gpt4o_tokens"`, HeaderRemaining, "99", HeaderReset, "60",
+					headers.LimitRequests, "100", headers.RemainingRequests, "99", headers.ResetRequests, "59.5s",
+					headers.LimitTokens, "3000", headers.RemainingTokens, "2016", headers.ResetTokens, "1h0m0s"),
+			},
+		},
+		{
+			name: "a token budget denies: OpenAI's tokens rate limit error, and the budget in the -tokens headers",
+			give: &admission.Decision{Code: limit.CodeOverLimit, Reason: admission.ReasonLimit, Statuses: []limit.Status{
+				{Code: limit.CodeOK, Limit: rpm, Remaining: 98, ResetAfter: 59500 * time.Millisecond},
+				{Code: limit.CodeOverLimit, Limit: tph, Remaining: 984, RetryAfter: 3742400 * time.Millisecond},
+			}},
+			want: &rlsv3.RateLimitResponse{
+				OverallCode: over,
+				Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{
+					st(ok, rl("tenant_requests", 100, rlsv3.RateLimitResponse_RateLimit_MINUTE), 98, 59500*time.Millisecond),
+					st(over, rl("tenant_gpt4o_tokens", 3000, rlsv3.RateLimitResponse_RateLimit_HOUR), 0, 3742400*time.Millisecond),
+				},
+				ResponseHeadersToAdd: hdrs(HeaderLimit, `3000, 100;w=60;name="tenant_requests", 3000;w=3600;name="tenant_gpt4o_tokens"`, HeaderRemaining, "0", HeaderReset, "3743", HeaderRetryAfter, "3743",
+					headers.LimitRequests, "100", headers.RemainingRequests, "98", headers.ResetRequests, "59.5s",
+					headers.LimitTokens, "3000", headers.RemainingTokens, "0", headers.ResetTokens, "1h2m22.4s",
+					"content-type", "application/json"),
+				RawBody: []byte(`{"error":{"message":"Token budget exceeded (tenant_gpt4o_tokens). Retry after 3743 seconds.","type":"tokens","code":"rate_limit_exceeded","tollgate_reason":"limit"}}`),
+			},
+		},
+		{
+			name: "a concurrency cap denies: OpenAI has none, so a requests rate limit error",
+			give: &admission.Decision{Code: limit.CodeOverLimit, Reason: admission.ReasonLimit, Statuses: []limit.Status{
+				{Code: limit.CodeOverLimit, Concurrency: true, RetryAfter: 30 * time.Second},
+			}},
+			want: &rlsv3.RateLimitResponse{
+				OverallCode:          over,
+				Statuses:             []*rlsv3.RateLimitResponse_DescriptorStatus{{Code: over}},
+				ResponseHeadersToAdd: hdrs("content-type", "application/json"),
+				RawBody:              []byte(`{"error":{"message":"Too many requests are in flight. Retry after 30 seconds.","type":"requests","code":"rate_limit_exceeded","tollgate_reason":"limit"}}`),
 			},
 		},
 	}

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,6 +13,7 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/tollgate-dev/tollgate/pkg/admission"
+	"github.com/tollgate-dev/tollgate/pkg/headers"
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
@@ -55,18 +55,20 @@ func TestShouldRateLimitTiers(t *testing.T) {
 			name: "premium reports its effective limit",
 			give: request("ai", 0, desc("tenant", "acme", "tier", "premium")),
 			want: &rlsv3.RateLimitResponse{
-				OverallCode:          ok,
-				Statuses:             []*rlsv3.RateLimitResponse_DescriptorStatus{st(ok, limitOf(15), 14, 39750*time.Millisecond)},
-				ResponseHeadersToAdd: hdrs(HeaderLimit, `15, 15;w=60;name="per-tenant"`, HeaderRemaining, "14", HeaderReset, "40"),
+				OverallCode: ok,
+				Statuses:    []*rlsv3.RateLimitResponse_DescriptorStatus{st(ok, limitOf(15), 14, 39750*time.Millisecond)},
+				ResponseHeadersToAdd: hdrs(HeaderLimit, `15, 15;w=60;name="per-tenant"`, HeaderRemaining, "14", HeaderReset, "40",
+					headers.LimitRequests, "15", headers.RemainingRequests, "14", headers.ResetRequests, "39.75s"),
 			},
 		},
 		{
 			name: "no tier gets the default plan",
 			give: request("ai", 0, desc("tenant", "acme")),
 			want: &rlsv3.RateLimitResponse{
-				OverallCode:          ok,
-				Statuses:             []*rlsv3.RateLimitResponse_DescriptorStatus{st(ok, limitOf(5), 4, 39750*time.Millisecond)},
-				ResponseHeadersToAdd: hdrs(HeaderLimit, `5, 5;w=60;name="per-tenant"`, HeaderRemaining, "4", HeaderReset, "40"),
+				OverallCode: ok,
+				Statuses:    []*rlsv3.RateLimitResponse_DescriptorStatus{st(ok, limitOf(5), 4, 39750*time.Millisecond)},
+				ResponseHeadersToAdd: hdrs(HeaderLimit, `5, 5;w=60;name="per-tenant"`, HeaderRemaining, "4", HeaderReset, "40",
+					headers.LimitRequests, "5", headers.RemainingRequests, "4", headers.ResetRequests, "39.75s"),
 			},
 		},
 		{
@@ -74,9 +76,10 @@ func TestShouldRateLimitTiers(t *testing.T) {
 			prior: repeat(5, request("ai", 0, desc("tenant", "acme", "tier", "free"))),
 			give:  request("ai", 0, desc("tier", "premium", "tenant", "acme")),
 			want: &rlsv3.RateLimitResponse{
-				OverallCode:          ok,
-				Statuses:             []*rlsv3.RateLimitResponse_DescriptorStatus{st(ok, limitOf(15), 9, 39750*time.Millisecond)},
-				ResponseHeadersToAdd: hdrs(HeaderLimit, `15, 15;w=60;name="per-tenant"`, HeaderRemaining, "9", HeaderReset, "40"),
+				OverallCode: ok,
+				Statuses:    []*rlsv3.RateLimitResponse_DescriptorStatus{st(ok, limitOf(15), 9, 39750*time.Millisecond)},
+				ResponseHeadersToAdd: hdrs(HeaderLimit, `15, 15;w=60;name="per-tenant"`, HeaderRemaining, "9", HeaderReset, "40",
+					headers.LimitRequests, "15", headers.RemainingRequests, "9", headers.ResetRequests, "39.75s"),
 			},
 		},
 		{
@@ -86,8 +89,10 @@ func TestShouldRateLimitTiers(t *testing.T) {
 			want: &rlsv3.RateLimitResponse{
 				OverallCode: over,
 				Statuses:    []*rlsv3.RateLimitResponse_DescriptorStatus{st(over, limitOf(5), 0, 15*time.Second)},
-				ResponseHeadersToAdd: append(hdrs(HeaderLimit, `5, 5;w=60;name="per-tenant"`, HeaderRemaining, "0", HeaderReset, "15"),
-					&corev3.HeaderValue{Key: HeaderRetryAfter, Value: "15"}),
+				ResponseHeadersToAdd: hdrs(HeaderLimit, `5, 5;w=60;name="per-tenant"`, HeaderRemaining, "0", HeaderReset, "15", HeaderRetryAfter, "15",
+					headers.LimitRequests, "5", headers.RemainingRequests, "0", headers.ResetRequests, "15s",
+					"content-type", "application/json"),
+				RawBody: []byte(`{"error":{"message":"Rate limit exceeded (per-tenant). Retry after 15 seconds.","type":"requests","code":"rate_limit_exceeded","tollgate_reason":"limit"}}`),
 			},
 		},
 		{
