@@ -76,7 +76,7 @@ func (a *App) Run(ctx context.Context, args []string) int {
 	case "validate":
 		return a.validate(rest)
 	case "explain":
-		return a.explain(rest)
+		return a.explain(ctx, rest)
 	case "health":
 		return a.health(ctx, rest)
 	case "version", "--version", "-version", "-v":

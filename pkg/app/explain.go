@@ -1,6 +1,7 @@
 package app
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -55,7 +56,7 @@ type explainFlags struct {
 }
 
 // explain answers "why was this request limited?" from the rules alone.
-func (a *App) explain(args []string) int {
+func (a *App) explain(ctx context.Context, args []string) int {
 	var f explainFlags
 	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
 	fs.SetOutput(a.Stderr)
@@ -97,7 +98,7 @@ func (a *App) explain(args []string) int {
 		return ExitUsage
 	}
 	if f.authzConfig != "" {
-		return a.explainCheck(f)
+		return a.explainCheck(ctx, f)
 	}
 	switch {
 	case f.apiKey != "" || f.apiKeyHash != "" || len(f.headers) > 0 || f.body != "":

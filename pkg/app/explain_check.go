@@ -84,7 +84,7 @@ func (r *recorder) Decide(ctx context.Context, req *limit.Request) (*admission.D
 
 // runExplainCheck explains the Check f describes under the authz config
 // and rules it names.
-func runExplainCheck(f explainFlags) (*checkExplain, error) {
+func runExplainCheck(ctx context.Context, f explainFlags) (*checkExplain, error) {
 	rs, err := config.Load(f.config)
 	if err != nil {
 		return nil, fmt.Errorf("load rules:\n%w", err)
@@ -126,7 +126,7 @@ func runExplainCheck(f explainFlags) (*checkExplain, error) {
 	if err != nil {
 		return nil, err
 	}
-	resp, err := svc.Check(context.Background(), in)
+	resp, err := svc.Check(ctx, in)
 	if err != nil {
 		return nil, fmt.Errorf("Check failed: %w", err)
 	}
@@ -295,7 +295,7 @@ func (o *checkExplain) writeText(w io.Writer) {
 }
 
 // explainCheck is explain with --authz-config.
-func (a *App) explainCheck(f explainFlags) int {
+func (a *App) explainCheck(ctx context.Context, f explainFlags) int {
 	switch {
 	case f.domain != "" || len(f.descriptors) > 0:
 		fmt.Fprintln(a.Stderr, "tollgate explain: --domain and --descriptor do not go with --authz-config: the authz config makes the descriptors")
@@ -304,7 +304,7 @@ func (a *App) explainCheck(f explainFlags) int {
 		fmt.Fprintln(a.Stderr, "tollgate explain: give --api-key or --api-key-sha256, not both")
 		return ExitUsage
 	}
-	out, err := runExplainCheck(f)
+	out, err := runExplainCheck(ctx, f)
 	if err != nil {
 		fmt.Fprintf(a.Stderr, "tollgate explain: %v\n", err)
 		return ExitError
