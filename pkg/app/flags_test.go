@@ -22,6 +22,7 @@ func TestBadFlagIsOneLine(t *testing.T) {
 		{name: "serve missing value", give: []string{"serve", "--config"}, want: "tollgate serve: flag needs an argument: -config"},
 		{name: "explain unknown flag", give: []string{"explain", "--nope"}, want: "tollgate explain: flag provided but not defined: -nope"},
 		{name: "health unknown flag", give: []string{"health", "-x"}, want: "tollgate health: flag provided but not defined: -x"},
+		{name: "validate unknown flag", give: []string{"validate", "--nope", "rules.yaml"}, want: "tollgate validate: flag provided but not defined: -nope"},
 		{name: "health bad timeout", give: []string{"health", "--timeout", "2"}, want: `tollgate health: --timeout "2": a duration needs a unit: 15ms, 2s, 1m`},
 	}
 	for _, tt := range tests {
@@ -53,6 +54,7 @@ func TestHelpPrintsUsage(t *testing.T) {
 		{give: []string{"serve", "--grpc-addr", ":1", "-help"}, want: "Usage: tollgate serve [flags]", minLines: 50},
 		{give: []string{"explain", "--help"}, want: "Usage: tollgate explain", minLines: 10},
 		{give: []string{"health", "--help"}, want: "Usage: tollgate health [flags]", minLines: 6},
+		{give: []string{"validate", "--help"}, want: "Usage: tollgate validate", minLines: 3},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.give, " "), func(t *testing.T) {
