@@ -135,7 +135,7 @@ func TestExplainExampleRules(t *testing.T) {
 			wantTier:    "free",
 			wantMult:    1,
 			wantRefused: true,
-			wantVerdict: "refused: shed at pressure 0.9 (tier free); OVER_LIMIT with retry-after 15s, nothing charged",
+			wantVerdict: "refused: shed at pressure 0.9 (tier free); OVER_LIMIT with retry-after 5s, nothing charged",
 		},
 		{
 			name:        "only premium at 0.99",
