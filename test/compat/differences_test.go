@@ -117,7 +117,8 @@ func runDifferences(t *testing.T, c rlsv3.RateLimitServiceClient) {
 			for _, h := range resp.GetResponseHeadersToAdd() {
 				got[h.GetKey()] = true
 			}
-			want := []string{"x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset"}
+			want := []string{"x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset",
+				"x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"}
 			if resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT {
 				want = append(want, "retry-after")
 			}
