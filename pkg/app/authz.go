@@ -269,7 +269,14 @@ func (az *authz) watch(ctx context.Context) {
 	if az.check == nil {
 		return
 	}
+	// extauthz.Watch loads the files once as it starts, as config.Watch
+	// does, so that a change since newAuthz's load is not missed; that
+	// load belongs to the start: applied, neither logged nor counted as
+	// a reload.
+	started := false
 	onChange := func(s *extauthz.Settings, err error) {
+		atStart := !started
+		started = true
 		if err == nil {
 			err = az.against(s, az.rules())
 		}
@@ -283,6 +290,10 @@ func (az *authz) watch(ctx context.Context) {
 		az.als.SetUsageHeader(s.UsageHeader)
 		az.loop.SetCharsPerToken(s.CharsPerToken)
 		az.inForce(s)
+		if atStart && s.Keys.Problems() == nil {
+			az.log.Info("watching authz config", zap.String("path", az.path))
+			return
+		}
 		if problems := s.Keys.Problems(); problems != nil {
 			az.reloads.WithLabelValues("partial").Inc()
 			logProblems(az.log, "keys file entry left out; its key is refused, the rest of the file applies", problems)

@@ -185,6 +185,11 @@ func TestServeAuthzAgainstRules(t *testing.T) {
 		if got := status(); got != 200 {
 			t.Fatalf("Check at start = %d, want 200", got)
 		}
+		// The watcher's first load is the start's, not a reload.
+		await(`watching authz config`)
+		if strings.Contains(stderr.String(), "authz config reloaded") {
+			t.Errorf("the start logged a reload:\n%s", stderr)
+		}
 		edits := 0
 		// Rules without the authz domain: rejected, the old ones serve.
 		rewrite(t, filepath.Join(dir, "rules.yaml"), strings.Replace(authzRules, "domain: e2e", "domain: other", 1), &edits)
