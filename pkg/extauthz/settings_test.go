@@ -70,7 +70,7 @@ usage_header: X-Usage-Total-Tokens
 			if err != nil {
 				t.Fatalf("ParseSettings: %v", err)
 			}
-			if diff := cmp.Diff(tt.want, got, cmpopts.IgnoreUnexported(authn.Keys{})); diff != "" {
+			if diff := cmp.Diff(tt.want, got, cmpopts.IgnoreUnexported(authn.Keys{}, Settings{})); diff != "" {
 				t.Errorf("ParseSettings (-want +got):\n%s", diff)
 			}
 		})
