@@ -41,8 +41,17 @@ prometheus: ## Install prometheus when it is missing (test/prometheus starts its
 	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus; }
 	@# Under systemd Debian's package starts a service on :9090; tests never use it.
 
+# grpcurl, which the README's commands use: test/newcomer runs them. Installed like golangci-lint, into bin/.
+GRPCURL_VERSION ?= v1.9.4
+
+.PHONY: grpcurl
+grpcurl: ## Install grpcurl (GRPCURL_VERSION) into bin/ when missing: the README's examples use it, and test/newcomer runs them.
+	@v=$$($(GO) version -m $(BIN)/grpcurl 2>/dev/null | awk '$$1 == "mod" {print $$3}'); [ "$$v" = "$(GRPCURL_VERSION)" ] || { \
+	  echo "installing grpcurl $(GRPCURL_VERSION) into $(BIN)/ (found: $${v:-none})"; \
+	  GOBIN=$(abspath $(BIN)) $(GO) install github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION); }
+
 .PHONY: test
-test: redis prometheus ## Vet, then run every test (with the race detector) against real redis-server and prometheus processes.
+test: redis prometheus grpcurl ## Vet, then run every test (with the race detector) against real redis-server and prometheus processes.
 	$(GO) vet ./...
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
