@@ -272,11 +272,15 @@ func startMakeRun(t *testing.T, grpcAddr, adminAddr string) {
 	go func() { done <- cmd.Wait() }()
 	t.Cleanup(func() {
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+		// make exits non-zero when its serve is stopped: the error says
+		// nothing here.
 		select {
-		case <-done:
+		case err := <-done:
+			_ = err
 		case <-time.After(20 * time.Second):
 			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-done
+			err := <-done
+			_ = err
 		}
 	})
 	deadline := time.Now().Add(3 * time.Minute) // make run builds first
