@@ -71,7 +71,7 @@ type Decision struct {
 // Limiter matches requests against the current rules and applies the
 // charges to its Store in one call, all or nothing.
 //
-// Before the limits it applies, in DESIGN.md's order, the domain's tier
+// Before the limits it applies, in the order of docs/architecture.md#the-admission-stages, the domain's tier
 // shedding (WithShedder) and circuit breakers (WithBreakers): a request
 // they refuse is charged nothing.
 type Limiter struct {

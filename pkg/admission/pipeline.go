@@ -1,5 +1,5 @@
 // Package admission owns the admission decision: its stages in
-// DESIGN.md §2's order (pipeline.go), its failure policy (failure.go) and
+// the order of docs/architecture.md#the-admission-stages (pipeline.go), its failure policy (failure.go) and
 // the answer each denial reason picks (reason.go). Every adapter calls
 // its Limiter; pkg/limit below it keeps the algorithms and the Store.
 package admission
@@ -12,7 +12,7 @@ import (
 	"github.com/tollgate-dev/tollgate/pkg/limit"
 )
 
-// The admission decision, in DESIGN.md §2's order, cheapest and most
+// The admission decision, in the order of docs/architecture.md#the-admission-stages, cheapest and most
 // global first. decide below is the whole list; each stage is a small
 // method of its own, and a stage that refuses ends the decision, so a
 // request refused by an earlier stage is charged nothing by a later one.

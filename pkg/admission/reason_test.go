@@ -7,7 +7,7 @@ import (
 )
 
 // TestReasonAnswers pins the table every adapter answers a refusal by:
-// the statuses DESIGN.md §2 gives each reason, the names clients and
+// the statuses docs/architecture.md#the-admission-stages gives each reason, the names clients and
 // dashboards see, and which answers carry Retry-After.
 func TestReasonAnswers(t *testing.T) {
 	t.Parallel()

@@ -34,7 +34,7 @@ const DefaultShedRetryAfter = time.Second
 
 // ShedStep is one shedding threshold. Steps are cumulative: while step i
 // is active every step below it applies too, so a step names only what
-// it adds (DESIGN.md's 0.8 step shrinks limits and keeps free shed).
+// it adds (a step at 0.8 that shrinks limits keeps the free tier shed by the one below).
 type ShedStep struct {
 	// Above is the pressure at which the step starts to apply (Required),
 	// in [0,1].

@@ -12,7 +12,7 @@ import (
 
 var t0 = time.UnixMilli(1_700_000_000_000)
 
-// designPolicy is DESIGN.md's example, with hysteresis and a hold.
+// designPolicy is the design's example policy, with hysteresis and a hold.
 func designPolicy() *Policy {
 	return &Policy{
 		Steps: []Step{
@@ -87,7 +87,7 @@ func admitted(o Outcome) []string {
 	return out
 }
 
-// TestRamp walks DESIGN.md's policy up and down with the clock.
+// TestRamp walks the example policy up and down with the clock.
 func TestRamp(t *testing.T) {
 	t.Parallel()
 	e, clock := newEval(t, designPolicy())
