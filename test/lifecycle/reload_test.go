@@ -170,8 +170,18 @@ func TestHotReloadUnderLoad(t *testing.T) {
 	if got, err := limitOf("cm"); err != nil || got != 2_000_000 {
 		t.Errorf("after an invalid file, cm serves %d (%v), want the rules in force: 2000000", got, err)
 	}
+	successes := reloads("success")
 	if err := os.Remove(filepath.Join(dir, "broken.yaml")); err != nil {
 		t.Fatal(err)
+	}
+	// The rules load again: a reload of its own, before the next change
+	// (which would otherwise share its debounce and its count).
+	began = time.Now()
+	for reloads("success") == successes {
+		if time.Since(began) > 10*time.Second {
+			t.Fatal("tollgate_config_reloads_total{result=\"success\"} did not rise within 10s of removing the invalid file")
+		}
+		time.Sleep(20 * time.Millisecond) // polling a real process
 	}
 
 	// 3. A ConfigMap update: the ..data symlink swapped to new data.
