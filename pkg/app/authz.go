@@ -25,6 +25,8 @@ import (
 // authzFlags are serve's ext_authz settings.
 type authzFlags struct {
 	config string
+	// strict is serve's --strict: the settings' warnings are refused.
+	strict bool
 }
 
 func (f *authzFlags) register(fs *flag.FlagSet) {
@@ -53,17 +55,22 @@ type authz struct {
 	// rules are the rules in force, which the settings are checked
 	// against (extauthz.Settings.Against).
 	rules func() *limit.RuleSet
+	// strict refuses the settings' warnings (serve --strict).
+	strict bool
 }
 
 // against checks s against rs: its problems as a config.Errors, nil
 // without any; its warnings are logged.
 func (az *authz) against(s *extauthz.Settings, rs *limit.RuleSet) error {
 	problems, warnings := s.Against(rs)
-	for _, w := range warnings {
-		az.log.Warn("authz: "+w, zap.String("kind", "authz_warning"))
-	}
 	if len(problems) > 0 {
 		return problems
+	}
+	if err := strictly(az.strict, warnings); err != nil {
+		return err
+	}
+	for _, w := range warnings {
+		az.log.Warn("authz: "+w, zap.String("kind", "authz_warning"))
 	}
 	return nil
 }
@@ -111,7 +118,7 @@ func newAuthz(f authzFlags, lim extauthz.Decider, loop *outcome.Loop, log *zap.L
 	if err != nil {
 		return nil, err
 	}
-	az := &authz{path: f.config, als: als, usage: usage, loop: loop, log: log, now: time.Now, rules: lim.Rules}
+	az := &authz{path: f.config, als: als, usage: usage, loop: loop, log: log, now: time.Now, rules: lim.Rules, strict: f.strict}
 	if f.config == "" {
 		return az, nil
 	}

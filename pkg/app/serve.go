@@ -51,6 +51,8 @@ type serveFlags struct {
 	tickets   ticketFlags
 	metrics   metricFlags
 	queue     queueFlags
+	// strict refuses warnings as errors, at start and on reloads.
+	strict bool
 }
 
 func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
@@ -67,6 +69,7 @@ func (a *App) parseServeFlags(args []string) (*serveFlags, error) {
 	f.tls.register(fs)
 	f.callers.register(fs)
 	f.authz.register(fs)
+	fs.BoolVar(&f.strict, "strict", false, "refuse warnings (what tollgate validate warns of) as errors: at start, and on a reload of the rules or the authz config, which keeps the files in force")
 	f.pressure.register(fs)
 	f.debug.register(fs)
 	f.lease.register(fs)
@@ -137,6 +140,11 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, args []string, log *z
 	}
 	log.Info("rules loaded", zap.String("path", f.config), zap.Int("domains", len(rules.Domains())))
 	logRuleWarnings(log, rules)
+	if err := strictly(f.strict, allWarnings(rules)); err != nil {
+		logProblems(log, "rules", err)
+		return fmt.Errorf("load rules %q: the warnings above are refused under --strict", f.config)
+	}
+	f.authz.strict = f.strict
 	st, err := a.openStores(ctx, f, log)
 	if err != nil {
 		return err
@@ -171,7 +179,12 @@ func (a *App) runServe(ctx context.Context, f *serveFlags, args []string, log *z
 	}
 	return serveAll(ctx, srv, grpcLis, adminLis,
 		func(ctx context.Context) {
-			watchRules(ctx, f.config, apis.lim, sh, m.reloads, apis.az.rulesProblems, log)
+			watchRules(ctx, f.config, apis.lim, sh, m.reloads, func(rs *limit.RuleSet) error {
+				if err := apis.az.rulesProblems(rs); err != nil {
+					return err
+				}
+				return strictly(f.strict, allWarnings(rs))
+			}, log)
 		},
 		apis.az.watch,
 		func(ctx context.Context) { st.keepKeys(ctx, apis.loop.Sealer()) },

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"strings"
 
 	"go.uber.org/zap"
 
@@ -53,7 +54,7 @@ func (a *App) validate(args []string) int {
 		fmt.Fprintln(a.Stderr, err)
 		return ExitError
 	}
-	warnings := append(append(ruleWarnings(rs), queueWarnings(rs)...), fairWarnings(rs)...)
+	warnings := allWarnings(rs)
 	summary := fmt.Sprintf("ok: %d domains", len(rs.Domains()))
 	if *authzPath != "" {
 		set, err := extauthz.LoadSettings(*authzPath)
@@ -72,12 +73,27 @@ func (a *App) validate(args []string) int {
 	for _, w := range warnings {
 		fmt.Fprintln(a.Stderr, w)
 	}
-	if *strict && len(warnings) > 0 {
+	if err := strictly(*strict, warnings); err != nil {
 		fmt.Fprintf(a.Stderr, "tollgate validate: %d warnings, refused under --strict\n", len(warnings))
 		return ExitError
 	}
 	fmt.Fprintln(a.Stdout, summary)
 	return ExitOK
+}
+
+// allWarnings are every warning validate prints for rs: the parser's,
+// the queues' and the fair-shared limits'.
+func allWarnings(rs *limit.RuleSet) []string {
+	return append(append(ruleWarnings(rs), queueWarnings(rs)...), fairWarnings(rs)...)
+}
+
+// strictly is, under --strict, the error of warnings: each on a line,
+// then how many were refused; nil without --strict or warnings.
+func strictly(strict bool, warnings []string) error {
+	if !strict || len(warnings) == 0 {
+		return nil
+	}
+	return errors.New(strings.Join(warnings, "\n") + fmt.Sprintf("\n%d warnings, refused under --strict", len(warnings)))
 }
 
 // ruleWarnings are the parser's warnings of every domain: what a file

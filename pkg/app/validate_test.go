@@ -210,3 +210,77 @@ func TestServeAuthzAgainstRules(t *testing.T) {
 		}
 	})
 }
+
+// TestServeStrict: serve --strict refuses warnings as validate --strict
+// does: at start, and on a reload, which keeps the rules in force.
+func TestServeStrict(t *testing.T) {
+	t.Parallel()
+	const warned = "domain: e2e\ndescriptors:\n  - {key: tenant, unit: second, rate_limit: {unit: minute, requests_per_unit: 100}}\n"
+	t.Run("rules at start", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		dir := t.TempDir()
+		writeFile(t, filepath.Join(dir, "rules.yaml"), warned)
+		stderr := &buffer{}
+		if _, code := startServe(ctx, t, stderr, map[string]string{}, "--config", dir, "--strict"); code != ExitError {
+			t.Fatalf("serve --strict with a warning: exit %d, want %d:\n%s", code, ExitError, stderr)
+		}
+		for _, want := range []string{"descriptors[0].unit: warning: ignored", "1 warnings, refused under --strict"} {
+			if !strings.Contains(stderr.String(), want) {
+				t.Errorf("the log lacks %q:\n%s", want, stderr)
+			}
+		}
+	})
+	t.Run("authz at start", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		dir := t.TempDir()
+		writeFile(t, filepath.Join(dir, "rules.yaml"), authzRules)
+		authzDir := filepath.Join(dir, "authz")
+		if err := os.Mkdir(authzDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		authzPath := filepath.Join(authzDir, "authz.yaml")
+		writeFile(t, authzPath, authzSettings)
+		// The rules have no tiers: a key's tier changes nothing, a warning.
+		writeFile(t, filepath.Join(authzDir, "keys.yaml"), "keys:\n  - {key: \""+authzKey+"\", tenant: acme, tier: gold}\n")
+		stderr := &buffer{}
+		vars := map[string]string{"TOLLGATE_AUTHZ_CONFIG": authzPath}
+		if _, code := startServe(ctx, t, stderr, vars, "--config", dir, "--strict"); code != ExitError {
+			t.Fatalf("serve --strict with an authz warning: exit %d, want %d:\n%s", code, ExitError, stderr)
+		}
+		if want := `has no tiers, so tier \"gold\" changes nothing`; !strings.Contains(stderr.String(), want) {
+			t.Errorf("the log lacks %q:\n%s", want, stderr)
+		}
+		// Without --strict it serves, and says so.
+		stderr = &buffer{}
+		if conn, code := startServe(ctx, t, stderr, vars, "--config", dir); conn == nil {
+			t.Fatalf("serve without --strict: exit %d:\n%s", code, stderr)
+		}
+	})
+	t.Run("rules reload", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		dir := t.TempDir()
+		writeFile(t, filepath.Join(dir, "rules.yaml"), authzRules)
+		stderr := &buffer{}
+		if conn, code := startServe(ctx, t, stderr, map[string]string{}, "--config", dir, "--strict"); conn == nil {
+			t.Fatalf("serve --strict: exit %d:\n%s", code, stderr)
+		}
+		edits := 0
+		rewrite(t, filepath.Join(dir, "rules.yaml"), warned, &edits)
+		for !strings.Contains(stderr.String(), "rules reload rejected; the previous rules keep serving") {
+			select {
+			case <-ctx.Done():
+				t.Fatalf("the warned reload was not rejected:\n%s", stderr)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		if !strings.Contains(stderr.String(), "refused under --strict") {
+			t.Errorf("the rejection does not say why:\n%s", stderr)
+		}
+	})
+}
