@@ -115,11 +115,17 @@ func (a *App) explain(ctx context.Context, args []string) int {
 		return ExitUsage
 	}
 	out, err := runExplain(f)
+	return a.printExplain(out, err, f.json)
+}
+
+// printExplain prints an explanation as text or, with asJSON, as JSON;
+// err, when set, is why there is none.
+func (a *App) printExplain(out interface{ writeText(io.Writer) }, err error, asJSON bool) int {
 	if err != nil {
 		fmt.Fprintf(a.Stderr, "tollgate explain: %v\n", err)
 		return ExitError
 	}
-	if f.json {
+	if asJSON {
 		enc := json.NewEncoder(a.Stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(out); err != nil {
@@ -175,7 +181,7 @@ func runExplain(f explainFlags) (*explainOutput, error) {
 			if o.Level >= 0 {
 				ps.Above = dom.Shedding.Steps[o.Level].Above
 			}
-			for _, t := range planNames(dom) {
+			for _, t := range dom.Tiers.PlanNames() {
 				if o.Sheds(t) {
 					ps.ShedTiers = append(ps.ShedTiers, t)
 				}
@@ -232,19 +238,6 @@ func runExplain(f explainFlags) (*explainOutput, error) {
 		ps.Applies = reaches && ps.Level >= 0
 	}
 	return out, nil
-}
-
-// planNames lists dom's plans in name order; none without tiers.
-func planNames(dom *limit.Domain) []string {
-	if dom.Tiers == nil {
-		return nil
-	}
-	var out []string
-	for t := range dom.Tiers.Plans {
-		out = append(out, t)
-	}
-	slices.Sort(out)
-	return out
 }
 
 // parseDescriptor parses "key=value,key=value". A backslash escapes the

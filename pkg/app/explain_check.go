@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -134,7 +133,7 @@ func runExplainCheck(ctx context.Context, f explainFlags) (*checkExplain, error)
 	if req := rec.req; req != nil {
 		out.Tokens, out.Model = req.Tokens, req.Model
 		for _, d := range req.Descriptors {
-			out.Descriptors = append(out.Descriptors, descriptorText(d.Entries))
+			out.Descriptors = append(out.Descriptors, formatDescriptor(d.Entries))
 		}
 		if dom := rs.Domain(req.Domain); dom != nil {
 			ex, err := admission.Explain(dom, req, nil)
@@ -235,14 +234,6 @@ func answerOf(resp *authv3.CheckResponse) answerExplain {
 	return answerExplain{Status: int(d.GetStatus().GetCode()), Headers: pairs(d.GetHeaders()), Body: d.GetBody()}
 }
 
-// descriptorText renders entries as key=value,key=value.
-func descriptorText(es []limit.Entry) string {
-	parts := make([]string, len(es))
-	for i, e := range es {
-		parts[i] = e.Key + "=" + e.Value
-	}
-	return strings.Join(parts, ",")
-}
 
 // writeText prints the explanation for a person.
 func (o *checkExplain) writeText(w io.Writer) {
@@ -305,19 +296,5 @@ func (a *App) explainCheck(ctx context.Context, f explainFlags) int {
 		return ExitUsage
 	}
 	out, err := runExplainCheck(ctx, f)
-	if err != nil {
-		fmt.Fprintf(a.Stderr, "tollgate explain: %v\n", err)
-		return ExitError
-	}
-	if f.json {
-		enc := json.NewEncoder(a.Stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(out); err != nil {
-			fmt.Fprintf(a.Stderr, "tollgate explain: %v\n", err)
-			return ExitError
-		}
-		return ExitOK
-	}
-	out.writeText(a.Stdout)
-	return ExitOK
+	return a.printExplain(out, err, f.json)
 }

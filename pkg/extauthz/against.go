@@ -54,7 +54,7 @@ func (s *Settings) Against(rs *limit.RuleSet) (problems config.Errors, warnings 
 		return problems, nil
 	}
 	names := limitNames(dom.Descriptors, nil)
-	plans := planNames(dom.Tiers)
+	plans := dom.Tiers.PlanNames()
 	for _, r := range s.Keys.Refs() {
 		at := config.Problem{File: s.KeysFile, Line: r.Line, Path: r.Path}
 		switch r.Kind {
@@ -140,19 +140,6 @@ func limitNames(rules []*limit.Rule, out []string) []string {
 		}
 		out = limitNames(r.Children, out)
 	}
-	return out
-}
-
-// planNames lists the plans of t in name order.
-func planNames(t *limit.Tiers) []string {
-	if t == nil {
-		return nil
-	}
-	out := make([]string, 0, len(t.Plans))
-	for p := range t.Plans {
-		out = append(out, p)
-	}
-	slices.Sort(out)
 	return out
 }
 

@@ -71,24 +71,15 @@ func (r *Rule) ByValue() bool { return r.byValue }
 // named by the pattern in every case: its values share one counter.
 // Entries past the walk's end are left as they are.
 func (d *Domain) MetricEntries(entries []Entry, detailed bool) []Entry {
-	out := make([]Entry, len(entries))
-	copy(out, entries)
-	node := &d.root
-	for i, e := range entries {
-		next := node.child(e)
-		if next == nil {
-			break
-		}
+	return d.renamed(entries, func(_ int, r *Rule, v string) string {
 		switch {
-		case next.ShareThreshold && next.Wildcard():
-			out[i].Value = next.Value
-		case detailed || next.ValueToMetric || (next.Value != "" && !next.Wildcard()):
-		case next.Wildcard():
-			out[i].Value = next.Value
-		default:
-			out[i].Value = ""
+		case r.ShareThreshold && r.Wildcard():
+			return r.Value
+		case detailed || r.ValueToMetric || (r.Value != "" && !r.Wildcard()):
+			return v
+		case r.Wildcard():
+			return r.Value
 		}
-		node = next
-	}
-	return out
+		return ""
+	})
 }

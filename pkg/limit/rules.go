@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -139,6 +140,19 @@ type Tiers struct {
 	// Plans maps each plan to its multiplier, in (0, MaxMultiplier]
 	// (Required; at least one). Multipliers count to the millionth.
 	Plans map[string]float64
+}
+
+// PlanNames lists t's plans in name order; none for a nil t.
+func (t *Tiers) PlanNames() []string {
+	if t == nil {
+		return nil
+	}
+	out := make([]string, 0, len(t.Plans))
+	for p := range t.Plans {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // validate checks t on its own; NewRuleSet checks the rules against it.
@@ -398,6 +412,8 @@ func ValueMatches(r *Rule, v string) bool {
 	switch {
 	case r.Value == "":
 		return true
+	case r.Wildcard() && r.parts != nil:
+		return globMatch(r.parts, v) // split by NewRuleSet
 	case r.Wildcard():
 		return globMatch(strings.Split(r.Value, "*"), v)
 	}
@@ -462,6 +478,18 @@ func (d *Domain) MatchShared(entries []Entry) (found *Rule, shared uint64) {
 // shared replaced by the wildcard rule's value that matched it, so all
 // values under a share_threshold wildcard land on one counter.
 func (d *Domain) SharedEntries(entries []Entry, shared uint64) []Entry {
+	return d.renamed(entries, func(i int, r *Rule, v string) string {
+		if shared&(1<<uint(i)) != 0 {
+			return r.Value
+		}
+		return v
+	})
+}
+
+// renamed is a copy of entries in which each entry the match walk
+// reaches takes the value name gives it, from its index, the rule it
+// reached and its own value; entries past the walk's end keep theirs.
+func (d *Domain) renamed(entries []Entry, name func(i int, r *Rule, v string) string) []Entry {
 	out := make([]Entry, len(entries))
 	copy(out, entries)
 	node := &d.root
@@ -470,9 +498,7 @@ func (d *Domain) SharedEntries(entries []Entry, shared uint64) []Entry {
 		if next == nil {
 			break
 		}
-		if shared&(1<<uint(i)) != 0 {
-			out[i].Value = next.Value
-		}
+		out[i].Value = name(i, next, e.Value)
 		node = next
 	}
 	return out
