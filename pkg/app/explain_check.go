@@ -234,7 +234,6 @@ func answerOf(resp *authv3.CheckResponse) answerExplain {
 	return answerExplain{Status: int(d.GetStatus().GetCode()), Headers: pairs(d.GetHeaders()), Body: d.GetBody()}
 }
 
-
 // writeText prints the explanation for a person.
 func (o *checkExplain) writeText(w io.Writer) {
 	id := o.Identity
