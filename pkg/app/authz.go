@@ -59,8 +59,9 @@ type authz struct {
 	strict bool
 }
 
-// against checks s against rs: its problems as a config.Errors, nil
-// without any; its warnings are logged.
+// against checks s against rs: its problems as a config.Errors, and
+// under --strict its warnings, as an error; otherwise the warnings are
+// logged.
 func (az *authz) against(s *extauthz.Settings, rs *limit.RuleSet) error {
 	problems, warnings := s.Against(rs)
 	if len(problems) > 0 {
@@ -76,17 +77,15 @@ func (az *authz) against(s *extauthz.Settings, rs *limit.RuleSet) error {
 }
 
 // rulesProblems is what a rules reload to rs would break in the authz
-// settings in force, nil without --authz-config: serve keeps the old
-// rules rather than serve both files inconsistent.
+// settings in force, nil without --authz-config: against, so that
+// --strict refuses the warnings the new rules would give the settings
+// too. serve keeps the old rules rather than serve both files
+// inconsistent.
 func (az *authz) rulesProblems(rs *limit.RuleSet) error {
 	if az == nil || az.check == nil {
 		return nil
 	}
-	problems, _ := az.check.Settings().Against(rs)
-	if len(problems) > 0 {
-		return problems
-	}
-	return nil
+	return az.against(az.check.Settings(), rs)
 }
 
 // reloadState is what /readyz says of the authz settings in force and of

@@ -260,6 +260,39 @@ func TestServeStrict(t *testing.T) {
 			t.Fatalf("serve without --strict: exit %d:\n%s", code, stderr)
 		}
 	})
+	t.Run("a rules reload the authz settings would warn of", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		dir := t.TempDir()
+		tiered := strings.Replace(authzRules, "descriptors:", "tiers: {key: tier, default: free, plans: {free: 1, gold: 2}}\ndescriptors:", 1)
+		writeFile(t, filepath.Join(dir, "rules.yaml"), tiered)
+		authzDir := filepath.Join(dir, "authz")
+		if err := os.Mkdir(authzDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		authzPath := filepath.Join(authzDir, "authz.yaml")
+		writeFile(t, authzPath, authzSettings)
+		writeFile(t, filepath.Join(authzDir, "keys.yaml"), "keys:\n  - {key: \""+authzKey+"\", tenant: acme, tier: gold}\n")
+		stderr := &buffer{}
+		if conn, code := startServe(ctx, t, stderr, map[string]string{"TOLLGATE_AUTHZ_CONFIG": authzPath}, "--config", dir, "--strict"); conn == nil {
+			t.Fatalf("serve --strict: exit %d:\n%s", code, stderr)
+		}
+		// Rules without tiers: the key's tier would change nothing, a
+		// warning of the authz settings, refused under --strict.
+		edits := 0
+		rewrite(t, filepath.Join(dir, "rules.yaml"), authzRules, &edits)
+		for !strings.Contains(stderr.String(), "rules reload rejected; the previous rules keep serving") {
+			select {
+			case <-ctx.Done():
+				t.Fatalf("the reload was not rejected:\n%s", stderr)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		if want := `has no tiers, so tier \"gold\" changes nothing`; !strings.Contains(stderr.String(), want) {
+			t.Errorf("the rejection lacks %q:\n%s", want, stderr)
+		}
+	})
 	t.Run("rules reload", func(t *testing.T) {
 		t.Parallel()
 		ctx, cancel := context.WithTimeout(context.Background(), wait)
