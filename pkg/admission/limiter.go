@@ -284,6 +284,9 @@ type built struct {
 	first    []limit.Entry  // the first descriptor's entries, tier entries removed
 	res      []limit.Result // the store's answers, reused like charges and plans
 
+	// reports: a charge is a request limit's cost report (a Force
+	// charge that answers OVER_LIMIT once over; see reportOver).
+	reports bool
 	// asks counts the descriptors that ask for admission: all but
 	// refunds (is_negative_hits) and cost reports (a hits_addend of its
 	// own on a token limit). None: the request only settles.
@@ -512,7 +515,7 @@ func (b *built) addDescriptor(dom *limit.Domain, req *limit.Request, i int, ents
 			// path is refused. Envoy's call cannot say which it is, so
 			// it still asks (a weighed request: shedding and breakers
 			// refuse it); a token_limit's report settles instead.
-			c.Force = true
+			c.Force, b.reports = true, true
 		}
 		if r != nil && r.Fair != nil && d.Override == nil {
 			// Envoy's own limit for the descriptor is not the shared one.

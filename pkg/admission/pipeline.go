@@ -203,6 +203,9 @@ func (l *Limiter) limits(ctx context.Context, p *pass) (bool, error) {
 // counter over the limit: the store kept it, and the answer is
 // OVER_LIMIT, as envoyproxy/ratelimit answers a hit that goes over.
 func reportOver(b *built, res []limit.Result) bool {
+	if !b.reports {
+		return false // the usual decision: no loop
+	}
 	for k, pl := range b.plans {
 		if c := &b.charges[k]; c.Force && !c.Shadow && !res[k].Fits && pl.limit != nil && pl.limit.Kind == limit.Requests {
 			return true
