@@ -88,9 +88,20 @@ descriptors:
 
 func TestCompat(t *testing.T) {
 	t.Parallel()
+	onBothStores(t, "compat", rules, func(t *testing.T, c rlsv3.RateLimitServiceClient, admin string) {
+		run(t, c)
+		metricNames(t, admin)
+	})
+}
+
+// onBothStores serves rules (one file) with tollgate serve, once on the
+// in-memory store and once on Redis, in parallel subtests, and calls test
+// with a client of each and its admin address.
+func onBothStores(t *testing.T, name, rules string, test func(t *testing.T, c rlsv3.RateLimitServiceClient, admin string)) {
+	t.Helper()
 	bin := tollgatetest.Build(t)
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "compat.yaml"), []byte(rules), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, name+".yaml"), []byte(rules), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	srv := redistest.Start(t)
@@ -103,14 +114,13 @@ func TestCompat(t *testing.T) {
 	} {
 		t.Run(store.name, func(t *testing.T) {
 			t.Parallel()
-			p := tollgatetest.Start(t, bin, "compat-"+store.name, append([]string{"--config", dir}, store.args...)...)
+			p := tollgatetest.Start(t, bin, name+"-"+store.name, append([]string{"--config", dir}, store.args...)...)
 			cc, err := grpc.NewClient(p.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = cc.Close() })
-			run(t, rlsv3.NewRateLimitServiceClient(cc))
-			metricNames(t, p.Admin)
+			test(t, rlsv3.NewRateLimitServiceClient(cc), p.Admin)
 		})
 	}
 }

@@ -1,17 +1,10 @@
 package compat
 
 import (
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
-	"github.com/tollgate-dev/tollgate/test/redistest"
-	"github.com/tollgate-dev/tollgate/test/tollgatetest"
 )
 
 // differences is a reference user's file without algorithm: fixed_window,
@@ -39,30 +32,9 @@ descriptors:
 // documents, on both stores: each subtest names its row.
 func TestDifferences(t *testing.T) {
 	t.Parallel()
-	bin := tollgatetest.Build(t)
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "diff.yaml"), []byte(differences), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	srv := redistest.Start(t)
-	for _, store := range []struct {
-		name string
-		args []string
-	}{
-		{"memory", nil},
-		{"redis", []string{"--redis-url", srv.URL(), "--lease-fraction", "0"}},
-	} {
-		t.Run(store.name, func(t *testing.T) {
-			t.Parallel()
-			p := tollgatetest.Start(t, bin, "diff-"+store.name, append([]string{"--config", dir}, store.args...)...)
-			cc, err := grpc.NewClient(p.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = cc.Close() })
-			runDifferences(t, rlsv3.NewRateLimitServiceClient(cc))
-		})
-	}
+	onBothStores(t, "diff", differences, func(t *testing.T, c rlsv3.RateLimitServiceClient, _ string) {
+		runDifferences(t, c)
+	})
 }
 
 func runDifferences(t *testing.T, c rlsv3.RateLimitServiceClient) {
