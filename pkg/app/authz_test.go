@@ -43,6 +43,27 @@ usage_header: x-usage-total-tokens
 // stops before listening.
 func startServe(ctx context.Context, t *testing.T, stderr *buffer, vars map[string]string, args ...string) (*grpc.ClientConn, int) {
 	t.Helper()
+	ad, code := serveAddrs(ctx, t, stderr, vars, args...)
+	if ad.GRPC == nil {
+		return nil, code
+	}
+	conn, err := grpc.NewClient("passthrough:///"+ad.GRPC.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn, 0
+}
+
+// serveAddrs runs `tollgate serve` in-process with args and env (vars;
+// nil for none), on ports of its choosing, until the test ends, and
+// returns the addresses it listens on, or the exit code when it stops
+// before listening.
+func serveAddrs(ctx context.Context, t *testing.T, stderr *buffer, vars map[string]string, args ...string) (Addrs, int) {
+	t.Helper()
+	if vars == nil {
+		vars = map[string]string{}
+	}
 	vars["TOLLGATE_GRPC_ADDR"] = "127.0.0.1:0"
 	vars["TOLLGATE_ADMIN_ADDR"] = "127.0.0.1:0"
 	addrs := make(chan Addrs, 1)
@@ -56,18 +77,13 @@ func startServe(ctx context.Context, t *testing.T, stderr *buffer, vars map[stri
 	})
 	select {
 	case ad := <-addrs:
-		conn, err := grpc.NewClient("passthrough:///"+ad.GRPC.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = conn.Close() })
-		return conn, 0
+		return ad, 0
 	case code := <-exit:
 		exit <- code
-		return nil, code
+		return Addrs{}, code
 	case <-ctx.Done():
 		t.Fatalf("serve never listened:\n%s", stderr.String())
-		return nil, 0
+		return Addrs{}, 0
 	}
 }
 

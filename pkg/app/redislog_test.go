@@ -3,7 +3,6 @@ package app
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"strings"
 	"testing"
 
@@ -93,24 +92,8 @@ func TestServeRoutesRedisLog(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	stderr := &buffer{}
-	addrs := make(chan Addrs, 1)
-	a := &App{Stdout: io.Discard, Stderr: stderr, Listening: func(ad Addrs) { addrs <- ad }, LookupEnv: env(nil)}
-	runCtx, stop := context.WithCancel(context.Background())
-	exit := make(chan int, 1)
-	go func() {
-		exit <- a.Run(runCtx, []string{"serve", "--config", "../../config", "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"})
-	}()
-	defer func() {
-		stop()
-		<-exit
-	}()
-	select {
-	case <-addrs:
-	case code := <-exit:
-		exit <- code
+	if ad, code := serveAddrs(ctx, t, stderr, nil, "--config", "../../config"); ad.GRPC == nil {
 		t.Fatalf("serve exited with %d:\n%s", code, stderr.String())
-	case <-ctx.Done():
-		t.Fatalf("serve never listened:\n%s", stderr.String())
 	}
 	redisLogLine(t)
 	if lines := goRedisLines(t, stderr.String()); len(lines) == 0 {

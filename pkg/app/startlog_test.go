@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"io"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -32,27 +31,11 @@ func TestServeStartIsNoReload(t *testing.T) {
 	writeFile(t, keyFile, keyLine('a')+"\n")
 
 	stderr := &buffer{}
-	addrs := make(chan Addrs, 1)
-	a := &App{Stdout: io.Discard, Stderr: stderr, Listening: func(ad Addrs) { addrs <- ad }, LookupEnv: env(nil)}
-	runCtx, stop := context.WithCancel(context.Background())
-	exit := make(chan int, 1)
-	go func() {
-		exit <- a.Run(runCtx, []string{"serve", "--config", rulesPath, "--ticket-key-file", keyFile,
-			"--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"})
-	}()
-	defer func() {
-		stop()
-		<-exit
-	}()
-	e := &e2e{t: t, ctx: ctx, stderr: stderr}
-	select {
-	case e.addrs = <-addrs:
-	case code := <-exit:
-		exit <- code
+	ad, code := serveAddrs(ctx, t, stderr, nil, "--config", rulesPath, "--ticket-key-file", keyFile)
+	if ad.GRPC == nil {
 		t.Fatalf("serve exited with %d:\n%s", code, stderr.String())
-	case <-ctx.Done():
-		t.Fatalf("serve never listened:\n%s", stderr.String())
 	}
+	e := &e2e{t: t, ctx: ctx, stderr: stderr, addrs: ad}
 	// The rules watch reports its first load either way: as a reload
 	// without the fix, as "watching rules" with it.
 	e.poll("the rules watch's first load", func() bool {

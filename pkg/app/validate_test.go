@@ -114,29 +114,45 @@ func TestValidateAuthz(t *testing.T) {
 	}
 }
 
+// authzFiles writes the files serve reads with --authz-config:
+// dir/rules.yaml, and dir/authz/authz.yaml with its keys.yaml. It returns
+// dir and the authz config's path.
+func authzFiles(t *testing.T, rules, settings, keys string) (dir, authzPath string) {
+	t.Helper()
+	dir = t.TempDir()
+	writeFile(t, filepath.Join(dir, "rules.yaml"), rules)
+	authzDir := filepath.Join(dir, "authz")
+	if err := os.Mkdir(authzDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	authzPath = filepath.Join(authzDir, "authz.yaml")
+	writeFile(t, authzPath, settings)
+	writeFile(t, filepath.Join(authzDir, "keys.yaml"), keys)
+	return dir, authzPath
+}
+
+// awaitLog waits until the log in stderr says what.
+func awaitLog(ctx context.Context, t *testing.T, stderr *buffer, what string) {
+	t.Helper()
+	for !strings.Contains(stderr.String(), what) {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the log never said %q:\n%s", what, stderr)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // TestServeAuthzAgainstRules: serve refuses to start with an authz config
 // the rules disagree with, and rejects a reload of either file that would
 // make them disagree, keeping the files in force.
 func TestServeAuthzAgainstRules(t *testing.T) {
 	t.Parallel()
-	setup := func(settings string) (dir, authzPath string) {
-		dir = t.TempDir()
-		writeFile(t, filepath.Join(dir, "rules.yaml"), authzRules)
-		authzDir := filepath.Join(dir, "authz")
-		if err := os.Mkdir(authzDir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		authzPath = filepath.Join(authzDir, "authz.yaml")
-		writeFile(t, authzPath, settings)
-		writeFile(t, filepath.Join(authzDir, "keys.yaml"), authzKeys)
-		return dir, authzPath
-	}
-
 	t.Run("start", func(t *testing.T) {
 		t.Parallel()
 		ctx, cancel := context.WithTimeout(context.Background(), wait)
 		defer cancel()
-		dir, authzPath := setup(strings.Replace(authzSettings, "domain: e2e", "domain: e2f", 1))
+		dir, authzPath := authzFiles(t, authzRules, strings.Replace(authzSettings, "domain: e2e", "domain: e2f", 1), authzKeys)
 		stderr := &buffer{}
 		_, code := startServe(ctx, t, stderr, map[string]string{"TOLLGATE_AUTHZ_CONFIG": authzPath}, "--config", dir)
 		if code != ExitError {
@@ -151,7 +167,7 @@ func TestServeAuthzAgainstRules(t *testing.T) {
 		t.Parallel()
 		ctx, cancel := context.WithTimeout(context.Background(), wait)
 		defer cancel()
-		dir, authzPath := setup(authzSettings)
+		dir, authzPath := authzFiles(t, authzRules, authzSettings, authzKeys)
 		stderr := &buffer{}
 		conn, code := startServe(ctx, t, stderr, map[string]string{"TOLLGATE_AUTHZ_CONFIG": authzPath}, "--config", dir)
 		if conn == nil {
@@ -172,37 +188,27 @@ func TestServeAuthzAgainstRules(t *testing.T) {
 			}
 			return int(resp.GetDeniedResponse().GetStatus().GetCode())
 		}
-		await := func(what string) {
-			t.Helper()
-			for !strings.Contains(stderr.String(), what) {
-				select {
-				case <-ctx.Done():
-					t.Fatalf("the log never said %q:\n%s", what, stderr)
-				case <-time.After(20 * time.Millisecond):
-				}
-			}
-		}
 		if got := status(); got != 200 {
 			t.Fatalf("Check at start = %d, want 200", got)
 		}
 		// The watcher's first load is the start's, not a reload.
-		await(`watching authz config`)
+		awaitLog(ctx, t, stderr, `watching authz config`)
 		if strings.Contains(stderr.String(), "authz config reloaded") {
 			t.Errorf("the start logged a reload:\n%s", stderr)
 		}
 		edits := 0
 		// Rules without the authz domain: rejected, the old ones serve.
 		rewrite(t, filepath.Join(dir, "rules.yaml"), strings.Replace(authzRules, "domain: e2e", "domain: other", 1), &edits)
-		await(`rules reload rejected; the previous rules keep serving`)
-		await(`is not a domain of the rules (they declare other)`)
+		awaitLog(ctx, t, stderr, `rules reload rejected; the previous rules keep serving`)
+		awaitLog(ctx, t, stderr, `is not a domain of the rules (they declare other)`)
 		if got := status(); got != 200 {
 			t.Errorf("Check after the rejected rules reload = %d, want 200", got)
 		}
 		// A keys file naming a limit the rules lack: rejected.
 		rewrite(t, filepath.Join(filepath.Dir(authzPath), "keys.yaml"),
 			"keys:\n  - {key: \""+authzKey+"\", tenant: acme, limits: {tokenz: {amount: 1}}}\n", &edits)
-		await(`authz config reload rejected; the previous settings keep serving`)
-		await(`\"tokenz\" names no rate_limit or token_limit of domain \"e2e\"`)
+		awaitLog(ctx, t, stderr, `authz config reload rejected; the previous settings keep serving`)
+		awaitLog(ctx, t, stderr, `\"tokenz\" names no rate_limit or token_limit of domain \"e2e\"`)
 		// The key still in force (not 401), the old rules' token limit
 		// still counting (a rules file without the domain would admit).
 		if got := status(); got != 429 {
@@ -236,16 +242,8 @@ func TestServeStrict(t *testing.T) {
 		t.Parallel()
 		ctx, cancel := context.WithTimeout(context.Background(), wait)
 		defer cancel()
-		dir := t.TempDir()
-		writeFile(t, filepath.Join(dir, "rules.yaml"), authzRules)
-		authzDir := filepath.Join(dir, "authz")
-		if err := os.Mkdir(authzDir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		authzPath := filepath.Join(authzDir, "authz.yaml")
-		writeFile(t, authzPath, authzSettings)
 		// The rules have no tiers: a key's tier changes nothing, a warning.
-		writeFile(t, filepath.Join(authzDir, "keys.yaml"), "keys:\n  - {key: \""+authzKey+"\", tenant: acme, tier: gold}\n")
+		dir, authzPath := authzFiles(t, authzRules, authzSettings, "keys:\n  - {key: \""+authzKey+"\", tenant: acme, tier: gold}\n")
 		stderr := &buffer{}
 		vars := map[string]string{"TOLLGATE_AUTHZ_CONFIG": authzPath}
 		if _, code := startServe(ctx, t, stderr, vars, "--config", dir, "--strict"); code != ExitError {
@@ -264,16 +262,8 @@ func TestServeStrict(t *testing.T) {
 		t.Parallel()
 		ctx, cancel := context.WithTimeout(context.Background(), wait)
 		defer cancel()
-		dir := t.TempDir()
 		tiered := strings.Replace(authzRules, "descriptors:", "tiers: {key: tier, default: free, plans: {free: 1, gold: 2}}\ndescriptors:", 1)
-		writeFile(t, filepath.Join(dir, "rules.yaml"), tiered)
-		authzDir := filepath.Join(dir, "authz")
-		if err := os.Mkdir(authzDir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		authzPath := filepath.Join(authzDir, "authz.yaml")
-		writeFile(t, authzPath, authzSettings)
-		writeFile(t, filepath.Join(authzDir, "keys.yaml"), "keys:\n  - {key: \""+authzKey+"\", tenant: acme, tier: gold}\n")
+		dir, authzPath := authzFiles(t, tiered, authzSettings, "keys:\n  - {key: \""+authzKey+"\", tenant: acme, tier: gold}\n")
 		stderr := &buffer{}
 		if conn, code := startServe(ctx, t, stderr, map[string]string{"TOLLGATE_AUTHZ_CONFIG": authzPath}, "--config", dir, "--strict"); conn == nil {
 			t.Fatalf("serve --strict: exit %d:\n%s", code, stderr)
@@ -282,13 +272,7 @@ func TestServeStrict(t *testing.T) {
 		// warning of the authz settings, refused under --strict.
 		edits := 0
 		rewrite(t, filepath.Join(dir, "rules.yaml"), authzRules, &edits)
-		for !strings.Contains(stderr.String(), "rules reload rejected; the previous rules keep serving") {
-			select {
-			case <-ctx.Done():
-				t.Fatalf("the reload was not rejected:\n%s", stderr)
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
+		awaitLog(ctx, t, stderr, "rules reload rejected; the previous rules keep serving")
 		if want := `has no tiers, so tier \"gold\" changes nothing`; !strings.Contains(stderr.String(), want) {
 			t.Errorf("the rejection lacks %q:\n%s", want, stderr)
 		}
@@ -305,13 +289,7 @@ func TestServeStrict(t *testing.T) {
 		}
 		edits := 0
 		rewrite(t, filepath.Join(dir, "rules.yaml"), warned, &edits)
-		for !strings.Contains(stderr.String(), "rules reload rejected; the previous rules keep serving") {
-			select {
-			case <-ctx.Done():
-				t.Fatalf("the warned reload was not rejected:\n%s", stderr)
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
+		awaitLog(ctx, t, stderr, "rules reload rejected; the previous rules keep serving")
 		if !strings.Contains(stderr.String(), "refused under --strict") {
 			t.Errorf("the rejection does not say why:\n%s", stderr)
 		}
