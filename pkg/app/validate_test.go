@@ -295,3 +295,24 @@ func TestServeStrict(t *testing.T) {
 		}
 	})
 }
+
+// TestEnvByCommand: explain reads TOLLGATE_* variables for its flags, as
+// serve and health do; validate reads its command line only.
+func TestEnvByCommand(t *testing.T) {
+	t.Parallel()
+	dir, authzPath := authzFiles(t, authzRules, strings.Replace(authzSettings, "domain: e2e", "domain: e2f", 1), authzKeys)
+	vars := env(map[string]string{"TOLLGATE_AUTHZ_CONFIG": authzPath})
+
+	stdout, stderr := &buffer{}, &buffer{}
+	a := &App{Stdout: stdout, Stderr: stderr, LookupEnv: vars}
+	if code := a.Run(t.Context(), []string{"validate", dir}); code != ExitOK {
+		t.Errorf("validate read TOLLGATE_AUTHZ_CONFIG: exit %d:\n%s", code, stderr)
+	}
+	stdout, stderr = &buffer{}, &buffer{}
+	a = &App{Stdout: stdout, Stderr: stderr, LookupEnv: vars}
+	// The misspelt domain is explain's error: it read the variable.
+	if code := a.Run(t.Context(), []string{"explain", "--config", dir, "--api-key", authzKey}); code != ExitError ||
+		!strings.Contains(stderr.String(), `"e2f" is not a domain of the rules`) {
+		t.Errorf("explain did not read TOLLGATE_AUTHZ_CONFIG: exit %d:\n%s", code, stderr)
+	}
+}
