@@ -98,6 +98,7 @@ func newcomerPath(t *testing.T, readme string) []step {
 	if !strings.Contains(prose, "The first two calls are allowed") {
 		t.Fatalf("README's ext_authz Try it no longer says the first two calls are allowed:\n%s", prose)
 	}
+	authzCmds := commands(t, authzBlocks[0].body)
 	return []step{
 		{
 			name:     "a first call",
@@ -109,10 +110,9 @@ func newcomerPath(t *testing.T, readme string) []step {
 		{name: "shedding by pushed pressure", commands: commands(t, shedBlocks[0].body)},
 		{
 			name:     "an API key's token budget",
-			commands: commands(t, authzBlocks[0].body),
+			commands: authzCmds,
 			check: func(t *testing.T, sh *shell, first string) {
-				cmds := commands(t, authzBlocks[0].body)
-				check := cmds[len(cmds)-1].text
+				check := authzCmds[len(authzCmds)-1].text
 				second, third := sh.run(check), sh.run(check)
 				for i, out := range []string{first, second} {
 					if !strings.Contains(out, `"okResponse"`) {
@@ -160,7 +160,7 @@ func after(t *testing.T, s, text string) string {
 	rest := s[i:]
 	// The next heading: README's are ## and ###; a # line is a comment
 	// in a sh block.
-	if j := regexp.MustCompile(`\n##+ `).FindStringIndex(rest); j != nil {
+	if j := headingRE.FindStringIndex(rest); j != nil {
 		rest = rest[:j[0]]
 	}
 	return rest
@@ -171,7 +171,11 @@ type fence struct {
 	start, end string // the opening line and the closing fence, to find the text between
 }
 
-var fenceRE = regexp.MustCompile("(?ms)^```([a-z]*)\n(.*?)^```\n?")
+var (
+	fenceRE   = regexp.MustCompile("(?ms)^```([a-z]*)\n(.*?)^```\n?")
+	heredocRE = regexp.MustCompile(`<<'?([A-Z]+)'?`)
+	headingRE = regexp.MustCompile(`\n##+ `)
+)
 
 func fences(s string) []fence {
 	var out []fence
@@ -217,7 +221,7 @@ func commands(t *testing.T, block string) []command {
 			continue
 		}
 		cur.WriteString(line + "\n")
-		if m := regexp.MustCompile(`<<'?([A-Z]+)'?`).FindStringSubmatch(line); m != nil && quotes%2 == 0 {
+		if m := heredocRE.FindStringSubmatch(line); m != nil && quotes%2 == 0 {
 			heredoc = m[1]
 			continue
 		}
