@@ -124,25 +124,12 @@ one() {
 	stop_tollgate
 	stop_pid "$REDIS_PID"
 	forget_pid "$REDIS_PID"
-	local bad
-	bad=$(jq -r '.errors_total + .over_limit + .unknown' "$out")
-	((bad == 0)) || log "$wl $cfg run $run: $bad calls not OK (errors, over limit or unknown)"
-	[[ -z $RATE ]] || jq -e --argjson r "$RATE" '.requests_per_second >= 0.97 * $r' "$out" >/dev/null ||
-		log "$wl $cfg run $run: $(jq -r '.requests_per_second | floor' "$out") decisions/s, short of RATE=$RATE"
+	check_run "$out" "$wl" "$cfg" "$run"
 	jq -r --arg r "$run" --arg w "$wl" --arg c "$cfg" \
 		'[$w, $c, $r, .requests_per_second, .cpu.redis_us_per_decision, .cpu.server_us_per_decision] | @tsv' "$out" >>"$TMP/results.tsv"
 }
 
-: >"$TMP/results.tsv"
-for ((i = 1; i <= RUNS; i++)); do
-	for wl in $WORKLOADS; do
-		for cfg in $CONFIGS; do
-			log "run $i of $RUNS: $wl $cfg"
-			one "$i" "$wl" "$cfg"
-		done
-	done
-done
-[[ -z ${RESULTS:-} ]] || cp "$TMP/results.tsv" "$RESULTS"
+run_matrix
 
 printf '\n%s; envoyproxy/ratelimit %s\n%s runs of %s (+%s warm-up) each, c=50 over one connection, fresh redis-server per run, -tenants %s, %s\n' \
 	"$BUILT" "$REF_VERSION" "$RUNS" "$DURATION" "$WARMUP" "$TENANTS" "$(if [[ -n $RATE ]]; then echo "paced at $RATE decisions/s"; else echo uncapped; fi)"

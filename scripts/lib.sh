@@ -157,3 +157,31 @@ stop_tollgate() {
 	stop_pid "$TG_PID"
 	forget_pid "$TG_PID"
 }
+
+# check_run OUT WORKLOAD CONFIG RUN: say when a run's load report (OUT,
+# tollgate-load's JSON) has calls that were not OK, or, with RATE set,
+# when the run fell short of its pace and so measured a lower load.
+check_run() {
+	local out=$1 wl=$2 cfg=$3 run=$4 bad
+	bad=$(jq -r '.errors_total + .over_limit + .unknown' "$out")
+	((bad == 0)) || log "$wl $cfg run $run: $bad calls not OK (errors, over limit or unknown)"
+	[[ -z ${RATE:-} ]] || jq -e --argjson r "$RATE" '.requests_per_second >= 0.97 * $r' "$out" >/dev/null ||
+		log "$wl $cfg run $run: $(jq -r '.requests_per_second | floor' "$out") decisions/s, short of RATE=$RATE: its figures are at a lower load"
+}
+
+# run_matrix: the caller's one RUN WORKLOAD CONFIG for RUNS rounds of
+# every WORKLOADS x CONFIGS, each appending its line to $TMP/results.tsv,
+# which RESULTS, when set, receives a copy of.
+run_matrix() {
+	: >"$TMP/results.tsv"
+	local i wl cfg
+	for ((i = 1; i <= RUNS; i++)); do
+		for wl in $WORKLOADS; do
+			for cfg in $CONFIGS; do
+				log "run $i of $RUNS: $wl $cfg"
+				one "$i" "$wl" "$cfg"
+			done
+		done
+	done
+	[[ -z ${RESULTS:-} ]] || cp "$TMP/results.tsv" "$RESULTS"
+}
