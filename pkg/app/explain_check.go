@@ -162,12 +162,13 @@ func identityOf(set *extauthz.Settings, id authn.Identity, found, presented bool
 	if len(id.Overrides) > 0 {
 		ie.Overrides = map[string]string{}
 		for name, o := range id.Overrides {
-			v := strconv.FormatUint(o.Amount, 10)
-			if o.Unit != limit.UnitUnknown {
+			v := strconv.FormatUint(o.Amount, 10) // the rule's window kept
+			switch {
+			case o.Unit == limit.UnitUnknown:
+			case o.Multiplier > 1:
+				v = fmt.Sprintf("%d per %d %ss", o.Amount, o.Multiplier, o.Unit)
+			default:
 				v += " per " + o.Unit.String()
-				if o.Multiplier > 1 {
-					v = fmt.Sprintf("%d per %d %ss", o.Amount, o.Multiplier, o.Unit)
-				}
 			}
 			ie.Overrides[name] = v
 		}
